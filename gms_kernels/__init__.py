@@ -1,0 +1,20 @@
+"""gms_kernels: Gaussian Mixture Solvers (GMS, NeurIPS 2023) for diffusion sampling.
+
+Pipeline: schedule -> moments -> fit -> mixture sampling -> solver step -> sampling loop.
+"""
+from .schedule import DATA, Schedule, StepCoefficients, trajectory, TRAJECTORY_KINDS
+from .moments import TransitionMoments, X0Moments, transition_moments, x0_moments
+from .fit import MixtureParams, fit_adan, fit_closed, mixture_raw_moments
+from .mixture import sample_mixture
+from .solvers import SOLVERS, solver_step
+from .sampling import estimate_gamma, sample, step
+from .oracle import GaussianMixtureOracle
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DATA", "Schedule", "StepCoefficients", "trajectory", "TRAJECTORY_KINDS",
+    "TransitionMoments", "X0Moments", "transition_moments", "x0_moments",
+    "MixtureParams", "fit_adan", "fit_closed", "mixture_raw_moments", "sample_mixture",
+    "SOLVERS", "solver_step", "estimate_gamma", "sample", "step", "GaussianMixtureOracle",
+]

@@ -1,0 +1,197 @@
+"""The oracle study: every solver on Gaussian-mixture data with exact heads, measured against data.
+
+With exact heads the only error left is the solver's: the Gaussian (or fitted-mixture) shape of
+each reverse step. The exact sampler, which has none, is the ceiling.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from .. import metrics
+from ..oracle import GaussianMixtureOracle
+from ..sampling import sample
+from ..schedule import Schedule
+
+DEFAULT_STEPS = (2, 5, 10, 20, 50)
+PLOT_STEPS = (5, 10, 20)
+KDE_POINTS = 5000  # fresh points at which the KDE of the samples is evaluated (cost grows as n * points)
+
+# (label, solver, options). The GMS rows fit a mixture at every step, as in the paper's Alg. sampling;
+# "gms-closed-gausslast" keeps the official code's Gaussian step into s = 0 (the library default).
+_MIX = {"gaussian_last_step": False}
+SOLVER_GRID: list[tuple[str, str, dict]] = [
+    ("exact", "exact", {}),
+    ("ddpm", "ddpm", {}),
+    ("ddpm-large", "ddpm-large", {}),
+    ("sn-ddpm", "sn-ddpm", {}),
+    ("gms-adan-25", "gms", {"fit": "adan", "fit_iters": 25, **_MIX}),
+    ("gms-adan-70", "gms", {"fit": "adan", "fit_iters": 70, **_MIX}),
+    ("gms-closed", "gms", {"fit": "closed", "select": "sample", **_MIX}),
+    ("gms-closed-pixel", "gms", {"fit": "closed", "select": "pixel", **_MIX}),
+    ("gms-closed-gausslast", "gms", {"fit": "closed"}),
+]
+
+
+def paper_1d(schedule: Schedule) -> GaussianMixtureOracle:
+    """(a) The paper's Fig. 1 data: 0.4 N(-0.4, 0.12^2) + 0.6 N(0.3, 0.05^2)."""
+    return GaussianMixtureOracle([0.4, 0.6], [[-0.4], [0.3]], [0.12, 0.05], schedule)
+
+
+def eight_gaussians(schedule: Schedule, radius: float = 0.8, std: float = 0.05) -> GaussianMixtureOracle:
+    """(b) 8 equally weighted Gaussians with centres on a circle."""
+    angles = torch.arange(8, dtype=torch.float64) * (2 * math.pi / 8)
+    means = radius * torch.stack([angles.cos(), angles.sin()], dim=1)
+    return GaussianMixtureOracle(torch.full((8,), 1 / 8), means, torch.full((8,), std), schedule)
+
+
+DATASETS = {"1d": ("(a) 1-D mixture 0.4 N(-0.4, 0.12^2) + 0.6 N(0.3, 0.05^2)", paper_1d),
+            "8gauss": ("(b) 8 Gaussians on a circle of radius 0.8, std 0.05", eight_gaussians)}
+METRICS = {"w1": "W1 (sliced in 2-D), lower is better",
+           "kde": f"KDE log-likelihood of {KDE_POINTS} fresh data points under the samples (bandwidth 1.05 std L^-1/4), "
+                  "higher is better",
+           "energy": "energy distance (5,000-point subsets), lower is better"}
+
+
+@dataclass
+class StudyResult:
+    n_samples: int
+    steps: tuple[int, ...]
+    # results[dataset][label][K] = {"w1":..., "kde":..., "energy":..., "seconds":...}
+    results: dict = field(default_factory=dict)
+    samples: dict = field(default_factory=dict)  # (dataset, label, K) -> samples kept for plots
+
+
+def run_study(n_samples: int = 20000, steps: Sequence[int] = DEFAULT_STEPS, datasets: Sequence[str] = tuple(DATASETS),
+              seed: int = 0, progress: bool = True, log=print) -> StudyResult:
+    schedule = Schedule.linear(1000)
+    out = StudyResult(n_samples, tuple(steps))
+    for name in datasets:
+        oracle = DATASETS[name][1](schedule)
+        shape = (n_samples, *oracle.data_shape)
+        fresh = oracle.sample_data(n_samples, torch.Generator().manual_seed(seed + 12345))
+        table = out.results.setdefault(name, {})
+        for label, solver, options in SOLVER_GRID:
+            for K in steps:
+                t0 = time.perf_counter()
+                x = sample(oracle, shape=shape, steps=K, solver=solver, generator=seed, progress=False,
+                           data_range=None, dtype=torch.float64, **options)
+                seconds = time.perf_counter() - t0
+                row = {"w1": metrics.sliced_wasserstein1(x, fresh), "kde": metrics.kde_log_likelihood(x, fresh[:KDE_POINTS]),
+                       "energy": metrics.energy_distance(x, fresh), "seconds": seconds}
+                table.setdefault(label, {})[K] = row
+                if name == "1d" and K in PLOT_STEPS:
+                    out.samples[(name, label, K)] = x.flatten()
+                if progress:
+                    log(f"  {name:6s} {label:20s} K={K:3d}  W1={row['w1']:.4f}  KDE={row['kde']:.4f}  "
+                        f"energy={row['energy']:.5f}  ({seconds:.1f}s)")
+    return out
+
+
+def _fmt(metric: str, v: float) -> str:
+    return f"{v:.5f}" if metric == "energy" else f"{v:.4f}"
+
+
+def markdown_tables(res: StudyResult) -> str:
+    lines = []
+    for name, table in res.results.items():
+        lines.append(f"### {DATASETS[name][0]}\n")
+        for metric, desc in METRICS.items():
+            lines.append(f"**{desc}**\n")
+            lines.append("| solver | " + " | ".join(f"K={K}" for K in res.steps) + " |")
+            lines.append("|---|" + "---|" * len(res.steps))
+            for label, row in table.items():
+                best = {K: _best(table, metric, K) for K in res.steps}
+                cells = []
+                for K in res.steps:
+                    cell = _fmt(metric, row[K][metric])
+                    cells.append(f"**{cell}**" if label == best[K] else cell)
+                lines.append(f"| {label} | " + " | ".join(cells) + " |")
+            lines.append("")
+    return "\n".join(lines)
+
+
+def _best(table: dict, metric: str, K: int) -> str:
+    """Best non-exact solver at K (bold in the tables)."""
+    rows = {label: r[K][metric] for label, r in table.items() if label != "exact"}
+    return (max if metric == "kde" else min)(rows, key=rows.get)
+
+
+def findings(res: StudyResult) -> list[str]:
+    """Plain-language statements computed from the numbers, so they stay true when rerun."""
+    out = []
+    for name, table in res.results.items():
+        label = DATASETS[name][0].split(" ")[0]
+        exact = max(table["exact"][K]["w1"] for K in res.steps)
+        out.append(f"{label}: the exact sampler's W1 stays at or below {exact:.4f} for every K "
+                   f"(sampling noise of {res.n_samples}-point samples): the heads and the metric are right.")
+        for K in res.steps:
+            w = {lab: table[lab][K]["w1"] for lab in table}
+            order = sorted((lab for lab in w if lab != "exact"), key=w.get)
+            out.append(f"{label} K={K}: W1 ranks {' < '.join(f'{lab} {w[lab]:.4f}' for lab in order)}.")
+        gain = [table["sn-ddpm"][K]["w1"] - table["gms-closed"][K]["w1"] for K in res.steps]
+        adan = [abs(table["gms-adan-25"][K]["w1"] - table["sn-ddpm"][K]["w1"]) for K in res.steps]
+        out.append(f"{label}: gms-closed minus sn-ddpm W1 per K: "
+                   + ", ".join(f"K={K}: {-g:+.4f}" for K, g in zip(res.steps, gain))
+                   + f"; gms-adan-25 stays within {max(adan):.4f} of sn-ddpm (the ADAN fit started at the "
+                   "official init barely leaves the symmetric point).")
+    return out
+
+
+def plot_fig1(res: StudyResult, path: str | Path, schedule: Schedule | None = None) -> Path:
+    """Fig. 1 analogue: histograms of samples against the true density, a panel per solver and K."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    oracle = paper_1d(schedule or Schedule.linear(1000))
+    labels = [lab for lab, _, _ in SOLVER_GRID]
+    ks = [K for K in PLOT_STEPS if any(key[2] == K for key in res.samples)]
+    fig, axes = plt.subplots(len(ks), len(labels), figsize=(2.2 * len(labels), 2.0 * len(ks)),
+                             sharex=True, squeeze=False)
+    grid = torch.linspace(-1.0, 1.0, 400, dtype=torch.float64)
+    density = oracle.log_prob(grid[:, None]).exp()
+    for i, K in enumerate(ks):
+        for j, lab in enumerate(labels):
+            ax = axes[i][j]
+            x = res.samples.get(("1d", lab, K))
+            if x is not None:
+                ax.hist(x.clamp(-1, 1).numpy(), bins=120, range=(-1, 1), density=True, color="tab:blue", alpha=0.6)
+            ax.plot(grid.numpy(), density.numpy(), color="black", lw=1)
+            ax.set_yticks([])
+            if i == 0:
+                ax.set_title(lab, fontsize=8)
+            if j == 0:
+                ax.set_ylabel(f"K={K}")
+    fig.suptitle("Samples (histogram) vs the true density of q(x0) = 0.4 N(-0.4, 0.12^2) + 0.6 N(0.3, 0.05^2)",
+                 fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def report(res: StudyResult, command: str) -> str:
+    return "\n".join([
+        "# Oracle study: solvers with exact heads on Gaussian-mixture data\n",
+        f"Command: `{command}`\n",
+        f"Linear schedule (T=1000), even trajectory, {res.n_samples} samples per run, `data_range=None` "
+        "(no clamps), fp64, seed 0. Metrics against fresh data drawn with another seed. Heads are exact "
+        "(`gk.GaussianMixtureOracle`), so every difference is the solver's. Every solver ends with the "
+        "denoised mean at t=0, as in the official "
+        "code. The GMS rows fit and sample a mixture at every step, as the paper's Alg. sampling does "
+        "(`gaussian_last_step=False`); `gms-closed-gausslast` keeps the official Gaussian step into s=0 "
+        "(the library default) to show what that step costs here. "
+        "Best non-exact value per column in bold.\n",
+        "## What it shows\n",
+        *[f"- {line}" for line in findings(res)],
+        "",
+        markdown_tables(res),
+    ])

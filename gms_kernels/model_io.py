@@ -1,0 +1,50 @@
+"""Calling a noise network and reading its heads, with checks that name what went wrong."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+TIME_INPUTS = ("index", "index+1", "scaled")
+HEAD_NAMES = ("e1 = E[eps]", "e2 = E[eps^2]", "e3 = E[eps^3]")
+
+
+def check_time_input(time_input: str) -> str:
+    if time_input not in TIME_INPUTS:
+        raise ValueError(f"unknown time_input {time_input!r}; valid: {', '.join(TIME_INPUTS)} "
+                         "(integer t, t+1, or float t*1000/T)")
+    return time_input
+
+
+def time_tensor(t: int, batch: int, T: int, time_input: str = "index",
+                device: torch.device | str = "cpu") -> torch.Tensor:
+    """The time argument a network expects: long t or t+1, or float t*1000/T."""
+    if time_input == "scaled":
+        return torch.full((batch,), t * 1000.0 / T, dtype=torch.float32, device=device)
+    return torch.full((batch,), t + (time_input == "index+1"), dtype=torch.long, device=device)
+
+
+def call_model(model: Callable, x: torch.Tensor, t: int, T: int, time_input: str = "index") -> torch.Tensor:
+    return model(x, time_tensor(t, x.shape[0], T, time_input, x.device))
+
+
+def split_heads(output: torch.Tensor, x_t: torch.Tensor, n_heads: int, solver: str,
+                where: str = "") -> list[torch.Tensor]:
+    """The first ``n_heads`` heads [e1, e2, e3][:n_heads] of a concatenated model output (dim 1)."""
+    if output.dim() < 2 or output.shape[0] != x_t.shape[0] or output.shape[2:] != x_t.shape[2:]:
+        expected = f"[{x_t.shape[0]}, k*{x_t.shape[1]}" + "".join(f", {d}" for d in x_t.shape[2:]) + "]"
+        raise ValueError(f"model output has shape {tuple(output.shape)}, expected {expected} "
+                         "(the heads concatenated along dim 1)")
+    c = x_t.shape[1]
+    if output.shape[1] < n_heads * c:
+        need = ", ".join(HEAD_NAMES[:n_heads])
+        raise ValueError(f"solver {solver!r} needs {n_heads} head(s) ({need}), i.e. {n_heads * c} output "
+                         f"channels for {c}-channel data, but the model gave {output.shape[1]}. "
+                         "Concatenate the heads along dim 1 (see gk.models.MomentNet) or pick a solver "
+                         "that needs fewer heads (ddpm/ddim: 1, sn-ddpm: 2, gms: 3).")
+    heads = [output[:, i * c:(i + 1) * c] for i in range(n_heads)]
+    for i, h in enumerate(heads):
+        if not torch.isfinite(h).all():
+            raise ValueError(f"model output {where}has non-finite values (NaN or inf) in head {HEAD_NAMES[i]}; "
+                             "check the network's weights, its dtype (fp16 overflow) and its time input")
+    return heads

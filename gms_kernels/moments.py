@@ -1,0 +1,148 @@
+"""Moments of the reverse transition q(x_s | x_t) from the noise heads (step 2 of the pipeline).
+
+The heads give e1 = E[eps|x_t], e2 = E[eps^2|x_t], e3 = E[eps^3|x_t] per element. With
+x_0 = (x_t - sigma_t eps)/a_t they give the moments of q(x_0|x_t) (paper Eq. noisehigherorder),
+and with q(x_s|x_t,x_0) = N(c1 x_t + c2 x_0, lam2) the moments of q(x_s|x_t)
+(paper appendix Eqs. first, second and highordercal2).
+
+``data_range`` controls the clamps of the official GMS code (reference-notes 2): they are applied
+to the moments of the data normalised to [-1, 1] by that range; ``None`` switches them all off.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .schedule import StepCoefficients
+
+DataRange = tuple[float, float] | None
+
+
+@dataclass
+class X0Moments:
+    """Moments of q(x_0 | x_t): mean, central variance and raw second/third moments."""
+
+    mean: torch.Tensor
+    var: torch.Tensor
+    m2: torch.Tensor | None = None
+    m3: torch.Tensor | None = None
+
+
+@dataclass
+class TransitionMoments:
+    """Moments of q(x_s | x_t): mean M1, central variance Var and raw third moment M3."""
+
+    m1: torch.Tensor
+    var: torch.Tensor | None = None
+    m3: torch.Tensor | None = None
+
+
+def check_data_range(data_range: DataRange) -> DataRange:
+    if data_range is None:
+        return None
+    try:
+        lo, hi = (float(v) for v in data_range)
+    except (TypeError, ValueError):
+        raise ValueError(f"data_range must be None or a pair (low, high), got {data_range!r}") from None
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+        raise ValueError(f"data_range must satisfy low < high with finite ends, got {data_range!r}")
+    return lo, hi
+
+
+def _half_width(data_range: tuple[float, float]) -> float:
+    return (data_range[1] - data_range[0]) / 2
+
+
+def x0_moments(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | None, e3: torch.Tensor | None,
+               a_t: float, sigma_t: float) -> X0Moments:
+    """Moments of q(x_0|x_t) by expanding x_0 = (x_t - sigma_t eps)/a_t (paper Eq. noisehigherorder).
+
+    E[x0]   = (x_t - sigma e1)/a
+    Var[x0] = sigma^2/a^2 (e2 - e1^2)                      (written so, to avoid cancellation)
+    E[x0^2] = (x_t^2 - 2 x_t sigma e1 + sigma^2 e2)/a^2
+    E[x0^3] = (x_t^3 - 3 x_t^2 sigma e1 + 3 x_t sigma^2 e2 - sigma^3 e3)/a^3
+    """
+    r = sigma_t / a_t
+    mean = (x_t - sigma_t * e1) / a_t
+    var = m2 = m3 = None
+    if e2 is not None:
+        var = r * r * (e2 - e1 * e1)
+        m2 = (x_t * x_t - 2 * sigma_t * x_t * e1 + sigma_t**2 * e2) / a_t**2
+    if e3 is not None:
+        m3 = (x_t**3 - 3 * sigma_t * x_t**2 * e1 + 3 * sigma_t**2 * x_t * e2 - sigma_t**3 * e3) / a_t**3
+    return X0Moments(mean, var, m2, m3)
+
+
+def clamp_x0_moments(m: X0Moments, data_range: DataRange) -> X0Moments:
+    """The official code's clamps for data in [-1, 1], applied after normalising by ``data_range``.
+
+    E[y] -> [-1, 1]; Var[y] -> [0, 1]; E[y^2] -> [0, 1]; E[y^3] replaced by E[y] where
+    |E[y^3]| > |E[y]|, then -> [-1, 1]; with y = (x_0 - centre)/half_width.
+    """
+    if data_range is None:
+        return m
+    c, h = sum(data_range) / 2, _half_width(data_range)
+    mean_y = ((m.mean - c) / h).clamp(-1.0, 1.0)
+    mean = c + h * mean_y
+    var = None if m.var is None else (m.var / h**2).clamp(0.0, 1.0) * h**2
+    m2 = m3 = None
+    if m.m2 is not None:
+        # raw moments of y from raw moments of x_0 (binomial expansion), clamped, mapped back
+        m2_y = ((m.m2 - 2 * c * m.mean + c * c) / h**2).clamp(0.0, 1.0)
+        m2 = c * c + 2 * c * h * mean_y + h * h * m2_y
+        if m.m3 is not None:
+            m3_y = (m.m3 - 3 * c * m.m2 + 3 * c * c * m.mean - c**3) / h**3
+            m3_y = torch.where(m3_y.abs() > mean_y.abs(), mean_y, m3_y).clamp(-1.0, 1.0)
+            m3 = c**3 + 3 * c * c * h * mean_y + 3 * c * h * h * m2_y + h**3 * m3_y
+    return X0Moments(mean, var, m2, m3)
+
+
+def first_moment(x_t: torch.Tensor, x0_mean: torch.Tensor, k: StepCoefficients) -> torch.Tensor:
+    """M1 = E[x_s|x_t] = c1 x_t + c2 E[x0|x_t] (paper appendix Eq. first)."""
+    return k.c1 * x_t + k.c2 * x0_mean
+
+
+def second_central_moment(x0_var: torch.Tensor, k: StepCoefficients) -> torch.Tensor:
+    """Var = lam2 + c2^2 Var[x0|x_t], the SN-DDPM variance (paper appendix Eq. second)."""
+    return k.lam2 + k.c2**2 * x0_var
+
+
+def third_raw_moment(x_t: torch.Tensor, x0: X0Moments, m1: torch.Tensor, k: StepCoefficients) -> torch.Tensor:
+    """M3 = E[x_s^3|x_t] = E[(c1 x_t + c2 x0)^3] + 3 lam2 M1 (paper appendix Eq. highordercal2)."""
+    c1x = k.c1 * x_t
+    cube = c1x**3 + 3 * c1x**2 * k.c2 * x0.mean + 3 * c1x * k.c2**2 * x0.m2 + k.c2**3 * x0.m3
+    return cube + 3 * k.lam2 * m1
+
+
+def transition_moments(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | None, e3: torch.Tensor | None,
+                       k: StepCoefficients, data_range: DataRange = (-1.0, 1.0),
+                       x0_var: torch.Tensor | None = None) -> TransitionMoments:
+    """(M1, Var, M3) of q(x_s|x_t) from as many heads as are given, with the reference clamps.
+
+    ``x0_var`` overrides Var[x0|x_t] (Analytic-DPM's isotropic estimate needs only e1).
+    Var is clamped to [0, half_width^2] like the official code when ``data_range`` is set.
+    """
+    m = x0_moments(x_t, e1, e2, e3, k.a_t, k.sigma_t)
+    if x0_var is not None:
+        m.var = x0_var
+    m = clamp_x0_moments(m, data_range)
+    m1 = first_moment(x_t, m.mean, k)
+    var = m3 = None
+    if m.var is not None:
+        var = second_central_moment(m.var, k)
+        if data_range is not None:
+            var = var.clamp(0.0, _half_width(data_range) ** 2)
+    if m.m3 is not None:
+        m3 = third_raw_moment(x_t, m, m1, k)
+    return TransitionMoments(m1, var, m3)
+
+
+def last_step_variance_cap(data_range: DataRange, clip_pixel: float = 1.0) -> float | None:
+    """Upper bound of the variance of the step into s = 0 in the official code:
+    (clip_pixel * one pixel level * sqrt(pi/2))^2, a pixel level being (high - low)/255."""
+    if data_range is None:
+        return None
+    level = (data_range[1] - data_range[0]) / 255
+    return (clip_pixel * level * math.sqrt(math.pi / 2)) ** 2

@@ -1,0 +1,111 @@
+"""Exact noise heads and the exact reverse sampler for Gaussian-mixture data (reference-notes 4).
+
+For x_0 ~ sum_k pi_k N(m_k, diag(s_k^2)) everything a solver needs is available in closed form,
+so solvers can be measured without any network error, against a sampler with no
+discretisation error (solver ``"exact"``).
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from .schedule import Schedule, StepCoefficients
+
+
+class GaussianMixtureOracle(nn.Module):
+    """An nn.Module whose ``forward(x_t, t)`` returns the exact [E eps, E eps^2, E eps^3].
+
+    weights: [K]; means: [K, *shape]; stds: [K] (isotropic) or [K, *shape]. Time input: index t.
+    """
+
+    time_input = "index"
+
+    def __init__(self, weights: Sequence[float] | torch.Tensor, means: Sequence | torch.Tensor,
+                 stds: Sequence[float] | torch.Tensor, schedule: Schedule | None = None):
+        super().__init__()
+        weights = torch.as_tensor(weights, dtype=torch.float64).flatten()
+        means = torch.as_tensor(means, dtype=torch.float64)
+        stds = torch.as_tensor(stds, dtype=torch.float64)
+        K = weights.numel()
+        if K < 1 or (weights <= 0).any() or not torch.isfinite(weights).all():
+            raise ValueError("weights must be K >= 1 positive numbers")
+        if means.dim() < 2 or means.shape[0] != K:
+            raise ValueError(f"means must have shape [K={K}, *data_shape], got {tuple(means.shape)}")
+        if stds.shape == (K,):
+            stds = stds.reshape(K, *([1] * (means.dim() - 1))).expand_as(means)
+        if stds.shape != means.shape or (stds <= 0).any():
+            raise ValueError(f"stds must be positive with shape [K] or {tuple(means.shape)}, got {tuple(stds.shape)}")
+        self.register_buffer("log_weights", (weights / weights.sum()).log())
+        self.register_buffer("means", means.clone())
+        self.register_buffer("variances", stds.clone() ** 2)
+        self.schedule = schedule if schedule is not None else Schedule.linear()
+
+    @property
+    def data_shape(self) -> tuple[int, ...]:
+        return tuple(self.means.shape[1:])
+
+    def _posterior(self, x_t: torch.Tensor, t: int):
+        """log r_k, and q(x0|x_t,k) = N(mu_k, v_k) for every component (shapes [N,K], [N,K,*], [K,*])."""
+        a, sig = self.schedule.alpha(t), self.schedule.sigma(t)
+        x = x_t.to(torch.float64).unsqueeze(1)  # [N, 1, *shape]
+        m, s2 = self.means, self.variances
+        total = a * a * s2 + sig * sig
+        dims = tuple(range(2, x.dim()))
+        log_lik = -0.5 * (torch.log(2 * math.pi * total) + (x - a * m) ** 2 / total).sum(dim=dims)
+        log_r = torch.log_softmax(self.log_weights + log_lik, dim=1)
+        mu = m + (a * s2 / total) * (x - a * m)
+        v = s2 * sig * sig / total
+        return log_r, mu, v
+
+    def noise_moments(self, x_t: torch.Tensor, t: int) -> torch.Tensor:
+        """[E eps, E eps^2, E eps^3 | x_t] concatenated along dim 1, fp64."""
+        a, sig = self.schedule.alpha(t), self.schedule.sigma(t)
+        log_r, mu, v = self._posterior(x_t, t)
+        r = log_r.exp().reshape(*log_r.shape, *([1] * (mu.dim() - 2)))
+        mean = (x_t.to(torch.float64).unsqueeze(1) - a * mu) / sig  # eps | x_t, k
+        var = a * a * v / (sig * sig)
+        e1 = (r * mean).sum(1)
+        e2 = (r * (mean**2 + var)).sum(1)
+        e3 = (r * (mean**3 + 3 * mean * var)).sum(1)
+        return torch.cat([e1, e2, e3], dim=1)
+
+    def forward(self, x_t: torch.Tensor, t: torch.Tensor | int) -> torch.Tensor:
+        t = torch.as_tensor(t).reshape(-1)
+        if t.numel() == 1:
+            return self.noise_moments(x_t, int(t)).to(x_t.dtype)
+        out = torch.empty(x_t.shape[0], 3 * x_t.shape[1], *x_t.shape[2:], dtype=x_t.dtype, device=x_t.device)
+        for tv in t.unique().tolist():
+            rows = t == tv
+            out[rows] = self.noise_moments(x_t[rows], int(tv)).to(x_t.dtype)
+        return out
+
+    def sample_data(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """n draws from the data distribution, fp64 [n, *shape]."""
+        k = torch.multinomial(self.log_weights.exp(), n, replacement=True, generator=generator)
+        z = torch.randn(n, *self.data_shape, dtype=torch.float64, generator=generator)
+        return self.means[k] + self.variances[k].sqrt() * z
+
+    def log_prob(self, x0: torch.Tensor) -> torch.Tensor:
+        """Exact log density of the data distribution at x0 [N, *shape]."""
+        x = x0.to(torch.float64).unsqueeze(1)
+        dims = tuple(range(2, x.dim()))
+        ll = -0.5 * (torch.log(2 * math.pi * self.variances) + (x - self.means) ** 2 / self.variances).sum(dim=dims)
+        return torch.logsumexp(self.log_weights + ll, dim=1)
+
+    def exact_step(self, x_t: torch.Tensor, k: StepCoefficients, uniform: torch.Tensor,
+                   noise: torch.Tensor) -> torch.Tensor:
+        """One draw of the exact q(x_s|x_t) = sum_k r_k N(c1 x_t + c2 mu_k, lam2 + c2^2 v_k).
+
+        ``uniform`` [N] picks the component (inverse CDF of r); ``noise`` is N(0, I) like x_t.
+        s = DATA (-1) samples q(x_0|x_t).
+        """
+        log_r, mu, v = self._posterior(x_t, k.t)
+        cdf = log_r.exp().cumsum(1)
+        comp = (cdf < uniform.to(cdf.dtype)[:, None]).sum(1).clamp_max(cdf.shape[1] - 1)
+        rows = torch.arange(x_t.shape[0])
+        mean = k.c1 * x_t.to(torch.float64) + k.c2 * mu[rows, comp]
+        var = k.lam2 + k.c2**2 * v[comp]
+        return mean + var.sqrt() * noise.to(torch.float64)

@@ -1,0 +1,156 @@
+"""Counter-based random numbers shared by every backend (reference-notes 5).
+
+Philox4x32-10 exactly as Triton implements it, written with int64 torch ops, so that the torch
+reference, the C++ extension and the Triton kernel draw bit-identical integers and uniforms.
+
+Every random number of a sampling run is addressed by (seed, stream, t, index):
+``offset = stream << 56 | t << 40 | index`` is the 64-bit Philox counter and the seed is the key.
+``index`` is the *global* sample index (times the per-sample size, plus the element), so sample i
+gets the same numbers whatever batch it is drawn in.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+_ROUND_A, _ROUND_B = 0xD2511F53, 0xCD9E8D57
+_KEY_A, _KEY_B = 0x9E3779B9, 0xBB67AE85
+_UNIFORM_SCALE = 4.6566127342e-10  # 2^-31, as Triton writes it
+
+# streams (top byte of the 64-bit counter)
+STREAM_STEP_NOISE = 0   # Gaussian noise of a step
+STREAM_COMPONENT = 1    # uniform that chooses the mixture component
+STREAM_INITIAL = 2      # x_T
+_T_SHIFT, _STREAM_SHIFT = 40, 56
+MAX_INDEX = 1 << _T_SHIFT
+
+
+def _mulhilo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """High and low 32-bit words of the 64-bit product of constant a and uint32 values b."""
+    a_hi, a_lo = a >> 16, a & 0xFFFF
+    lo_part = a_lo * b  # < 2^48, exact in int64
+    hi = (a_hi * b + (lo_part >> 16)) >> 16
+    lo = (a * b) & _MASK32  # wraps in int64, the low word is still right
+    return hi, lo
+
+
+def philox4x32(c0: torch.Tensor, c1: torch.Tensor, c2: torch.Tensor, c3: torch.Tensor,
+               k0: torch.Tensor, k1: torch.Tensor, rounds: int = 10) -> tuple[torch.Tensor, ...]:
+    """Philox4x32 on int64 tensors holding uint32 values (Triton's round order)."""
+    for _ in range(rounds):
+        hi_b, lo_b = _mulhilo(_ROUND_B, c2)
+        hi_a, lo_a = _mulhilo(_ROUND_A, c0)
+        c0, c1, c2, c3 = hi_b ^ c1 ^ k0, lo_b, hi_a ^ c3 ^ k1, lo_a
+        k0 = (k0 + _KEY_A) & _MASK32
+        k1 = (k1 + _KEY_B) & _MASK32
+    return c0, c1, c2, c3
+
+
+def randint2x(seed: torch.Tensor, offset: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """First two Philox words for key = seed (uint64) and counter = (offset lo, offset hi, 0, 0)."""
+    seed = torch.as_tensor(seed, dtype=torch.int64)
+    offset = torch.as_tensor(offset, dtype=torch.int64)
+    zero = torch.zeros_like(offset)
+    c0, c1, _, _ = philox4x32(offset & _MASK32, (offset >> 32) & _MASK32, zero, zero,
+                              seed & _MASK32, (seed >> 32) & _MASK32)
+    return c0, c1
+
+
+def uint_to_uniform(x: torch.Tensor) -> torch.Tensor:
+    """Triton's uint32 -> float32 in [0, 1): bitcast to int32, fold negatives, scale by 2^-31."""
+    v = torch.where(x >= 2**31, x - 2**32, x)
+    v = torch.where(v < 0, -v - 1, v)
+    return v.to(torch.float32) * torch.tensor(_UNIFORM_SCALE, dtype=torch.float32)
+
+
+def uniform(seed: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """tl.rand(seed, offset): float32 uniform from the first Philox word."""
+    return uint_to_uniform(randint2x(seed, offset)[0])
+
+
+def normal(seed: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """tl.randn(seed, offset): float32 Box-Muller normal from the first two Philox words."""
+    c0, c1 = randint2x(seed, offset)
+    u1 = uint_to_uniform(c0).clamp_min(1.0e-7)
+    u2 = uint_to_uniform(c1)
+    theta = torch.tensor(6.283185307179586, dtype=torch.float32) * u2
+    return torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(theta)
+
+
+def counter(stream: int, t: int, index: torch.Tensor) -> torch.Tensor:
+    """The 64-bit Philox counter of (stream, time index, global element index)."""
+    return (stream << _STREAM_SHIFT) | (int(t) << _T_SHIFT) | index
+
+
+def draw_seed(generator: torch.Generator | None = None) -> int:
+    """A 62-bit seed from a torch generator (or torch's global RNG)."""
+    return int(torch.randint(0, 2**62, (1,), generator=generator, dtype=torch.int64))
+
+
+GeneratorLike = int | torch.Generator | Sequence[int | torch.Generator] | None
+
+
+@dataclass
+class SampleNoise:
+    """Per-sample addressable randomness for one batch.
+
+    ``seeds[i]`` keys sample i and ``indices[i]`` is its global index; both are int64 [N].
+    """
+
+    seeds: torch.Tensor
+    indices: torch.Tensor
+
+    @classmethod
+    def create(cls, generator: GeneratorLike, batch: int, first_index: int = 0) -> "SampleNoise":
+        """From an int seed, a torch.Generator, None (torch's global RNG) or one of those per sample."""
+        if isinstance(generator, (list, tuple)):
+            if len(generator) != batch:
+                raise ValueError(f"got {len(generator)} generators for a batch of {batch}: pass one per sample")
+            seeds = [g if isinstance(g, int) else draw_seed(g) for g in generator]
+            # each sample has its own key, so its own index 0 keeps it independent of its position
+            return cls(torch.tensor(seeds, dtype=torch.int64), torch.zeros(batch, dtype=torch.int64))
+        if generator is None or isinstance(generator, torch.Generator):
+            seed = draw_seed(generator)
+        elif isinstance(generator, int) and not isinstance(generator, bool):
+            seed = generator
+        else:
+            raise ValueError(f"generator must be an int seed, a torch.Generator, None or a list of those, "
+                             f"got {type(generator).__name__}")
+        if not 0 <= seed < 2**63:
+            raise ValueError(f"seeds must lie in [0, 2^63), got {seed}")
+        if first_index < 0:
+            raise ValueError(f"first sample index must be >= 0, got {first_index}")
+        indices = torch.arange(first_index, first_index + batch, dtype=torch.int64)
+        return cls(torch.full((batch,), seed, dtype=torch.int64), indices)
+
+    def __len__(self) -> int:
+        return self.seeds.numel()
+
+    def _element_offsets(self, stream: int, t: int, per_sample: int) -> tuple[torch.Tensor, torch.Tensor]:
+        top = int(self.indices.max()) + 1 if len(self) else 0
+        if top * per_sample > MAX_INDEX:
+            raise ValueError("too many elements for the random-number counter (at most 2^40 per stream)")
+        index = self.indices[:, None] * per_sample + torch.arange(per_sample, dtype=torch.int64)
+        return self.seeds[:, None].expand_as(index), counter(stream, t, index)
+
+    def normal(self, stream: int, t: int, shape: Sequence[int]) -> torch.Tensor:
+        """float32 N(0, 1) of shape [N, *shape]."""
+        per_sample = _numel(shape)
+        seeds, offsets = self._element_offsets(stream, t, per_sample)
+        return normal(seeds, offsets).reshape(len(self), *shape)
+
+    def uniform(self, stream: int, t: int, shape: Sequence[int] = ()) -> torch.Tensor:
+        """float32 U[0, 1) of shape [N, *shape]; shape () gives one number per sample."""
+        per_sample = _numel(shape)
+        seeds, offsets = self._element_offsets(stream, t, per_sample)
+        return uniform(seeds, offsets).reshape(len(self), *shape)
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n

@@ -1,0 +1,129 @@
+"""The sampling loop, the drop-in single step, and Analytic-DPM's Gamma estimator (step 6)."""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from .model_io import call_model, check_time_input, split_heads
+from .moments import DataRange, check_data_range
+from .random import STREAM_INITIAL, GeneratorLike, SampleNoise
+from .schedule import DATA, Schedule, trajectory as make_trajectory
+from .solvers import StepRandomness, get_solver, resolve_options, solver_step
+
+Model = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _check_finite(x: torch.Tensor, what: str) -> None:
+    if not torch.isfinite(x).all():
+        raise ValueError(f"{what} has non-finite values (NaN or inf)")
+
+
+def step(x_t: torch.Tensor, model_output: torch.Tensor | None, t: int, s: int, schedule: Schedule,
+         solver: str = "gms", generator: GeneratorLike = None, *, data_range: DataRange = (-1.0, 1.0),
+         noise: torch.Tensor | None = None, uniform: torch.Tensor | None = None, first_index: int = 0,
+         return_info: bool = False, **options: Any) -> torch.Tensor | tuple[torch.Tensor, dict]:
+    """One transition x_t -> x_s (s < t; s = -1 means data) for use inside any sampling loop.
+
+    ``model_output`` holds the heads [e1, e2, e3] concatenated along dim 1. Randomness comes from
+    ``generator`` (int seed, torch.Generator, or one per sample) or from explicit ``noise``/``uniform``.
+    Returns x_s in the dtype of x_t (and the fitted quantities if ``return_info``).
+    """
+    spec = get_solver(solver)
+    data_range = check_data_range(data_range)
+    k = schedule.coefficients(t, s)
+    _check_finite(x_t, "x_t")
+    heads = [] if spec.heads == 0 else split_heads(model_output, x_t, spec.heads, solver, f"at t={t} ")
+    source = None
+    if noise is None or uniform is None:
+        source = SampleNoise.create(generator, x_t.shape[0], first_index)
+    rand = StepRandomness(source, t, x_t, noise, uniform)
+    x_s, info = solver_step(solver, x_t, heads, k, rand, data_range, schedule.T, options)
+    x_s = x_s.to(x_t.dtype)
+    return (x_s, info) if return_info else x_s
+
+
+@torch.no_grad()
+def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: torch.Tensor | None = None,
+           steps: int = 10, solver: str = "gms", schedule: Schedule | None = None,
+           trajectory: str | Sequence[int] = "even", generator: GeneratorLike = None, progress: bool = True,
+           callback: Callable[[dict], None] | None = None, data_range: DataRange = (-1.0, 1.0), *,
+           time_input: str | None = None, first_index: int = 0, dtype: torch.dtype = torch.float32,
+           device: torch.device | str | None = None, **solver_options: Any) -> torch.Tensor:
+    """Draw samples by solving the reverse process with ``solver`` in ``steps`` steps.
+
+    ``model(x_t, t)`` returns the heads [e1, e2, e3] concatenated along dim 1 in one forward pass
+    (e1 alone suffices for ddpm/ddim, e1 and e2 for sn-ddpm). ``time_input`` is ``"index"``
+    (integer t), ``"index+1"`` or ``"scaled"`` (t*1000/T); by default the model's ``time_input``
+    attribute, else ``"index"``. Sample i is a function of (seed, ``first_index`` + i) only, so it
+    does not depend on the batch it is drawn in. ``callback`` receives a dict with step, t, s, x
+    and the step's fitted quantities. Solver options (e.g. fit, select, fit_iters, eta) go in
+    ``solver_options``.
+    """
+    if model is None:
+        raise ValueError("pass a model: any callable model(x_t, t) returning the heads [e1, e2, e3] "
+                         "concatenated along dim 1")
+    spec = get_solver(solver)
+    if spec.name == "exact" and "oracle" not in solver_options:
+        solver_options["oracle"] = model
+    resolve_options(spec, solver_options)  # fail on bad options before any network call
+    data_range = check_data_range(data_range)
+    schedule = schedule if schedule is not None else getattr(model, "schedule", None) or Schedule.linear()
+    time_input = check_time_input(time_input or getattr(model, "time_input", "index"))
+    ts = make_trajectory(schedule, steps, trajectory)
+
+    if x_T is None:
+        if shape is None:
+            raise ValueError("pass shape=(N, C, ...) or an initial x_T")
+        shape = tuple(int(d) for d in shape)
+        if len(shape) < 2:
+            raise ValueError(f"shape must be (N, C, ...) with a channel dimension, got {shape}")
+        noise = SampleNoise.create(generator, shape[0], first_index)
+        x = noise.normal(STREAM_INITIAL, 0, shape[1:]).to(dtype)
+        x = x.to(device) if device is not None else x
+    else:
+        if shape is not None and tuple(shape) != tuple(x_T.shape):
+            raise ValueError(f"shape {tuple(shape)} does not match x_T's shape {tuple(x_T.shape)}")
+        if x_T.dim() < 2:
+            raise ValueError(f"x_T must be [N, C, ...] with a channel dimension, got shape {tuple(x_T.shape)}")
+        _check_finite(x_T, "x_T")
+        x = x_T
+        noise = SampleNoise.create(generator, x.shape[0], first_index)
+
+    for i, t in enumerate(tqdm(ts, desc=f"{solver} K={steps}", disable=not progress, leave=False)):
+        s = ts[i + 1] if i + 1 < len(ts) else DATA
+        k = schedule.coefficients(t, s)
+        heads = []
+        if spec.heads:
+            out = call_model(model, x, t, schedule.T, time_input)
+            heads = split_heads(out, x, spec.heads, solver, f"at step {i} (t={t}) ")
+        rand = StepRandomness(noise, t, x)
+        x_new, info = solver_step(solver, x, heads, k, rand, data_range, schedule.T, solver_options)
+        x = x_new.to(x.dtype)
+        if callback is not None:
+            callback({"step": i, "t": t, "s": s, "x": x, **info})
+    return x
+
+
+@torch.no_grad()
+def estimate_gamma(model: Model, x0: torch.Tensor, schedule: Schedule, timesteps: Sequence[int] | None = None,
+                   time_input: str | None = None, batch_size: int = 256,
+                   generator: torch.Generator | None = None) -> torch.Tensor:
+    """Analytic-DPM's Gamma_t = E_q(x_t) ||eps_theta(x_t, t)||^2 / d, estimated on data ``x0``.
+
+    Returns a float64 table of length T, NaN where t was not estimated (default: all t).
+    """
+    time_input = check_time_input(time_input or getattr(model, "time_input", "index"))
+    steps = range(schedule.T) if timesteps is None else [int(t) for t in timesteps]
+    table = torch.full((schedule.T,), float("nan"), dtype=torch.float64)
+    for t in steps:
+        total, count = 0.0, 0
+        for batch in x0.split(batch_size):
+            eps = torch.randn(batch.shape, generator=generator, dtype=batch.dtype)
+            x_t = schedule.add_noise(batch, eps, t).to(batch.dtype)
+            e1 = split_heads(call_model(model, x_t, t, schedule.T, time_input), x_t, 1, "analytic-dpm")[0]
+            total += float(e1.to(torch.float64).pow(2).sum())
+            count += e1.numel()
+        table[t] = total / count
+    return table

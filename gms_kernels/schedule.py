@@ -1,0 +1,175 @@
+"""Noise schedules and sampling trajectories (step 1 of the pipeline).
+
+Forward process (paper Eq. forward): q(x_t | x_0) = N(a_t x_0, sigma_t^2 I) with
+a_t = sqrt(abar_t), sigma_t = sqrt(1 - abar_t), abar_t = prod_{i<=t} (1 - beta_i).
+Time indices are 0-based, t in [0, T-1]; the pseudo-index ``DATA = -1`` stands for clean data
+(a = 1, sigma = 0), so the final "denoise" step is the ordinary step t -> DATA.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+DATA = -1  # pseudo time index of the clean data (a = 1, sigma = 0)
+
+TRAJECTORY_KINDS = ("even", "linear", "quad", "leading", "trailing", "linspace")
+
+
+@dataclass(frozen=True)
+class StepCoefficients:
+    """Exact fp64 scalars of one reverse step t -> s (reference-notes 1).
+
+    q(x_s | x_t, x_0) = N(c1 x_t + c2 x_0, lam2), with a_{t|s} = a_t / a_s and
+    beta_{t|s} = sigma_t^2 - a_{t|s}^2 sigma_s^2.
+    """
+
+    t: int
+    s: int
+    a_t: float
+    sigma_t: float
+    a_s: float
+    sigma_s: float
+    a_ts: float
+    beta_ts: float
+    c1: float
+    c2: float
+    lam2: float
+
+
+class Schedule:
+    """A discrete variance-preserving noise schedule, float64 inside.
+
+    Build with :meth:`linear`, :meth:`cosine` or :meth:`from_betas`.
+    """
+
+    def __init__(self, betas: torch.Tensor | Sequence[float]):
+        betas = torch.as_tensor(betas, dtype=torch.float64).flatten().cpu()
+        if betas.numel() < 1:
+            raise ValueError("a schedule needs at least one beta")
+        if not torch.isfinite(betas).all() or (betas <= 0).any() or (betas >= 1).any():
+            raise ValueError("betas must be finite and lie in the open interval (0, 1)")
+        if betas.numel() >= 2**16:
+            raise ValueError(f"T = {betas.numel()} is too large: at most 65535 time steps are supported")
+        self.betas = betas
+        self.alphas_cumprod = torch.cumprod(1.0 - betas, dim=0)
+        self._a = self.alphas_cumprod.sqrt()
+        self._sigma = (1.0 - self.alphas_cumprod).sqrt()
+
+    # -- constructors -------------------------------------------------------------------------
+    @classmethod
+    def linear(cls, T: int = 1000, beta_start: float = 1e-4, beta_end: float = 0.02) -> "Schedule":
+        """DDPM's linear betas (Ho et al. 2020)."""
+        return cls(torch.linspace(beta_start, beta_end, T, dtype=torch.float64))
+
+    @classmethod
+    def cosine(cls, T: int = 1000, s: float = 0.008, max_beta: float = 0.999) -> "Schedule":
+        """improved-diffusion's cosine schedule: abar(u) = cos((u + s)/(1 + s) * pi/2)^2, beta capped."""
+
+        def abar(u: float) -> float:
+            return math.cos((u + s) / (1 + s) * math.pi / 2) ** 2
+
+        betas = [min(1 - abar((i + 1) / T) / abar(i / T), max_beta) for i in range(T)]
+        return cls(betas)
+
+    @classmethod
+    def from_betas(cls, betas: torch.Tensor | Sequence[float]) -> "Schedule":
+        return cls(betas)
+
+    # -- exact per-time quantities ---------------------------------------------------------------
+    @property
+    def T(self) -> int:
+        return self.betas.numel()
+
+    def _check(self, t: int) -> int:
+        t = int(t)
+        if not DATA <= t < self.T:
+            raise ValueError(f"time index {t} is out of range: use 0 <= t < T = {self.T} (or -1 for data)")
+        return t
+
+    def alpha(self, t: int) -> float:
+        """a_t = sqrt(abar_t); a = 1 at t = DATA."""
+        t = self._check(t)
+        return 1.0 if t == DATA else float(self._a[t])
+
+    def sigma(self, t: int) -> float:
+        """sigma_t = sqrt(1 - abar_t); sigma = 0 at t = DATA."""
+        t = self._check(t)
+        return 0.0 if t == DATA else float(self._sigma[t])
+
+    def coefficients(self, t: int, s: int) -> StepCoefficients:
+        """Step quantities of t -> s (s < t) from reference-notes 1 / paper appendix Eq. first."""
+        t, s = self._check(t), self._check(s)
+        if t == DATA:
+            raise ValueError("t must be a time index in [0, T); -1 (data) is only valid for s")
+        if s >= t:
+            raise ValueError(f"a reverse step needs s < t, got t={t}, s={s}")
+        a_t, sig_t, a_s, sig_s = self.alpha(t), self.sigma(t), self.alpha(s), self.sigma(s)
+        a_ts = a_t / a_s
+        beta_ts = sig_t**2 - a_ts**2 * sig_s**2
+        return StepCoefficients(
+            t=t, s=s, a_t=a_t, sigma_t=sig_t, a_s=a_s, sigma_s=sig_s, a_ts=a_ts, beta_ts=beta_ts,
+            c1=a_ts * sig_s**2 / sig_t**2,
+            c2=a_s * beta_ts / sig_t**2,
+            lam2=sig_s**2 * beta_ts / sig_t**2,
+        )
+
+    def add_noise(self, x0: torch.Tensor, noise: torch.Tensor, t: int) -> torch.Tensor:
+        """x_t = a_t x_0 + sigma_t eps (paper Eq. forward)."""
+        return self.alpha(t) * x0 + self.sigma(t) * noise
+
+    def __repr__(self) -> str:
+        return f"Schedule(T={self.T}, beta[0]={float(self.betas[0]):.3g}, beta[-1]={float(self.betas[-1]):.3g})"
+
+
+def trajectory(schedule: Schedule | int, steps: int, kind: str | Sequence[int] = "even") -> list[int]:
+    """Descending time indices visited by a sampler; the sampler then steps from the last one to data.
+
+    kinds: ``"even"`` (the official GMS list: t_i = max(int(T-1-i*T/K), 0), then 0 appended if
+    missing), ``"linear"`` and ``"quad"`` (Analytic-DPM family: K+1 points from T-1 to 0, evenly
+    spaced in t or in sqrt(t)), ``"leading"``, ``"trailing"`` and ``"linspace"`` (diffusers'
+    timestep spacings), or an explicit descending list of indices.
+    """
+    T = schedule if isinstance(schedule, int) else schedule.T
+    if not isinstance(kind, str):
+        ts = [int(t) for t in kind]
+        if not ts:
+            raise ValueError("an explicit trajectory needs at least one time index")
+        if any(not 0 <= t < T for t in ts):
+            raise ValueError(f"explicit trajectory indices must lie in [0, {T - 1}], got {ts}")
+        if any(a <= b for a, b in zip(ts, ts[1:])):
+            raise ValueError(f"an explicit trajectory must be strictly descending, got {ts}")
+        return ts
+    if kind not in TRAJECTORY_KINDS:
+        raise ValueError(f"unknown trajectory kind {kind!r}; valid kinds: {', '.join(TRAJECTORY_KINDS)} "
+                         "or an explicit descending list of time indices")
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= T:
+        raise ValueError(f"steps must be an integer in [1, T = {T}], got {steps!r}")
+    K = steps
+    if kind == "even":
+        r = T / K
+        ts = [max(int(T - 1 - r * i), 0) for i in range(K)]
+        if ts[-1] != 0:
+            ts.append(0)
+    elif kind == "linear":
+        ts = [round((T - 1) * (K - i) / K) for i in range(K + 1)]
+    elif kind == "quad":
+        ts = [round((math.sqrt(T - 1) * (K - i) / K) ** 2) for i in range(K + 1)]
+    elif kind == "leading":
+        ratio = T // K
+        ts = [i * ratio for i in reversed(range(K))]
+    elif kind == "trailing":
+        ts = [round(T - i * T / K) - 1 for i in range(K)]
+    else:  # "linspace"
+        ts = [round((T - 1) * (K - 1 - i) / max(K - 1, 1)) for i in range(K)]
+    return _strictly_descending(ts, T)
+
+
+def _strictly_descending(ts: list[int], T: int) -> list[int]:
+    """Resolve collisions from rounding (dense quad/linear lists) by nudging later points up."""
+    out: list[int] = []
+    for t in reversed(ts):  # ascending
+        out.append(t if not out else max(t, out[-1] + 1))
+    return sorted({min(t, T - 1) for t in out}, reverse=True)

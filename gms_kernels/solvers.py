@@ -1,0 +1,205 @@
+"""One reverse step x_t -> x_s of every solver (step 5 of the pipeline).
+
+Each solver is a small function of (x_t, heads, step coefficients, randomness, options) working in
+float64, registered with the number of heads it reads and its options. :func:`solver_step` adds
+the official code's last-step behaviour shared by all of them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from .fit import DEFAULT_WEIGHTS, PAPER_LR_TABLES, check_weights, fit_adan, fit_closed
+from .mixture import check_select, sample_mixture
+from .moments import DataRange, TransitionMoments, last_step_variance_cap, transition_moments
+from .random import STREAM_COMPONENT, STREAM_STEP_NOISE, SampleNoise
+from .schedule import DATA, StepCoefficients
+
+FITS = ("closed", "adan")
+
+
+class StepRandomness:
+    """The random numbers of one step, drawn on first use (deterministic solvers draw none).
+
+    Explicit ``noise`` (like x_t) and ``uniform`` ([N] or like x_t) override the Philox streams.
+    """
+
+    def __init__(self, source: SampleNoise | None, t: int, like: torch.Tensor,
+                 noise: torch.Tensor | None = None, uniform: torch.Tensor | None = None):
+        self.source, self.t, self.like = source, t, like
+        self._noise, self._uniform = noise, uniform
+
+    def _require_source(self, what: str) -> SampleNoise:
+        if self.source is None:
+            raise ValueError(f"this step needs {what}: pass a generator/seed or explicit {what}")
+        return self.source
+
+    def normal(self) -> torch.Tensor:
+        if self._noise is None:
+            src = self._require_source("noise")
+            self._noise = src.normal(STREAM_STEP_NOISE, self.t, self.like.shape[1:])
+        return self._noise.to(device=self.like.device, dtype=torch.float64)
+
+    def uniform(self, per_element: bool) -> torch.Tensor:
+        if self._uniform is None:
+            src = self._require_source("uniform")
+            shape = self.like.shape[1:] if per_element else ()
+            self._uniform = src.uniform(STREAM_COMPONENT, self.t, shape)
+        return self._uniform.to(device=self.like.device)
+
+
+@dataclass(frozen=True)
+class Solver:
+    name: str
+    heads: int  # how many of [e1, e2, e3] the solver reads
+    step: Callable[..., tuple[torch.Tensor, dict]]
+    options: dict[str, Any] = field(default_factory=dict)
+    doc: str = ""
+
+
+LAST_STEP_OPTIONS = {"gaussian_last_step": True, "denoise_final": True, "clip_pixel": 1.0}
+
+
+def _gaussian(m1: torch.Tensor, var: torch.Tensor | float, rand: StepRandomness) -> torch.Tensor:
+    std = var.clamp_min(0.0).sqrt() if torch.is_tensor(var) else math.sqrt(max(var, 0.0))
+    return m1 + std * rand.normal()
+
+
+def _learned_gaussian(mom: TransitionMoments, k: StepCoefficients, rand: StepRandomness,
+                      o: dict) -> tuple[torch.Tensor, dict]:
+    """N(M1, Var); the step into s = 0 caps Var like the official code."""
+    var = mom.var
+    cap = last_step_variance_cap(o["data_range"], o["clip_pixel"]) if k.s == 0 else None
+    if cap is not None:
+        var = var.clamp(0.0, cap)
+    return _gaussian(mom.m1, var, rand), {"m1": mom.m1, "var": var}
+
+
+def ddpm_step(x_t, heads, k, rand, o):
+    """DDPM with the posterior variance beta~ = lam2 ("fixed small")."""
+    m1 = transition_moments(x_t, heads[0], None, None, k, o["data_range"]).m1
+    return _gaussian(m1, k.lam2, rand), {"m1": m1}
+
+
+def ddpm_large_step(x_t, heads, k, rand, o):
+    """DDPM with variance beta_{t|s} ("fixed large")."""
+    m1 = transition_moments(x_t, heads[0], None, None, k, o["data_range"]).m1
+    return _gaussian(m1, k.beta_ts, rand), {"m1": m1}
+
+
+def sn_ddpm_step(x_t, heads, k, rand, o):
+    """SN-DDPM: N(M1, Var) with Var from the eps^2 head (paper appendix Eq. second)."""
+    mom = transition_moments(x_t, heads[0], heads[1], None, k, o["data_range"])
+    return _learned_gaussian(mom, k, rand, o)
+
+
+def analytic_dpm_step(x_t, heads, k, rand, o):
+    """Analytic-DPM: Var[x0|x_t] = sigma_t^2/a_t^2 (1 - Gamma_t), isotropic, Gamma from a table."""
+    gamma = o["gamma"]
+    if gamma is None:
+        raise ValueError("solver 'analytic-dpm' needs gamma=<table>: estimate it with "
+                         "gk.estimate_gamma(model, x0, schedule, timesteps)")
+    g = float(torch.as_tensor(gamma, dtype=torch.float64)[k.t])
+    if not math.isfinite(g):
+        raise ValueError(f"the gamma table has no value at t={k.t}: estimate it on this trajectory")
+    x0_var = torch.full_like(x_t, (k.sigma_t / k.a_t) ** 2 * (1.0 - g))
+    mom = transition_moments(x_t, heads[0], None, None, k, o["data_range"], x0_var=x0_var)
+    return _learned_gaussian(mom, k, rand, o)
+
+
+def ddim_step(x_t, heads, k, rand, o):
+    """DDIM (Song et al. 2021, Eq. 12): a_s x0 + sqrt(sigma_s^2 - eta^2 lam2) eps + eta sqrt(lam2) z."""
+    x0 = transition_moments(x_t, heads[0], None, None, _to_data(k), o["data_range"]).m1  # clamped E[x0|x_t]
+    eps = (x_t - k.a_t * x0) / k.sigma_t
+    eta2_lam2 = o["eta"] ** 2 * k.lam2
+    x_s = k.a_s * x0 + math.sqrt(max(k.sigma_s**2 - eta2_lam2, 0.0)) * eps
+    if eta2_lam2 > 0:
+        x_s = x_s + math.sqrt(eta2_lam2) * rand.normal()
+    return x_s, {"x0": x0}
+
+
+def gms_step(x_t, heads, k, rand, o):
+    """GMS: fit w1 N(mu1, s2) + w2 N(mu2, s2) to (M1, Var, M3) and sample it (paper Alg. sampling)."""
+    mom = transition_moments(x_t, heads[0], heads[1], heads[2], k, o["data_range"])
+    if k.s == 0 and o["gaussian_last_step"]:
+        return _learned_gaussian(mom, k, rand, o)
+    if o["fit"] == "closed":
+        p = fit_closed(mom, o["weights"], o["var_floor"])
+    else:
+        p = fit_adan(mom, o["weights"], o["fit_iters"], o["lr"], k.t, o["T"], o["adan_mean"])
+    x_s = sample_mixture(p, o["weights"], rand.normal(), rand.uniform(o["select"] == "pixel"))
+    return x_s, {"m1": mom.m1, "var": mom.var, "m3": mom.m3, "mu1": p.mu1, "mu2": p.mu2, "s2": p.s2}
+
+
+def exact_step(x_t, heads, k, rand, o):
+    """The exact reverse kernel of Gaussian-mixture data (needs oracle=GaussianMixtureOracle)."""
+    oracle = o["oracle"]
+    if oracle is None or not hasattr(oracle, "exact_step"):
+        raise ValueError("solver 'exact' needs oracle=<gk.GaussianMixtureOracle> (gk.sample passes the "
+                         "model when it is one)")
+    return oracle.exact_step(x_t, k, rand.uniform(False), rand.normal()), {}
+
+
+def _to_data(k: StepCoefficients) -> StepCoefficients:
+    """Coefficients of t -> data, whose M1 is E[x0|x_t]."""
+    return StepCoefficients(t=k.t, s=DATA, a_t=k.a_t, sigma_t=k.sigma_t, a_s=1.0, sigma_s=0.0,
+                            a_ts=k.a_t, beta_ts=k.sigma_t**2, c1=0.0, c2=1.0, lam2=0.0)
+
+
+SOLVERS: dict[str, Solver] = {
+    s.name: s for s in [
+        Solver("ddpm", 1, ddpm_step, dict(LAST_STEP_OPTIONS)),
+        Solver("ddpm-large", 1, ddpm_large_step, dict(LAST_STEP_OPTIONS)),
+        Solver("sn-ddpm", 2, sn_ddpm_step, dict(LAST_STEP_OPTIONS)),
+        Solver("ddim", 1, ddim_step, dict(LAST_STEP_OPTIONS, eta=0.0)),
+        Solver("analytic-dpm", 1, analytic_dpm_step, dict(LAST_STEP_OPTIONS, gamma=None)),
+        Solver("gms", 3, gms_step, dict(LAST_STEP_OPTIONS, fit="closed", select="sample",
+                                         weights=DEFAULT_WEIGHTS, fit_iters=25, lr=0.06,
+                                         var_floor=0.1, adan_mean="sample")),
+        Solver("exact", 0, exact_step, {"oracle": None}),
+    ]
+}
+
+
+def get_solver(name: str) -> Solver:
+    if name not in SOLVERS:
+        raise ValueError(f"unknown solver {name!r}; valid solvers: {', '.join(SOLVERS)}")
+    return SOLVERS[name]
+
+
+def resolve_options(solver: Solver, options: dict[str, Any]) -> dict[str, Any]:
+    """Defaults merged with the user's options, each checked."""
+    unknown = sorted(set(options) - set(solver.options))
+    if unknown:
+        raise ValueError(f"unknown option(s) {', '.join(unknown)} for solver {solver.name!r}; "
+                         f"valid: {', '.join(solver.options) or 'none'}")
+    o = dict(solver.options, **options)
+    if "fit" in o and o["fit"] not in FITS:
+        raise ValueError(f"unknown fit {o['fit']!r}; valid: {', '.join(FITS)}")
+    if "select" in o:
+        check_select(o["select"])
+    if "weights" in o:
+        o["weights"] = check_weights(o["weights"])
+    if "lr" in o and isinstance(o["lr"], str) and o["lr"] not in PAPER_LR_TABLES:
+        raise ValueError(f"unknown lr {o['lr']!r}; use a number or one of {', '.join(PAPER_LR_TABLES)}")
+    if "eta" in o and not 0.0 <= float(o["eta"]) <= 1.0:
+        raise ValueError(f"eta must lie in [0, 1], got {o['eta']}")
+    return o
+
+
+def solver_step(name: str, x_t: torch.Tensor, heads: list[torch.Tensor], k: StepCoefficients,
+                rand: StepRandomness, data_range: DataRange, T: int,
+                options: dict[str, Any]) -> tuple[torch.Tensor, dict]:
+    """One step t -> s of solver ``name`` in float64; t -> data returns the denoised mean by default."""
+    solver = get_solver(name)
+    o = resolve_options(solver, options)
+    o.update(data_range=data_range, T=T)
+    x_t = x_t.to(torch.float64)
+    heads = [h.to(torch.float64) for h in heads]
+    if k.s == DATA and o.get("denoise_final", False):
+        x0 = transition_moments(x_t, heads[0], None, None, k, data_range).m1
+        return x0, {"x0": x0}
+    return solver.step(x_t, heads, k, rand, o)

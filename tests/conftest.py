@@ -1,0 +1,22 @@
+import pytest
+import torch
+
+import gms_kernels as gk
+
+
+@pytest.fixture
+def small_schedule():
+    return gk.Schedule.linear(100, 1e-3, 0.2)
+
+
+@pytest.fixture
+def paper_oracle():
+    return gk.GaussianMixtureOracle([0.4, 0.6], [[-0.4], [0.3]], [0.12, 0.05], gk.Schedule.linear())
+
+
+def image_oracle(schedule, shape=(3, 5, 7), seed=0):
+    """A 3-component mixture over odd-shaped 'images' in [-1, 1]."""
+    g = torch.Generator().manual_seed(seed)
+    means = torch.rand(3, *shape, generator=g, dtype=torch.float64) * 1.4 - 0.7
+    stds = torch.rand(3, *shape, generator=g, dtype=torch.float64) * 0.1 + 0.05
+    return gk.GaussianMixtureOracle([0.2, 0.3, 0.5], means, stds, schedule)

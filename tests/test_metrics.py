@@ -1,0 +1,44 @@
+import math
+
+import pytest
+import torch
+
+from gms_kernels import metrics
+
+
+def test_w1_of_a_shift_is_the_shift_for_any_sizes():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3000, generator=g, dtype=torch.float64)
+    assert metrics.wasserstein1(x, x + 0.25) == pytest.approx(0.25, abs=1e-9)
+    assert metrics.wasserstein1(x[:1000], x[:1000] + 0.25) == pytest.approx(0.25, abs=1e-9)
+    # unequal sizes: W1 between {0} and {0, 1} is 1/2
+    assert metrics.wasserstein1(torch.tensor([0.0]), torch.tensor([0.0, 1.0])) == pytest.approx(0.5)
+
+
+def test_sliced_w1_of_a_shift():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4000, 2, generator=g, dtype=torch.float64)
+    # E|<(c, 0), u>| over unit directions u in 2-D is 2c/pi
+    v = metrics.sliced_wasserstein1(x, x + torch.tensor([0.5, 0.0], dtype=torch.float64), n_projections=4000)
+    assert v == pytest.approx(2 * 0.5 / math.pi, rel=0.03)
+    assert metrics.sliced_wasserstein1(x, x) == 0.0
+
+
+def test_kde_log_likelihood_of_a_gaussian():
+    g = torch.Generator().manual_seed(0)
+    samples = torch.randn(20000, 1, generator=g, dtype=torch.float64)
+    data = torch.randn(4000, 1, generator=g, dtype=torch.float64)
+    h = metrics.kde_bandwidth(data, samples.shape[0])
+    assert h == pytest.approx(1.05 * float(data.std()) * 20000**-0.25)
+    # a Gaussian KDE of N(0,1) samples is about N(0, 1 + h^2); its expected log density under N(0,1) data:
+    expected = -0.5 * math.log(2 * math.pi * (1 + h * h)) - 0.5 / (1 + h * h)
+    assert metrics.kde_log_likelihood(samples, data) == pytest.approx(expected, abs=0.03)
+
+
+def test_energy_distance():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3000, 2, generator=g, dtype=torch.float64)
+    y = torch.randn(3000, 2, generator=g, dtype=torch.float64)
+    same = metrics.energy_distance(x, y)
+    shifted = metrics.energy_distance(x, y + 1.0)
+    assert abs(same) < 0.01 and shifted > 0.5

@@ -1,0 +1,44 @@
+import math
+
+import torch
+
+from gms_kernels import random as rng
+
+
+def _words(c, k):
+    t = lambda v: torch.tensor([v], dtype=torch.int64)
+    return [int(w) for w in rng.philox4x32(t(c), t(c), t(c), t(c), t(k), t(k))]
+
+
+def test_philox_known_answers():
+    assert _words(0, 0) == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+    assert _words(0xFFFFFFFF, 0xFFFFFFFF) == [0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD]
+
+
+def test_uint_to_uniform_matches_tritons_rule():
+    x = torch.tensor([0, 1, 2**31 - 1, 2**31, 2**32 - 1], dtype=torch.int64)
+    u = rng.uint_to_uniform(x)
+    scale = torch.tensor(4.6566127342e-10, dtype=torch.float32)
+    # bitcast to int32, v -> -v - 1 when negative, times 2^-31 in float32
+    expected = torch.tensor([0, 1, 2**31 - 1, 2**31 - 1, 0], dtype=torch.float32) * scale
+    assert torch.equal(u, expected)
+    assert float(u.max()) < 1.0 + 1e-7 and float(u.min()) >= 0.0
+
+
+def test_streams_are_uniform_and_normal():
+    seed = torch.full((200_000,), 1234, dtype=torch.int64)
+    offs = torch.arange(200_000, dtype=torch.int64)
+    u = rng.uniform(seed, offs).double()
+    z = rng.normal(seed, offs).double()
+    assert abs(float(u.mean()) - 0.5) < 0.005 and abs(float(u.var()) - 1 / 12) < 0.002
+    assert abs(float(z.mean())) < 0.01 and abs(float(z.var()) - 1) < 0.01
+    assert abs(float((z**3).mean())) < 0.03 and abs(float((z**4).mean()) - 3) < 0.05
+
+
+def test_sample_noise_addresses_are_batch_independent():
+    a = rng.SampleNoise.create(99, 5)
+    b = rng.SampleNoise.create(99, 2, first_index=3)
+    torch.testing.assert_close(a.normal(0, 7, (2, 3))[3:], b.normal(0, 7, (2, 3)), rtol=0, atol=0)
+    torch.testing.assert_close(a.uniform(1, 7)[3:], b.uniform(1, 7), rtol=0, atol=0)
+    assert not torch.equal(a.normal(0, 7, (2, 3)), a.normal(0, 8, (2, 3)))  # another t, other numbers
+    assert not torch.equal(a.uniform(1, 7, (2, 3)).flatten(), a.normal(1, 7, (2, 3)).flatten())
