@@ -1,0 +1,75 @@
+"""Fused GMS step backends: one pass over memory that does moments -> fit -> mixture sampling.
+
+Every backend implements the same contract, ``fused_step(x_t, e1, e2, e3, seeds, indices, cfg,
+return_params)``, whose meaning is defined by the torch reference (``solvers.gms_step`` and the
+last-step rules of ``solvers.solver_step``). Per element (sample i, element j of D):
+
+1. moments (fp64 in every backend): ``moments.x0_moments`` -> ``moments.clamp_x0_moments``
+   (when ``cfg.has_range``) -> M1, Var (clamped to [0, half^2] with a range), M3;
+2. by ``cfg.mode``: DENOISE writes M1; GAUSSIAN draws N(M1, min(Var, var_cap)); CLOSED and ADAN fit
+   (mu1, mu2, s2) like ``fit.fit_closed`` / ``fit.fit_adan`` (learning rate ``cfg.lrs[k]`` at
+   iteration k, gradient scale ``cfg.grad_scale`` = 2 / count), then draw
+   ``(u < w1 ? mu1 : mu2) + sqrt(s2) z``;
+3. random numbers (``random.py``): z = normal(seeds[i], counter(0, t, indices[i]*D + j));
+   u = uniform(seeds[i], counter(1, t, indices[i])) per sample, or
+   uniform(seeds[i], counter(1, t, indices[i]*D + j)) per pixel.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MODE_GAUSSIAN, MODE_CLOSED, MODE_ADAN, MODE_DENOISE = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class FusedStepConfig:
+    """The scalars of one fused step (all Python floats/ints; fp64 semantics)."""
+
+    mode: int
+    t: int
+    a_t: float
+    sigma_t: float
+    c1: float
+    c2: float
+    lam2: float
+    has_range: bool = False
+    center: float = 0.0
+    half: float = 1.0
+    var_cap: float = float("inf")  # GAUSSIAN mode: Var is clamped to [0, var_cap]
+    w1: float = 1.0 / 3.0
+    var_floor: float = 0.1
+    lrs: tuple[float, ...] = field(default_factory=tuple)  # ADAN: one learning rate per iteration
+    grad_scale: float = 2.0
+    per_pixel: bool = False
+
+
+FUSABLE_SOLVERS = ("gms", "sn-ddpm")
+
+
+def make_config(solver: str, k, data_range, o: dict, T: int, batch: int, per_sample: int) -> FusedStepConfig | None:
+    """The fused-step config equivalent to ``solver_step(solver, ...)`` with resolved options ``o``;
+    None when the step is not one the fused kernels do."""
+    from ..fit import adan_learning_rates
+    from ..moments import last_step_variance_cap
+    from ..schedule import DATA
+
+    if solver not in FUSABLE_SOLVERS:
+        return None
+    common = dict(t=k.t, a_t=k.a_t, sigma_t=k.sigma_t, c1=k.c1, c2=k.c2, lam2=k.lam2,
+                  has_range=data_range is not None)
+    if data_range is not None:
+        common.update(center=(data_range[0] + data_range[1]) / 2, half=(data_range[1] - data_range[0]) / 2)
+    if k.s == DATA and o["denoise_final"]:
+        return FusedStepConfig(mode=MODE_DENOISE, **common)
+    if solver == "sn-ddpm" or (k.s == 0 and o["gaussian_last_step"]):
+        cap = last_step_variance_cap(data_range, o["clip_pixel"]) if k.s == 0 else None
+        return FusedStepConfig(mode=MODE_GAUSSIAN, var_cap=float("inf") if cap is None else cap, **common)
+    w1 = float(o["weights"][0])
+    per_pixel = o["select"] == "pixel"
+    if o["fit"] == "closed":
+        return FusedStepConfig(mode=MODE_CLOSED, w1=w1, var_floor=float(o["var_floor"]), per_pixel=per_pixel,
+                               **common)
+    count = per_sample * (batch if o["adan_mean"] == "batch" else 1)
+    return FusedStepConfig(mode=MODE_ADAN, w1=w1, per_pixel=per_pixel,
+                           lrs=tuple(adan_learning_rates(o["fit_iters"], o["lr"], k.t, T)),
+                           grad_scale=2.0 / max(count, 1), **common)
