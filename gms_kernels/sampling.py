@@ -10,6 +10,7 @@ from .model_io import call_model, check_time_input, split_heads
 from .moments import DataRange, check_data_range
 from .random import STREAM_INITIAL, GeneratorLike, SampleNoise
 from .schedule import DATA, Schedule, trajectory as make_trajectory
+from .backends import resolve_backend
 from .solvers import StepRandomness, get_solver, resolve_options, solver_step
 
 Model = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -23,11 +24,13 @@ def _check_finite(x: torch.Tensor, what: str) -> None:
 def step(x_t: torch.Tensor, model_output: torch.Tensor | None, t: int, s: int, schedule: Schedule,
          solver: str = "gms", generator: GeneratorLike = None, *, data_range: DataRange = (-1.0, 1.0),
          noise: torch.Tensor | None = None, uniform: torch.Tensor | None = None, first_index: int = 0,
-         return_info: bool = False, **options: Any) -> torch.Tensor | tuple[torch.Tensor, dict]:
+         return_info: bool = False, backend: str = "auto", **options: Any) -> torch.Tensor | tuple[torch.Tensor, dict]:
     """One transition x_t -> x_s (s < t; s = -1 means data) for use inside any sampling loop.
 
     ``model_output`` holds the heads [e1, e2, e3] concatenated along dim 1. Randomness comes from
     ``generator`` (int seed, torch.Generator, or one per sample) or from explicit ``noise``/``uniform``.
+    ``backend``: ``"auto"`` (Triton on CUDA, C++ on CPU, else torch), ``"triton"``, ``"cpp"`` or
+    ``"torch"`` (the float64 reference); ``GMS_KERNELS_BACKEND`` overrides it.
     Returns x_s in the dtype of x_t (and the fitted quantities if ``return_info``).
     """
     spec = get_solver(solver)
@@ -39,7 +42,8 @@ def step(x_t: torch.Tensor, model_output: torch.Tensor | None, t: int, s: int, s
     if noise is None or uniform is None:
         source = SampleNoise.create(generator, x_t.shape[0], first_index)
     rand = StepRandomness(source, t, x_t, noise, uniform)
-    x_s, info = solver_step(solver, x_t, heads, k, rand, data_range, schedule.T, options)
+    x_s, info = solver_step(solver, x_t, heads, k, rand, data_range, schedule.T, options,
+                            resolve_backend(backend, x_t.device), return_info)
     x_s = x_s.to(x_t.dtype)
     return (x_s, info) if return_info else x_s
 
@@ -50,7 +54,7 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
            trajectory: str | Sequence[int] = "even", generator: GeneratorLike = None, progress: bool = True,
            callback: Callable[[dict], None] | None = None, data_range: DataRange = (-1.0, 1.0), *,
            time_input: str | None = None, first_index: int = 0, dtype: torch.dtype = torch.float32,
-           device: torch.device | str | None = None, **solver_options: Any) -> torch.Tensor:
+           device: torch.device | str | None = None, backend: str = "auto", **solver_options: Any) -> torch.Tensor:
     """Draw samples by solving the reverse process with ``solver`` in ``steps`` steps.
 
     ``model(x_t, t)`` returns the heads [e1, e2, e3] concatenated along dim 1 in one forward pass
@@ -59,7 +63,7 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
     attribute, else ``"index"``. Sample i is a function of (seed, ``first_index`` + i) only, so it
     does not depend on the batch it is drawn in. ``callback`` receives a dict with step, t, s, x
     and the step's fitted quantities. Solver options (e.g. fit, select, fit_iters, eta) go in
-    ``solver_options``.
+    ``solver_options``. ``backend`` picks the fused GMS step as in :func:`step`.
     """
     if model is None:
         raise ValueError("pass a model: any callable model(x_t, t) returning the heads [e1, e2, e3] "
@@ -91,6 +95,7 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
         x = x_T
         noise = SampleNoise.create(generator, x.shape[0], first_index)
 
+    backend = resolve_backend(backend, x.device)
     for i, t in enumerate(tqdm(ts, desc=f"{solver} K={steps}", disable=not progress, leave=False)):
         s = ts[i + 1] if i + 1 < len(ts) else DATA
         k = schedule.coefficients(t, s)
@@ -99,7 +104,8 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
             out = call_model(model, x, t, schedule.T, time_input)
             heads = split_heads(out, x, spec.heads, solver, f"at step {i} (t={t}) ")
         rand = StepRandomness(noise, t, x)
-        x_new, info = solver_step(solver, x, heads, k, rand, data_range, schedule.T, solver_options)
+        x_new, info = solver_step(solver, x, heads, k, rand, data_range, schedule.T, solver_options,
+                                  backend, callback is not None)
         x = x_new.to(x.dtype)
         if callback is not None:
             callback({"step": i, "t": t, "s": s, "x": x, **info})

@@ -32,6 +32,11 @@ class StepRandomness:
         self.source, self.t, self.like = source, t, like
         self._noise, self._uniform = noise, uniform
 
+    @property
+    def shares_streams(self) -> bool:
+        """True when all randomness comes from the Philox source (so a fused kernel can draw it)."""
+        return self.source is not None and self._noise is None and self._uniform is None
+
     def _require_source(self, what: str) -> SampleNoise:
         if self.source is None:
             raise ValueError(f"this step needs {what}: pass a generator/seed or explicit {what}")
@@ -191,11 +196,26 @@ def resolve_options(solver: Solver, options: dict[str, Any]) -> dict[str, Any]:
 
 
 def solver_step(name: str, x_t: torch.Tensor, heads: list[torch.Tensor], k: StepCoefficients,
-                rand: StepRandomness, data_range: DataRange, T: int,
-                options: dict[str, Any]) -> tuple[torch.Tensor, dict]:
-    """One step t -> s of solver ``name`` in float64; t -> data returns the denoised mean by default."""
+                rand: StepRandomness, data_range: DataRange, T: int, options: dict[str, Any],
+                backend: str = "torch", want_info: bool = True) -> tuple[torch.Tensor, dict]:
+    """One step t -> s of solver ``name``; t -> data returns the denoised mean by default.
+
+    ``backend`` 'cpp' or 'triton' runs the gms/sn-ddpm steps in one fused kernel that draws the
+    same Philox streams (it needs a generator, not explicit noise); everything else, and the
+    'torch' backend, runs the float64 reference below.
+    """
     solver = get_solver(name)
     o = resolve_options(solver, options)
+    if backend != "torch" and rand.shares_streams:
+        from .backends import fused_step
+        from .kernels import make_config
+
+        cfg = make_config(name, k, data_range, o, T, x_t.shape[0], x_t[0].numel())
+        if cfg is not None:
+            e2, e3 = (heads + [None, None])[1:3]
+            src = rand.source
+            x_s, p = fused_step(backend, x_t, heads[0], e2, e3, src.seeds, src.indices, cfg, want_info)
+            return x_s, ({} if p is None else {"mu1": p.mu1, "mu2": p.mu2, "s2": p.s2})
     o.update(data_range=data_range, T=T)
     x_t = x_t.to(torch.float64)
     heads = [h.to(torch.float64) for h in heads]

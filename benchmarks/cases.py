@@ -1,0 +1,54 @@
+"""Shared inputs and runners for the GMS per-step benchmarks."""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+import gms_kernels as gk
+from reference_loop import reference_step
+
+SIZES = {"cifar10-b100": (100, 3, 32, 32), "imagenet64-b100": (100, 3, 64, 64)}
+FITS = {"closed": {"fit": "closed"}, "adan-25": {"fit": "adan", "fit_iters": 25},
+        "adan-70": {"fit": "adan", "fit_iters": 70}}
+STEP = (500, 400)  # t -> s
+
+
+def make_inputs(shape, device="cpu", seed=0):
+    """x_t and plausible heads (e2 >= e1^2, mildly skewed e3) in float32."""
+    g = torch.Generator().manual_seed(seed)
+    x_t = torch.randn(shape, generator=g)
+    e1 = 0.5 * torch.randn(shape, generator=g)
+    var = 0.1 + 0.4 * torch.rand(shape, generator=g)
+    e3 = e1**3 + 3 * e1 * var + 0.05 * torch.randn(shape, generator=g)
+    out = torch.cat([e1, e1**2 + var, e3], dim=1)
+    return x_t.to(device), out.to(device)
+
+
+def runner(backend: str, fit: str, x_t: torch.Tensor, out: torch.Tensor,
+           schedule: gk.Schedule) -> Callable[[], torch.Tensor]:
+    """A zero-argument callable doing one GMS step with ``backend`` ('reference-loop' = baseline (i))."""
+    t, s = STEP
+    if backend == "reference-loop":
+        k = schedule.coefficients(t, s)
+        c = x_t.shape[1]
+        iters = FITS[fit].get("fit_iters", 25)  # no closed form in the official code: compare to its 25-step fit
+        g = torch.Generator(device=x_t.device).manual_seed(0)
+        return lambda: reference_step(x_t, out[:, :c], out[:, c:2 * c], out[:, 2 * c:], k, iters, generator=g)
+    return lambda: gk.step(x_t, out, t, s, schedule, "gms", generator=0, backend=backend, **FITS[fit])
+
+
+def median_seconds(fn: Callable[[], object], repeats: int = 5, warmup: int = 1, sync=None) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if sync:
+            sync()
+        t0 = time.perf_counter()
+        fn()
+        if sync:
+            sync()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
