@@ -9,39 +9,11 @@ each step (reference-notes 2). Moments come from the shared torch code in the mo
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
 from gms_kernels.fit import ADAN_BETA_BOUNDS, ADAN_BETAS, ADAN_EPS, ADAN_INIT_BETA, ADAN_INIT_GAP
 from gms_kernels.moments import transition_moments
-
-
-class Adan(torch.optim.Optimizer):
-    """ADAN (Xie et al. 2022) as an optimizer object, no weight decay (reference-notes 2)."""
-
-    def __init__(self, params, lr: float = 0.06, betas=ADAN_BETAS, eps: float = ADAN_EPS):
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps))
-
-    @torch.no_grad()
-    def step(self):
-        for group in self.param_groups:
-            b1, b2, b3 = group["betas"]
-            for p in group["params"]:
-                st = self.state[p]
-                if not st:
-                    st.update(k=0, m=torch.zeros_like(p), v=torch.zeros_like(p), n=torch.zeros_like(p),
-                              prev=p.grad.clone())
-                st["k"] += 1
-                k, g = st["k"], p.grad
-                d = g - st["prev"]  # zero at k = 1
-                st["m"].mul_(b1).add_(g, alpha=1 - b1)
-                st["v"].mul_(b2).add_(d, alpha=1 - b2)
-                st["n"].mul_(b3).addcmul_(g + b2 * d, g + b2 * d, value=1 - b3)
-                denom = st["n"].sqrt().div_(math.sqrt(1 - b3**k)).add_(group["eps"])
-                p.addcdiv_(st["m"], denom, value=-group["lr"] / (1 - b1**k))
-                p.addcdiv_(st["v"], denom, value=-group["lr"] * b2 / (1 - b2**k))
-                st["prev"].copy_(g)
+from gms_kernels.optim import Adan
 
 
 def reference_fit(m1: torch.Tensor, var: torch.Tensor, m3: torch.Tensor, iters: int = 70, lr: float = 0.06,
@@ -51,7 +23,7 @@ def reference_fit(m1: torch.Tensor, var: torch.Tensor, m3: torch.Tensor, iters: 
     mu1 = m1.detach().clone().requires_grad_(True)
     mu2 = (m1.detach() - ADAN_INIT_GAP).requires_grad_(True)
     beta = torch.full_like(m1, ADAN_INIT_BETA).requires_grad_(True)
-    opt = Adan([mu1, mu2, beta], lr=lr)
+    opt = Adan([mu1, mu2, beta], lr=lr, betas=ADAN_BETAS, eps=ADAN_EPS)
     target2 = m1**2 + var
     for _ in range(iters):
         opt.zero_grad(set_to_none=False)

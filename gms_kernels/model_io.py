@@ -16,12 +16,17 @@ def check_time_input(time_input: str) -> str:
     return time_input
 
 
+def time_values(t: torch.Tensor, T: int, time_input: str = "index") -> torch.Tensor:
+    """The time argument a network expects for integer indices ``t``: long t or t+1, or float t*1000/T."""
+    if time_input == "scaled":
+        return t.to(torch.float32) * (1000.0 / T)
+    return t.long() + (time_input == "index+1")
+
+
 def time_tensor(t: int, batch: int, T: int, time_input: str = "index",
                 device: torch.device | str = "cpu") -> torch.Tensor:
-    """The time argument a network expects: long t or t+1, or float t*1000/T."""
-    if time_input == "scaled":
-        return torch.full((batch,), t * 1000.0 / T, dtype=torch.float32, device=device)
-    return torch.full((batch,), t + (time_input == "index+1"), dtype=torch.long, device=device)
+    """:func:`time_values` of one index for a whole batch."""
+    return time_values(torch.full((batch,), int(t), dtype=torch.long, device=device), T, time_input)
 
 
 def call_model(model: Callable, x: torch.Tensor, t: int, T: int, time_input: str = "index") -> torch.Tensor:

@@ -1,0 +1,200 @@
+"""Training the higher-order heads (paper Alg. learning) and small backbones, resumable.
+
+- :func:`train_heads`: backbone frozen in eval mode, targets eps^n, MSE per order (paper
+  Eq. objectivehigh), EMA of the head weights, grad-norm clip, ADAN or Adam.
+- :func:`train_backbone`: the usual eps-prediction loss, for small data sets (toy data, digits).
+
+Both write a checkpoint every ``checkpoint_every`` steps (atomically) and resume from it with
+nothing lost: batches, times and noise come from a generator whose state is checkpointed, so an
+interrupted run continues exactly as the uninterrupted one would have.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from .model_io import time_values
+from .optim import Adan
+from .schedule import Schedule
+
+CHECKPOINT_FORMAT = "gms_kernels.train/1"
+OPTIMIZERS = ("adan", "adam")
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    history: list[dict] = field(default_factory=list)  # one dict of losses per logged step
+
+
+class EMA:
+    """Exponential moving average of parameters; the decay warms up as min(decay, (1+n)/(10+n))."""
+
+    def __init__(self, params: dict[str, torch.Tensor], decay: float):
+        self.decay = decay
+        self.updates = 0
+        self.shadow = {k: v.detach().clone() for k, v in params.items()}
+
+    @torch.no_grad()
+    def update(self, params: dict[str, torch.Tensor]) -> None:
+        self.updates += 1
+        d = min(self.decay, (1 + self.updates) / (10 + self.updates))
+        for k, v in params.items():
+            self.shadow[k].lerp_(v.detach(), 1 - d)
+
+    def state_dict(self) -> dict:
+        return {"decay": self.decay, "updates": self.updates, "shadow": self.shadow}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.decay, self.updates = state["decay"], state["updates"]
+        for k, v in state["shadow"].items():
+            self.shadow[k].copy_(v)
+
+
+def _trainable(module: nn.Module) -> dict[str, nn.Parameter]:
+    params = {k: p for k, p in module.named_parameters() if p.requires_grad}
+    if not params:
+        raise ValueError("the model has no trainable parameters")
+    return params
+
+
+def _save_atomically(obj: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def _loop(module: nn.Module, loss_terms: Callable, data: torch.Tensor, schedule: Schedule, kind: str, *,
+          steps: int, batch_size: int, lr: float, optimizer: str, ema_decay: float, grad_clip: float,
+          checkpoint: str | Path | None, checkpoint_every: int, seed: int, progress: bool,
+          log: Callable[[dict], None] | None) -> TrainResult:
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
+    if not torch.is_tensor(data) or data.dim() < 2 or data.shape[0] < 1:
+        raise ValueError("data must be a tensor [N, C, ...] of training examples in the model's data range")
+    if not torch.isfinite(data).all():
+        raise ValueError("training data has non-finite values")
+    params = _trainable(module)
+    opt = (Adan if optimizer == "adan" else torch.optim.Adam)(params.values(), lr=lr)
+    ema = EMA(params, ema_decay)
+    gen = torch.Generator().manual_seed(seed)
+    result = TrainResult(0)
+    path = Path(checkpoint) if checkpoint else None
+    if path is not None and path.exists():
+        state = _load_checkpoint(path, kind)
+        if set(state["trainable"]) != set(params):
+            raise ValueError(f"checkpoint {path} holds parameters {sorted(set(state['trainable']) ^ set(params))[:5]} "
+                             "that do not match this model's trainable parameters; use another path")
+        module.load_state_dict(state["trainable"], strict=False)
+        opt.load_state_dict(state["optimizer"])
+        ema.load_state_dict(state["ema"])
+        gen.set_state(state["rng"])
+        result = TrainResult(state["step"], state["history"])
+
+    def save() -> None:
+        if path is not None:
+            _save_atomically({"format": CHECKPOINT_FORMAT, "kind": kind, "step": result.steps,
+                              "trainable": {k: p.detach().clone() for k, p in params.items()},
+                              "optimizer": opt.state_dict(), "ema": ema.state_dict(), "rng": gen.get_state(),
+                              "history": result.history}, path)
+
+    device = next(iter(params.values())).device
+    bar = tqdm(total=steps, initial=result.steps, desc=f"train {kind}", disable=not progress)
+    try:
+        while result.steps < steps:
+            idx = torch.randint(0, data.shape[0], (batch_size,), generator=gen)
+            x0 = data[idx].to(device)
+            t = torch.randint(0, schedule.T, (batch_size,), generator=gen)
+            eps = torch.randn(x0.shape, generator=gen).to(device)
+            abar = schedule.alphas_cumprod[t].to(device=device, dtype=x0.dtype).reshape(-1, *[1] * (x0.dim() - 1))
+            a, sig = abar.sqrt(), (1 - abar).sqrt()
+            losses = loss_terms(a * x0 + sig * eps, t.to(device), eps)
+            total = sum(losses.values())
+            opt.zero_grad(set_to_none=True)
+            total.backward()
+            torch.nn.utils.clip_grad_norm_(list(params.values()), grad_clip)
+            opt.step()
+            ema.update(params)
+            result.steps += 1
+            record = {"step": result.steps, **{k: float(v.detach()) for k, v in losses.items()}}
+            result.history.append(record)
+            bar.update(1)
+            bar.set_postfix({k: f"{v:.4f}" for k, v in record.items() if k != "step"})
+            if log is not None:
+                log(record)
+            if result.steps % checkpoint_every == 0:
+                save()
+    except KeyboardInterrupt:
+        save()
+        raise
+    finally:
+        bar.close()
+    save()
+    with torch.no_grad():  # the trained model is the EMA one
+        for k, p in params.items():
+            p.copy_(ema.shadow[k])
+    return result
+
+
+def _load_checkpoint(path: Path, kind: str) -> dict:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # truncated or foreign file
+        raise ValueError(f"cannot read training checkpoint {path}: {exc}. Delete it to start over.") from exc
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT or state.get("kind") != kind:
+        raise ValueError(f"{path} is not a gms_kernels {kind} training checkpoint; delete it or pass another path")
+    return state
+
+
+def train_heads(net: nn.Module, data: torch.Tensor, schedule: Schedule | None = None, *, steps: int = 1000,
+                batch_size: int = 128, lr: float = 2e-4, optimizer: str = "adan", ema_decay: float = 0.9999,
+                grad_clip: float = 1.0, checkpoint: str | Path | None = None, checkpoint_every: int = 500,
+                seed: int = 0, time_input: str | None = None, progress: bool = True,
+                log: Callable[[dict], None] | None = None) -> TrainResult:
+    """Paper Alg. learning: fit the heads e^n (n >= 2) of a ``MomentNet`` to eps^n with MSE.
+
+    ``net(x_t, t)`` returns [e1, e2, ...] along dim 1; only its trainable parameters (the heads) learn.
+    The backbone stays frozen in eval mode. Losses are logged per order as ``mse_e2``, ``mse_e3``.
+    """
+    schedule = schedule or getattr(net, "schedule", None) or Schedule.linear()
+    time_input = time_input or getattr(net, "time_input", "index")
+    C = data.shape[1]
+    net.train()
+
+    def loss_terms(x_t, t, eps):
+        out = net(x_t, time_values(t, schedule.T, time_input))
+        orders = out.shape[1] // C
+        if orders < 2:
+            raise ValueError(f"train_heads needs a network with higher-order heads; it returned {out.shape[1]} "
+                             f"channels for {C}-channel data")
+        return {f"mse_e{n}": (out[:, (n - 1) * C:n * C] - eps**n).pow(2).mean() for n in range(2, orders + 1)}
+
+    return _loop(net, loss_terms, data, schedule, "heads", steps=steps, batch_size=batch_size, lr=lr,
+                 optimizer=optimizer, ema_decay=ema_decay, grad_clip=grad_clip, checkpoint=checkpoint,
+                 checkpoint_every=checkpoint_every, seed=seed, progress=progress, log=log)
+
+
+def train_backbone(model: nn.Module, data: torch.Tensor, schedule: Schedule | None = None, *, steps: int = 1000,
+                   batch_size: int = 128, lr: float = 2e-4, optimizer: str = "adam", ema_decay: float = 0.9999,
+                   grad_clip: float = 1.0, checkpoint: str | Path | None = None, checkpoint_every: int = 500,
+                   seed: int = 0, time_input: str | None = None, progress: bool = True,
+                   log: Callable[[dict], None] | None = None) -> TrainResult:
+    """Train an eps-prediction network (its first C output channels) with the DDPM loss."""
+    schedule = schedule or getattr(model, "schedule", None) or Schedule.linear()
+    time_input = time_input or getattr(model, "time_input", "index")
+    C = data.shape[1]
+    model.train()
+
+    def loss_terms(x_t, t, eps):
+        return {"mse_e1": (model(x_t, time_values(t, schedule.T, time_input))[:, :C] - eps).pow(2).mean()}
+
+    return _loop(model, loss_terms, data, schedule, "backbone", steps=steps, batch_size=batch_size, lr=lr,
+                 optimizer=optimizer, ema_decay=ema_decay, grad_clip=grad_clip, checkpoint=checkpoint,
+                 checkpoint_every=checkpoint_every, seed=seed, progress=progress, log=log)

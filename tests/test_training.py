@@ -1,0 +1,96 @@
+import pytest
+import torch
+from torch import nn
+
+import gms_kernels as gk
+from gms_kernels.training import train_backbone, train_heads
+
+
+class TinyMomentNet(nn.Module):
+    """A frozen MLP 'backbone' predicting eps plus trainable heads for eps^2 and eps^3 (1-D data)."""
+
+    def __init__(self):
+        super().__init__()
+        self.backbone = nn.Sequential(nn.Linear(2, 32), nn.SiLU(), nn.Linear(32, 32), nn.SiLU())
+        self.eps = nn.Linear(32, 1)
+        self.heads = nn.Linear(32, 2)
+        for p in list(self.backbone.parameters()) + list(self.eps.parameters()):
+            p.requires_grad_(False)
+
+    def forward(self, x, t):
+        h = self.backbone(torch.cat([x, t.float()[:, None] / 1000], 1))
+        return torch.cat([self.eps(h), self.heads(h)], 1)
+
+
+def _data(n=512):
+    oracle = gk.GaussianMixtureOracle([0.4, 0.6], [[-0.4], [0.3]], [0.12, 0.05])
+    return oracle.sample_data(n, torch.Generator().manual_seed(0)).float()
+
+
+def _params(m):
+    return {k: v.detach().clone() for k, v in m.state_dict().items()}
+
+
+def test_heads_learn_and_backbone_stays_frozen():
+    torch.manual_seed(0)
+    net = TinyMomentNet()
+    frozen = {k: v.clone() for k, v in net.backbone.state_dict().items()}
+    res = train_heads(net, _data(), steps=150, batch_size=64, lr=3e-3, progress=False, ema_decay=0.0)
+    first = sum(r["mse_e2"] for r in res.history[:20]) / 20
+    last = sum(r["mse_e2"] for r in res.history[-20:]) / 20
+    assert last < 0.7 * first and {"mse_e2", "mse_e3"} <= set(res.history[-1])
+    for k, v in net.backbone.state_dict().items():
+        assert torch.equal(v, frozen[k])
+
+
+def test_resume_after_interruption_loses_nothing(tmp_path):
+    torch.manual_seed(0)
+    init = TinyMomentNet()
+    straight = TinyMomentNet()
+    straight.load_state_dict(init.state_dict())
+    train_heads(straight, _data(), steps=20, batch_size=16, progress=False, checkpoint=tmp_path / "a.pt")
+
+    resumed = TinyMomentNet()
+    resumed.load_state_dict(init.state_dict())
+
+    def interrupt(record):
+        if record["step"] == 7:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train_heads(resumed, _data(), steps=20, batch_size=16, progress=False, checkpoint=tmp_path / "b.pt",
+                    checkpoint_every=5, log=interrupt)
+    again = TinyMomentNet()
+    again.load_state_dict(init.state_dict())
+    res = train_heads(again, _data(), steps=20, batch_size=16, progress=False, checkpoint=tmp_path / "b.pt")
+    assert res.steps == 20 and len(res.history) == 20
+    for k, v in _params(straight).items():
+        torch.testing.assert_close(_params(again)[k], v, rtol=0, atol=0)
+
+
+def test_corrupted_or_foreign_checkpoint_is_a_clear_error(tmp_path):
+    bad = tmp_path / "c.pt"
+    bad.write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="cannot read training checkpoint"):
+        train_heads(TinyMomentNet(), _data(), steps=2, progress=False, checkpoint=bad)
+    torch.save({"format": "other"}, bad)
+    with pytest.raises(ValueError, match="not a gms_kernels heads training checkpoint"):
+        train_heads(TinyMomentNet(), _data(), steps=2, progress=False, checkpoint=bad)
+
+
+def test_backbone_training_lowers_the_eps_loss():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(2, 64), nn.SiLU(), nn.Linear(64, 1))
+    model = lambda x, t: net(torch.cat([x, t.float()[:, None] / 1000], 1))
+    wrapper = nn.Module()
+    wrapper.net = net
+    wrapper.forward = model
+    res = train_backbone(wrapper, _data(), steps=200, batch_size=64, lr=3e-3, progress=False, ema_decay=0.0)
+    assert sum(r["mse_e1"] for r in res.history[-20:]) < 0.8 * sum(r["mse_e1"] for r in res.history[:20])
+
+
+def test_bad_training_arguments():
+    with pytest.raises(ValueError, match="valid: adan, adam"):
+        train_heads(TinyMomentNet(), _data(), steps=1, optimizer="sgd", progress=False)
+    with pytest.raises(ValueError, match="non-finite"):
+        train_heads(TinyMomentNet(), torch.full((4, 1), float("nan")), steps=1, progress=False)
