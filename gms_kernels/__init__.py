@@ -9,6 +9,8 @@ from .mixture import sample_mixture
 from .solvers import SOLVERS, solver_step
 from .sampling import estimate_gamma, sample, step
 from .oracle import GaussianMixtureOracle
+from .sdedit import SDEditResult, sdedit, stroke_guide
+from . import data, metrics
 
 __version__ = "0.1.0"
 
@@ -17,4 +19,20 @@ __all__ = [
     "TransitionMoments", "X0Moments", "transition_moments", "x0_moments",
     "MixtureParams", "fit_adan", "fit_closed", "mixture_raw_moments", "sample_mixture",
     "SOLVERS", "solver_step", "estimate_gamma", "sample", "step", "GaussianMixtureOracle",
+    "SDEditResult", "sdedit", "stroke_guide", "data", "metrics", "models", "GMSScheduler", "GMSSchedulerOutput",
+    "train_heads", "train_backbone",
 ]
+
+_LAZY = {"GMSScheduler": "scheduler", "GMSSchedulerOutput": "scheduler", "models": None,
+         "train_heads": "training", "train_backbone": "training"}
+
+
+def __getattr__(name: str):
+    """Heavier parts (diffusers, the model zoo, training) load on first use."""
+    if name not in _LAZY:
+        raise AttributeError(f"module 'gms_kernels' has no attribute {name!r}")
+    import importlib
+
+    if _LAZY[name] is None:
+        return importlib.import_module(f".{name}", __name__)
+    return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)

@@ -24,6 +24,138 @@ def _oracle(args: argparse.Namespace) -> int:
     return 0
 
 
+def _t0_arg(text: str) -> int | float:
+    """--t0: an integer index (e.g. 400) or a fraction of T with a decimal point (e.g. 0.4)."""
+    try:
+        return float(text) if any(c in text for c in ".eE") else int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"t0 must be an integer index or a fraction like 0.5, got {text!r}") from None
+
+
+def _is_torchscript(path: str) -> bool:
+    """True for a torch.jit.save archive (a zip holding <name>/constants.pkl and <name>/code/)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            return any(n.endswith("/constants.pkl") for n in z.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
+def _load_sdedit_model(path: str, kind: str):
+    """TorchScript archives (--kind torchscript, or auto-detected) with torch.jit.load; every other
+    format with gms_kernels.models.load(path, kind=kind)."""
+    import os
+
+    import torch
+
+    if kind == "torchscript" or (kind == "auto" and os.path.isfile(path) and _is_torchscript(path)):
+        return torch.jit.load(path, map_location="cpu")
+    try:
+        from . import models
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__package__}.models":
+            raise
+        raise SystemExit(f"--kind {kind} needs gms_kernels.models, which is not available here; save the "
+                         "network as TorchScript (torch.jit.save) and use --kind torchscript") from None
+    return models.load(path, kind=kind)
+
+
+def _read_images(paths: Sequence[str], data_range: tuple[float, float]):
+    """Images [N, C, H, W] in data_range from .png/.jpg files (uint8) and .npy arrays: uint8 arrays
+    are read as pixels in [0, 255], float arrays are taken to be in data_range already; arrays may
+    be [H, W, C], [N, H, W, C] or [N, C, H, W]."""
+    import numpy as np
+    import torch
+
+    lo, hi = data_range
+    batches = []
+    for path in paths:
+        if path.lower().endswith(".npy"):
+            arr = np.load(path)
+        else:
+            from PIL import Image
+
+            with Image.open(path) as im:
+                arr = np.asarray(im.convert("L" if im.mode in ("L", "I", "1") else "RGB"))
+        if arr.ndim == 2:
+            arr = arr[:, :, None]
+        if arr.ndim == 3:
+            arr = arr[None]
+        if arr.ndim != 4:
+            raise SystemExit(f"{path}: expected an image or an array of images, got shape {arr.shape}")
+        channels_first = arr.shape[1] in (1, 3) and arr.shape[-1] not in (1, 3)
+        x = torch.from_numpy(np.array(arr))  # a writable copy
+        x = x if channels_first else x.permute(0, 3, 1, 2)
+        if x.dtype == torch.uint8:
+            x = lo + (hi - lo) * x.to(torch.float32) / 255.0
+        batches.append(x.to(torch.float32))
+    shapes = {tuple(b.shape[1:]) for b in batches}
+    if len(shapes) != 1:
+        raise SystemExit(f"all inputs must have the same [C, H, W], got {sorted(shapes)}")
+    return torch.cat(batches)
+
+
+def _save_grid(columns, path: Path, data_range: tuple[float, float]) -> None:
+    """One row per image, the given [N, C, H, W] tensors side by side, 2-pixel white gaps."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    lo, hi = data_range
+    pix = [((c.detach().to("cpu", torch.float64) - lo) / (hi - lo)).clamp(0, 1) for c in columns]
+    N, C, H, W = pix[0].shape
+    gap = 2
+    grid = np.ones((N * (H + gap) - gap, len(pix) * (W + gap) - gap, C))
+    for j, col in enumerate(pix):
+        for i in range(N):
+            grid[i * (H + gap):i * (H + gap) + H, j * (W + gap):j * (W + gap) + W] = col[i].permute(1, 2, 0).numpy()
+    img = (grid * 255).round().astype(np.uint8)
+    Image.fromarray(img[:, :, 0] if C == 1 else img[:, :, :3]).save(path)
+
+
+def _sdedit(args: argparse.Namespace) -> int:
+    import numpy as np
+    import torch
+
+    from .schedule import Schedule
+    from .sdedit import sdedit, stroke_guide
+
+    data_range = (args.data_range[0], args.data_range[1])
+    model = _load_sdedit_model(args.model, args.kind)
+    if hasattr(model, "eval"):
+        model.eval()
+    if hasattr(model, "to"):
+        model = model.to(args.device)
+    schedule = getattr(model, "schedule", None)
+    if not isinstance(schedule, Schedule):
+        schedule = Schedule.cosine(args.T) if args.schedule == "cosine" else Schedule.linear(args.T)
+    images = _read_images(args.input, data_range).to(args.device)
+    guide = stroke_guide(images, args.stroke, args.colors, data_range) if args.stroke else images
+    options = {}
+    if args.solver == "gms":
+        options.update(fit=args.fit, select=args.select)
+    if args.solver == "ddim":
+        options["eta"] = args.eta
+    res = sdedit(model, guide, args.t0, args.steps, solver=args.solver, schedule=schedule,
+                 trajectory=args.trajectory, generator=args.seed, data_range=data_range,
+                 progress=not args.quiet, time_input=args.time_input, backend=args.backend, **options)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    columns = ([images] if args.stroke else []) + [guide, res.images]
+    _save_grid(columns, out / "sdedit_grid.png", data_range)
+    np.save(out / "sdedit_images.npy", res.images.detach().cpu().float().numpy())
+    header = "input | guide | edited" if args.stroke else "guide | edited"
+    print(f"SDEdit: {len(guide)} image(s), solver {args.solver}, t0 index {res.t0}, "
+          f"{len(res.trajectory)} network evaluations (trajectory {args.trajectory}, {args.steps} steps)")
+    for i, v in enumerate(res.l2.tolist()):
+        print(f"  image {i}: L2 to guide {v:.4f}")
+    print(f"mean L2 to guide (per-image ||edit - guide||_2 over all pixels): {res.l2.mean().item():.4f}")
+    print(f"wrote {out / 'sdedit_grid.png'} ({header}) and {out / 'sdedit_images.npy'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gms-kernels", description="Gaussian Mixture Solvers for diffusion models.")
     sub = p.add_subparsers(dest="command")
@@ -35,6 +167,34 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--out", default="gms_out")
     o.add_argument("--quiet", action="store_true")
     o.set_defaults(func=_oracle)
+
+    e = sub.add_parser("sdedit", help="stroke-based editing (SDEdit) of images with any solver")
+    e.add_argument("--model", required=True, help="network returning the heads [e1, e2, e3] along dim 1")
+    e.add_argument("--kind", default="auto",
+                   help="model format: auto, torchscript, or a kind of gms_kernels.models.load "
+                        "(pytorch-ddpm, improved-diffusion, diffusers, gms-heads, moment-net)")
+    e.add_argument("--input", nargs="+", required=True, help=".png/.jpg images or .npy arrays")
+    e.add_argument("--t0", type=_t0_arg, default=0.5, help="start index (e.g. 400) or fraction of T (e.g. 0.4)")
+    e.add_argument("--steps", type=int, default=50)
+    e.add_argument("--solver", default="gms", choices=["gms", "sn-ddpm", "ddpm", "ddpm-large", "ddim"])
+    e.add_argument("--trajectory", default="even", choices=["even", "linear", "quad", "leading", "trailing", "linspace"])
+    e.add_argument("--fit", default="closed", choices=["closed", "adan"])
+    e.add_argument("--select", default="sample", choices=["sample", "pixel"])
+    e.add_argument("--eta", type=float, default=0.0, help="DDIM's eta")
+    e.add_argument("--stroke", type=int, default=0, metavar="BLOCK",
+                   help="make stroke guides from the inputs with this block size (0: inputs are the guides)")
+    e.add_argument("--colors", type=int, default=6, help="colour levels per channel of --stroke guides")
+    e.add_argument("--schedule", default="linear", choices=["linear", "cosine"],
+                   help="noise schedule when the model does not carry one")
+    e.add_argument("--T", type=int, default=1000, help="number of training steps for --schedule")
+    e.add_argument("--time-input", default=None, choices=["index", "index+1", "scaled"])
+    e.add_argument("--data-range", type=float, nargs=2, default=[-1.0, 1.0])
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--backend", default="auto", choices=["auto", "torch", "cpp", "triton"])
+    e.add_argument("--device", default="cpu")
+    e.add_argument("--out", default="gms_out/sdedit")
+    e.add_argument("--quiet", action="store_true")
+    e.set_defaults(func=_sdedit)
     return p
 
 

@@ -78,3 +78,35 @@ def energy_distance(x: torch.Tensor, y: torch.Tensor, max_points: int = 5000, se
         return sum(float(torch.cdist(r, b).sum()) for r in a.split(1024)) / (a.shape[0] * b.shape[0])
 
     return 2 * mean_dist(x, y) - mean_dist(x, x) - mean_dist(y, y)
+
+
+def gaussian_stats(features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and covariance (float64) of features [N, d]."""
+    f = _flat2d(features)
+    if f.shape[0] < 2:
+        raise ValueError("need at least two feature vectors for a covariance")
+    return f.mean(0), torch.cov(f.T).reshape(f.shape[1], f.shape[1])
+
+
+def frechet_distance(mu1: torch.Tensor, sigma1: torch.Tensor, mu2: torch.Tensor, sigma2: torch.Tensor) -> float:
+    """||mu1 - mu2||^2 + tr(S1 + S2 - 2 (S1 S2)^1/2), with tr (S1 S2)^1/2 computed stably as
+    sum sqrt(eig(S1^1/2 S2 S1^1/2)) on symmetric PSD matrices (float64)."""
+    mu1, mu2 = mu1.double().flatten(), mu2.double().flatten()
+    s1, s2 = sigma1.double(), sigma2.double()
+    if mu1.shape != mu2.shape or s1.shape != s2.shape or s1.shape != (mu1.numel(), mu1.numel()):
+        raise ValueError(f"mismatched statistics: mu {tuple(mu1.shape)} / {tuple(mu2.shape)}, "
+                         f"sigma {tuple(s1.shape)} / {tuple(s2.shape)}")
+    vals, vecs = torch.linalg.eigh((s1 + s1.T) / 2)
+    root1 = (vecs * vals.clamp_min(0).sqrt()) @ vecs.T
+    middle = root1 @ ((s2 + s2.T) / 2) @ root1
+    tr_sqrt = torch.linalg.eigvalsh((middle + middle.T) / 2).clamp_min(0).sqrt().sum()
+    return float((mu1 - mu2).pow(2).sum() + torch.trace(s1) + torch.trace(s2) - 2 * tr_sqrt)
+
+
+def fd_digits(samples: torch.Tensor, reference: torch.Tensor) -> float:
+    """Fréchet distance between digits images in the shipped classifier's feature space ("FD-digits")."""
+    from .features import digits_features, load_digits_classifier
+
+    net = load_digits_classifier()
+    return frechet_distance(*gaussian_stats(digits_features(samples, net)),
+                            *gaussian_stats(digits_features(reference, net)))

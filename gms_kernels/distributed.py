@@ -1,0 +1,124 @@
+"""Sampling many images into shards, across processes with torch.distributed (torchrun), resumable.
+
+Sample i is a function of (seed, i) only (per-sample Philox streams), so the images do not depend on
+the number of processes or the batch size. Shard k holds samples [k*S, (k+1)*S); rank r writes the
+shards k with k % world_size == r, each atomically (temporary file, then rename). A rerun skips
+complete shards, so a killed run resumes with nothing lost and nothing duplicated.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from tqdm.auto import tqdm
+
+from .sampling import sample
+
+SHARD_FORMAT = "gms_kernels.shard/1"
+
+
+@dataclass
+class ShardPlan:
+    num_samples: int
+    shard_size: int
+
+    @property
+    def num_shards(self) -> int:
+        return -(-self.num_samples // self.shard_size)
+
+    def bounds(self, k: int) -> tuple[int, int]:
+        return k * self.shard_size, min((k + 1) * self.shard_size, self.num_samples)
+
+
+def shard_path(out_dir: Path, k: int) -> Path:
+    return out_dir / f"shard_{k:06d}.pt"
+
+
+def read_shard(path: Path) -> dict | None:
+    """The shard's content, or None when the file is missing, partial or corrupted."""
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:
+        return None
+    ok = isinstance(data, dict) and data.get("format") == SHARD_FORMAT and \
+        data["images"].shape[0] == data["stop"] - data["start"]
+    return data if ok else None
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size) of an initialised process group, else (0, 1)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def init_from_env() -> bool:
+    """Initialise torch.distributed when launched by torchrun (gloo on CPU, nccl on CUDA)."""
+    if "RANK" not in os.environ or (dist.is_available() and dist.is_initialized()):
+        return False
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend)
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    return True
+
+
+def sample_shards(model: Callable, out_dir: str | Path, num_samples: int, sample_shape: tuple[int, ...], *,
+                  shard_size: int = 1000, batch_size: int = 250, seed: int = 0, progress: bool = True,
+                  device: torch.device | str | None = None, **sample_kwargs: Any) -> list[Path]:
+    """Write ``num_samples`` samples of ``sample_shape`` as shards in ``out_dir``; returns all shard paths.
+
+    ``sample_kwargs`` go to :func:`gms_kernels.sample` (steps, solver, schedule, options...).
+    Collective: every rank of the process group must call it; it returns after all ranks finished.
+    """
+    if num_samples < 1 or shard_size < 1 or batch_size < 1:
+        raise ValueError("num_samples, shard_size and batch_size must be positive")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    plan = ShardPlan(num_samples, shard_size)
+    rank, size = world()
+    meta = {"num_samples": num_samples, "shard_size": shard_size, "seed": seed, "shape": list(sample_shape),
+            "options": {k: repr(v) for k, v in sample_kwargs.items()}}
+    manifest = out / "manifest.json"
+    if rank == 0:
+        if manifest.exists() and json.loads(manifest.read_text()) != meta:
+            raise ValueError(f"{out} holds shards of another run ({manifest}); use a new --out directory")
+        manifest.write_text(json.dumps(meta, indent=1))
+    mine = [k for k in range(plan.num_shards) if k % size == rank and read_shard(shard_path(out, k)) is None]
+    for k in tqdm(mine, desc=f"rank {rank} shards", disable=not progress):
+        start, stop = plan.bounds(k)
+        parts = []
+        for first in range(start, stop, batch_size):
+            n = min(batch_size, stop - first)
+            parts.append(sample(model, shape=(n, *sample_shape), generator=seed, first_index=first,
+                                progress=False, device=device, **sample_kwargs).cpu())
+        path = shard_path(out, k)
+        tmp = path.with_name(path.name + f".tmp{rank}")
+        torch.save({"format": SHARD_FORMAT, "start": start, "stop": stop, "images": torch.cat(parts)}, tmp)
+        os.replace(tmp, path)
+    if size > 1:
+        dist.barrier()
+    return [shard_path(out, k) for k in range(plan.num_shards)]
+
+
+def load_shards(out_dir: str | Path) -> torch.Tensor:
+    """All samples of a finished run, in sample order; a clear error names missing or broken shards."""
+    out = Path(out_dir)
+    meta = json.loads((out / "manifest.json").read_text())
+    plan = ShardPlan(meta["num_samples"], meta["shard_size"])
+    images, bad = [], []
+    for k in range(plan.num_shards):
+        data = read_shard(shard_path(out, k))
+        if data is None or (data["start"], data["stop"]) != plan.bounds(k):
+            bad.append(shard_path(out, k).name)
+        else:
+            images.append(data["images"])
+    if bad:
+        raise ValueError(f"{len(bad)} shard(s) missing or incomplete in {out}: {', '.join(bad[:5])}; "
+                         "rerun the same command to finish them")
+    return torch.cat(images)

@@ -1,0 +1,296 @@
+"""``GMSScheduler``: the GMS step (and the other solvers) as a drop-in diffusers scheduler.
+
+A network with ``out_channels = 3C`` (the heads e1 = E[eps], e2 = E[eps^2], e3 = E[eps^3]
+concatenated along dim 1) drives it inside any diffusers pipeline that calls
+``set_timesteps`` / ``step`` (e.g. ``DDPMPipeline``); ``sn-ddpm`` reads 2C channels and
+``ddpm``/``ddpm-large``/``ddim`` read the first C. Everything numeric is delegated to
+:func:`gms_kernels.step`, which runs in float64 (torch) or in the fused kernels.
+
+Conventions (reference-notes 9):
+
+- ``timesteps`` are 0-based training indices in descending order, built by
+  :func:`gms_kernels.trajectory` (``"even"`` is the official GMS list and may end with an extra 0,
+  so it can hold ``num_inference_steps + 1`` entries).
+- ``step`` looks the next timestep up in ``self.timesteps`` (never computes it); after the last
+  one it steps to the data (``s = -1``), like ``gk.sample``.
+- ``generator`` (None, a ``torch.Generator``, an int seed, or a list of one of those per sample) is
+  used at every step: each generator gives one 62-bit seed per step, which keys the counter-based
+  Philox streams of :mod:`gms_kernels.random`, so sample i depends only on generator i.
+- fp16/bf16 samples are upcast (at least float32; the torch reference computes in float64) and
+  the result is cast back, so half-precision pipelines do not produce NaN from scheduler maths.
+
+This module imports diffusers (an optional dependency of gms_kernels).
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.schedulers.scheduling_utils import SchedulerMixin
+from diffusers.utils import BaseOutput
+
+from .backends import BACKENDS
+from .moments import check_data_range, clamp_x0_moments, x0_moments
+from .sampling import step as gk_step
+from .schedule import DATA, TRAJECTORY_KINDS, Schedule, trajectory
+from .solvers import SOLVERS, get_solver, resolve_options
+
+BETA_SCHEDULES = ("linear", "scaled_linear", "cosine", "squaredcos_cap_v2", "sigmoid")
+SCHEDULER_SOLVERS = tuple(name for name in SOLVERS if name != "exact")  # 'exact' needs an oracle object
+_GMS_KEYS = ("fit", "select", "fit_iters")
+
+
+@dataclass
+class GMSSchedulerOutput(BaseOutput):
+    """Output of :meth:`GMSScheduler.step`.
+
+    prev_sample: x_s, the sample at the next (lower) timestep, in the dtype of the input sample.
+    pred_original_sample: the clamped E[x0 | x_t] = (x_t - sigma_t e1) / a_t of this step.
+    """
+
+    prev_sample: torch.Tensor
+    pred_original_sample: torch.Tensor | None = None
+
+
+def make_betas(num_train_timesteps: int, beta_start: float, beta_end: float, beta_schedule: str,
+               trained_betas: Sequence[float] | None = None) -> torch.Tensor:
+    """float64 betas for a diffusers-style schedule name.
+
+    ``linear`` (DDPM), ``scaled_linear`` (linear in sqrt(beta), latent diffusion), ``cosine`` =
+    ``squaredcos_cap_v2`` (improved-diffusion's cosine, beta capped at 0.999; beta_start/end unused),
+    ``sigmoid`` (GeoDiff). ``trained_betas`` overrides all of them.
+    """
+    if trained_betas is not None:
+        return torch.as_tensor(list(trained_betas), dtype=torch.float64)
+    T = int(num_train_timesteps)
+    if T < 1:
+        raise ValueError(f"num_train_timesteps must be >= 1, got {num_train_timesteps}")
+    if beta_schedule == "linear":
+        return Schedule.linear(T, beta_start, beta_end).betas
+    if beta_schedule == "scaled_linear":
+        return torch.linspace(beta_start**0.5, beta_end**0.5, T, dtype=torch.float64) ** 2
+    if beta_schedule in ("cosine", "squaredcos_cap_v2"):
+        return Schedule.cosine(T).betas
+    if beta_schedule == "sigmoid":
+        return torch.sigmoid(torch.linspace(-6.0, 6.0, T, dtype=torch.float64)) * (beta_end - beta_start) + beta_start
+    raise ValueError(f"unknown beta_schedule {beta_schedule!r}; valid: {', '.join(BETA_SCHEDULES)} "
+                     "(or pass trained_betas)")
+
+
+def _seed_of(generator: torch.Generator) -> int:
+    """One 62-bit seed from a torch.Generator on any device (same draw as gk.random.draw_seed on CPU)."""
+    return int(torch.randint(0, 2**62, (1,), generator=generator, dtype=torch.int64, device=generator.device))
+
+
+def _seeds(generator: Any) -> Any:
+    """Turn generators into int seeds (one draw each); ints and None pass through."""
+    if isinstance(generator, torch.Generator):
+        return _seed_of(generator)
+    if isinstance(generator, (list, tuple)):
+        return [_seed_of(g) if isinstance(g, torch.Generator) else g for g in generator]
+    return generator
+
+
+class GMSScheduler(SchedulerMixin, ConfigMixin):
+    """Gaussian Mixture Solver as a diffusers scheduler (``SchedulerMixin`` + ``ConfigMixin``).
+
+    Args:
+        num_train_timesteps: T of the training schedule.
+        beta_start, beta_end, beta_schedule, trained_betas: the training betas (see :func:`make_betas`).
+        timestep_spacing: ``"even"`` (official GMS, default), ``"linear"``, ``"quad"``, ``"leading"``,
+            ``"trailing"`` or ``"linspace"`` (see :func:`gms_kernels.trajectory`). ``"even"``,
+            ``"linear"`` and ``"quad"`` end with t = 0 and may hold ``num_inference_steps + 1``
+            timesteps (one more network call), as in the official code.
+        steps_offset: added to the ``"leading"`` timesteps, as diffusers' DDPMScheduler does.
+        solver: ``"gms"`` (3 heads), ``"sn-ddpm"`` (2), ``"ddpm"``, ``"ddpm-large"``, ``"ddim"`` (1), or
+            ``"analytic-dpm"`` (1, with ``solver_options={"gamma": table}``).
+        fit, select, fit_iters: GMS options (ignored by the other solvers); eta: DDIM's eta.
+        data_range: range of the data for the official clamps (like ``clip_sample``); ``None`` = off.
+        backend: ``"auto"``, ``"torch"``, ``"cpp"`` or ``"triton"`` (see :func:`gms_kernels.step`).
+        solver_options: further options of the solver (e.g. ``weights``, ``var_floor``, ``lr``,
+            ``gaussian_last_step``, ``denoise_final``), checked at construction.
+        prediction_type: only ``"epsilon"`` (the heads are moments of the noise).
+        rescale_betas_zero_snr: only ``False`` (a zero terminal SNR has a_T = 0, where E[x0|x_T]
+            is undefined).
+
+    Keys of a DDPMScheduler/DDIMScheduler config that have no meaning here (variance_type,
+    clip_sample, ...) are ignored by ``GMSScheduler.from_config``; set ``data_range`` yourself.
+    """
+
+    _compatibles = ["DDPMScheduler", "DDIMScheduler"]
+    order = 1
+
+    @register_to_config
+    def __init__(
+        self,
+        num_train_timesteps: int = 1000,
+        beta_start: float = 0.0001,
+        beta_end: float = 0.02,
+        beta_schedule: str = "linear",
+        trained_betas: Sequence[float] | None = None,
+        timestep_spacing: str = "even",
+        steps_offset: int = 0,
+        solver: str = "gms",
+        fit: str = "closed",
+        select: str = "sample",
+        fit_iters: int = 25,
+        eta: float = 0.0,
+        data_range: Sequence[float] | None = (-1.0, 1.0),
+        backend: str = "auto",
+        solver_options: dict | None = None,
+        prediction_type: str = "epsilon",
+        rescale_betas_zero_snr: bool = False,
+    ):
+        if prediction_type != "epsilon":
+            raise ValueError(f"GMSScheduler needs noise heads (prediction_type='epsilon'), got {prediction_type!r}")
+        if rescale_betas_zero_snr:
+            raise ValueError("GMSScheduler does not support rescale_betas_zero_snr=True: with zero terminal SNR "
+                             "(a_T = 0) the moments of x0 given x_T are undefined")
+        if timestep_spacing not in TRAJECTORY_KINDS:
+            raise ValueError(f"unknown timestep_spacing {timestep_spacing!r}; valid: {', '.join(TRAJECTORY_KINDS)}")
+        if solver not in SCHEDULER_SOLVERS:
+            raise ValueError(f"unknown solver {solver!r} for GMSScheduler; valid: {', '.join(SCHEDULER_SOLVERS)}")
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
+        if trained_betas is not None and len(trained_betas) != num_train_timesteps:
+            raise ValueError(f"trained_betas has {len(trained_betas)} entries but num_train_timesteps is "
+                             f"{num_train_timesteps}")
+        self._data_range = check_data_range(data_range)
+        self._spec = get_solver(solver)
+        self._options = self._solver_options(solver, fit, select, fit_iters, eta, solver_options)
+        resolve_options(self._spec, dict(self._options))  # fail now, not at the first step
+
+        self.schedule = Schedule(make_betas(num_train_timesteps, beta_start, beta_end, beta_schedule, trained_betas))
+        # float32 views for pipelines that read them (img2img-style code uses alphas_cumprod)
+        self.betas = self.schedule.betas.to(torch.float32)
+        self.alphas = 1.0 - self.betas
+        self.alphas_cumprod = self.schedule.alphas_cumprod.to(torch.float32)
+        self.init_noise_sigma = 1.0
+
+        self.num_inference_steps: int | None = None
+        self.custom_timesteps = False
+        self._set(list(range(num_train_timesteps - 1, -1, -1)), None)
+
+    # -- configuration -----------------------------------------------------------------------------
+    @staticmethod
+    def _solver_options(solver: str, fit: str, select: str, fit_iters: int, eta: float,
+                        extra: dict | None) -> dict[str, Any]:
+        valid = SOLVERS[solver].options
+        options = {}
+        if "fit" in valid:
+            options.update(fit=fit, select=select, fit_iters=int(fit_iters))
+        if "eta" in valid:
+            options["eta"] = float(eta)
+        for key, value in dict(extra or {}).items():
+            if key in _GMS_KEYS + ("eta",):
+                raise ValueError(f"pass {key!r} as a GMSScheduler argument, not in solver_options")
+            options[key] = tuple(value) if key == "weights" else value
+        return options
+
+    # -- timesteps ---------------------------------------------------------------------------------
+    def _set(self, ts: list[int], device: torch.device | str | None) -> None:
+        self._ts = ts
+        self._position = {t: i for i, t in enumerate(ts)}
+        self.timesteps = torch.tensor(ts, dtype=torch.long, device=device)
+
+    def set_timesteps(self, num_inference_steps: int | None = None, device: torch.device | str | None = None,
+                      timesteps: Sequence[int] | None = None) -> None:
+        """Choose the timesteps: ``num_inference_steps`` with the configured ``timestep_spacing``,
+        or an explicit strictly descending list ``timesteps`` of indices in [0, T-1]."""
+        T = self.config.num_train_timesteps
+        if (num_inference_steps is None) == (timesteps is None):
+            raise ValueError("pass exactly one of num_inference_steps or timesteps")
+        if timesteps is not None:
+            if torch.is_tensor(timesteps):
+                timesteps = timesteps.flatten().tolist()
+            ts = trajectory(T, 0, [int(t) for t in timesteps])
+            self.custom_timesteps = True
+            self.num_inference_steps = len(ts)
+        else:
+            try:
+                num_inference_steps = operator.index(num_inference_steps)  # numpy/torch integers too
+            except TypeError:
+                raise ValueError(f"num_inference_steps must be an integer, got {num_inference_steps!r}") from None
+            ts = trajectory(T, num_inference_steps, self.config.timestep_spacing)
+            if self.config.timestep_spacing == "leading" and self.config.steps_offset:
+                ts = [t + int(self.config.steps_offset) for t in ts]
+                if ts[0] >= T:
+                    raise ValueError(f"steps_offset={self.config.steps_offset} moves the first timestep to "
+                                     f"{ts[0]} >= T = {T}")
+            self.custom_timesteps = False
+            self.num_inference_steps = num_inference_steps
+        self._set(ts, device)
+
+    def previous_timestep(self, timestep: int | torch.Tensor) -> int:
+        """The timestep after ``timestep`` in ``self.timesteps`` (-1 = data after the last one)."""
+        i = self._index(timestep)
+        return self._ts[i + 1] if i + 1 < len(self._ts) else DATA
+
+    def _index(self, timestep: int | torch.Tensor) -> int:
+        if torch.is_tensor(timestep):
+            values = timestep.flatten().unique()
+            if values.numel() != 1:
+                raise ValueError(f"step() takes one timestep for the whole batch, got {timestep.tolist()}")
+            timestep = values.item()
+        t = int(timestep)
+        if t != timestep or t not in self._position:
+            raise ValueError(f"timestep {timestep} is not one of scheduler.timesteps ({len(self._ts)} entries, "
+                             f"{self._ts[0]} ... {self._ts[-1]}); call set_timesteps and step through "
+                             "scheduler.timesteps")
+        return self._position[t]
+
+    # -- diffusers interface -----------------------------------------------------------------------
+    def scale_model_input(self, sample: torch.Tensor, timestep: int | torch.Tensor | None = None) -> torch.Tensor:
+        return sample
+
+    def step(self, model_output: torch.Tensor, timestep: int | torch.Tensor, sample: torch.Tensor,
+             generator: Any = None, return_dict: bool = True) -> GMSSchedulerOutput | tuple:
+        """One reverse step from ``timestep`` to the next entry of ``self.timesteps`` (or to data).
+
+        ``model_output`` holds the heads concatenated along dim 1 (3C for gms, 2C for sn-ddpm,
+        C for ddpm/ddim). Returns ``GMSSchedulerOutput(prev_sample, pred_original_sample)`` or, with
+        ``return_dict=False``, the tuple ``(prev_sample, pred_original_sample)``.
+        """
+        t = self._ts[self._index(timestep)]
+        s = self.previous_timestep(t)
+        work = sample.dtype if sample.dtype in (torch.float32, torch.float64) else torch.float32
+        x_t = sample.to(work)
+        out = model_output.to(device=sample.device, dtype=work)
+        prev = gk_step(x_t, out, t, s, self.schedule, self.config.solver, _seeds(generator),
+                       data_range=self._data_range, backend=self.config.backend, **self._options)
+        x0 = self._pred_original(x_t, out, t)
+        prev, x0 = prev.to(sample.dtype), x0.to(sample.dtype)
+        if not return_dict:
+            return prev, x0
+        return GMSSchedulerOutput(prev_sample=prev, pred_original_sample=x0)
+
+    def _pred_original(self, x_t: torch.Tensor, model_output: torch.Tensor, t: int) -> torch.Tensor:
+        """The clamped E[x0|x_t] from the e1 head (what the solvers use as the x0 estimate)."""
+        c = x_t.shape[1]
+        e1 = model_output[:, :c].to(torch.float64)
+        m = x0_moments(x_t.to(torch.float64), e1, None, None, self.schedule.alpha(t), self.schedule.sigma(t))
+        return clamp_x0_moments(m, self._data_range).mean
+
+    def add_noise(self, original_samples: torch.Tensor, noise: torch.Tensor,
+                  timesteps: int | torch.Tensor) -> torch.Tensor:
+        """x_t = a_t x0 + sigma_t eps with one timestep per sample (or one for all); fp16 is upcast to float32."""
+        t = torch.as_tensor(timesteps, dtype=torch.long).flatten().cpu()
+        T = self.config.num_train_timesteps
+        if ((t < 0) | (t >= T)).any():
+            raise ValueError(f"timesteps must lie in [0, {T - 1}], got {t.tolist()}")
+        if t.numel() not in (1, original_samples.shape[0]):
+            raise ValueError(f"got {t.numel()} timesteps for a batch of {original_samples.shape[0]}")
+        dtype = original_samples.dtype
+        work = dtype if dtype in (torch.float32, torch.float64) else torch.float32
+        abar = self.schedule.alphas_cumprod[t]  # float64
+        shape = (-1,) + (1,) * (original_samples.dim() - 1)
+        a = abar.sqrt().reshape(shape).to(original_samples.device, work)
+        sigma = (1.0 - abar).sqrt().reshape(shape).to(original_samples.device, work)
+        x = a * original_samples.to(work) + sigma * noise.to(original_samples.device, work)
+        return x.to(dtype)
+
+    def __len__(self) -> int:
+        return self.config.num_train_timesteps

@@ -1,0 +1,281 @@
+"""GMSScheduler: a diffusers scheduler around gk.step (issue 4 part 5)."""
+import pytest
+import torch
+
+import gms_kernels as gk
+
+diffusers = pytest.importorskip("diffusers")
+from diffusers import DDPMPipeline, DDPMScheduler, UNet2DModel  # noqa: E402
+from diffusers.models.unets.unet_2d import UNet2DOutput  # noqa: E402
+
+from gms_kernels.scheduler import GMSScheduler, GMSSchedulerOutput  # noqa: E402
+
+C, H, W = 3, 6, 5
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny tensors: one intra-op thread is faster, and far faster on a loaded 2-core machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def heads(n=4, k=3, seed=0, dtype=torch.float32):
+    """A plausible [e1, e2, e3] output: e2 >= e1^2, e3 of either sign."""
+    g = torch.Generator().manual_seed(seed)
+    e1 = torch.randn(n, C, H, W, generator=g) * 0.8
+    e2 = e1**2 + torch.rand(n, C, H, W, generator=g) * 0.5
+    e3 = e1**3 + torch.randn(n, C, H, W, generator=g) * 0.3
+    return torch.cat([e1, e2, e3][:k], dim=1).to(dtype)
+
+
+def x_at(n=4, seed=1, dtype=torch.float32):
+    return torch.randn(n, C, H, W, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+# -- configuration -------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["linear", "scaled_linear", "squaredcos_cap_v2", "sigmoid"])
+def test_betas_match_diffusers(name):
+    ours = GMSScheduler(beta_schedule=name, beta_start=1e-4, beta_end=0.02)
+    ref = DDPMScheduler(beta_schedule=name, beta_start=1e-4, beta_end=0.02)
+    torch.testing.assert_close(ours.schedule.betas, ref.betas.to(torch.float64), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(ours.alphas_cumprod, ref.alphas_cumprod, atol=1e-5, rtol=1e-5)
+
+
+def test_cosine_is_improved_diffusion_and_trained_betas():
+    assert torch.equal(GMSScheduler(beta_schedule="cosine").schedule.betas, gk.Schedule.cosine(1000).betas)
+    betas = torch.linspace(1e-3, 0.2, 50).tolist()
+    s = GMSScheduler(num_train_timesteps=50, trained_betas=betas)
+    torch.testing.assert_close(s.schedule.betas, torch.tensor(betas, dtype=torch.float64))
+    with pytest.raises(ValueError, match="trained_betas has 50"):
+        GMSScheduler(num_train_timesteps=60, trained_betas=betas)
+
+
+def test_basic_attributes():
+    s = GMSScheduler()
+    assert len(s) == 1000 and s.order == 1 and s.init_noise_sigma == 1.0
+    x = x_at()
+    assert s.scale_model_input(x, 10) is x
+    assert s.timesteps.tolist() == list(range(999, -1, -1))  # before set_timesteps: every step
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(solver="exact"), "unknown solver"), (dict(solver="foo"), "unknown solver"),
+    (dict(timestep_spacing="karras"), "unknown timestep_spacing"), (dict(fit="lbfgs"), "unknown fit"),
+    (dict(select="max"), "select"), (dict(eta=2.0, solver="ddim"), "eta"),
+    (dict(prediction_type="v_prediction"), "epsilon"), (dict(rescale_betas_zero_snr=True), "zero terminal"),
+    (dict(beta_schedule="laplace"), "unknown beta_schedule"), (dict(data_range=(1, -1)), "data_range"),
+    (dict(backend="cuda"), "unknown backend"), (dict(solver_options={"bogus": 1}), "unknown option"),
+    (dict(solver_options={"fit": "adan"}), "GMSScheduler argument"),
+])
+def test_bad_config(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        GMSScheduler(**kwargs)
+
+
+def test_from_ddpm_config_and_roundtrip(tmp_path):
+    ddpm = DDPMScheduler(beta_schedule="squaredcos_cap_v2", timestep_spacing="trailing", variance_type="fixed_large")
+    s = GMSScheduler.from_config(ddpm.config)
+    assert s.config.beta_schedule == "squaredcos_cap_v2" and s.config.timestep_spacing == "trailing"
+    assert s.config.solver == "gms"
+    s = GMSScheduler.from_config(ddpm.config, solver="sn-ddpm", timestep_spacing="even")
+    assert s.config.solver == "sn-ddpm" and s.config.timestep_spacing == "even"
+    with pytest.raises(ValueError, match="epsilon"):
+        GMSScheduler.from_config(DDPMScheduler(prediction_type="v_prediction").config)
+    # JSON round trip (tuples become lists)
+    a = GMSScheduler(solver="gms", fit="adan", fit_iters=3, data_range=(0.0, 1.0),
+                     solver_options={"weights": [0.25, 0.75], "var_floor": 0.2})
+    a.save_config(tmp_path)
+    b = GMSScheduler.from_pretrained(tmp_path)
+    assert b._options == a._options and b._data_range == (0.0, 1.0)
+
+
+# -- timesteps -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", gk.TRAJECTORY_KINDS)
+@pytest.mark.parametrize("K", [1, 7, 10])
+def test_every_spacing(kind, K):
+    s = GMSScheduler(timestep_spacing=kind)
+    s.set_timesteps(K)
+    assert s.timesteps.dtype == torch.long
+    assert s.timesteps.tolist() == gk.trajectory(1000, K, kind)
+    assert (s.timesteps[:-1] > s.timesteps[1:]).all()
+    assert s.num_inference_steps == K
+    if kind in ("leading", "trailing", "linspace"):  # diffusers' own spacings agree
+        ref = DDPMScheduler(timestep_spacing=kind)
+        ref.set_timesteps(K)
+        assert s.timesteps.tolist() == ref.timesteps.tolist()
+
+
+def test_leading_steps_offset_matches_diffusers():
+    s, ref = GMSScheduler(timestep_spacing="leading", steps_offset=1), DDPMScheduler(timestep_spacing="leading",
+                                                                                       steps_offset=1)
+    s.set_timesteps(20)
+    ref.set_timesteps(20)
+    assert s.timesteps.tolist() == ref.timesteps.tolist()
+
+
+def test_custom_timesteps_and_errors():
+    s = GMSScheduler()
+    s.set_timesteps(timesteps=[900, 500, 37, 2])
+    assert s.timesteps.tolist() == [900, 500, 37, 2] and s.custom_timesteps
+    s.set_timesteps(timesteps=torch.tensor([10, 5]))
+    assert s.timesteps.tolist() == [10, 5]
+    for bad in ([5, 10], [1000, 3], [4, 4]):
+        with pytest.raises(ValueError):
+            s.set_timesteps(timesteps=bad)
+    with pytest.raises(ValueError, match="exactly one"):
+        s.set_timesteps()
+    with pytest.raises(ValueError, match="exactly one"):
+        s.set_timesteps(5, timesteps=[3, 2])
+    with pytest.raises(ValueError):
+        s.set_timesteps(1001)
+    with pytest.raises(ValueError, match="integer"):
+        s.set_timesteps(4.5)
+    s.set_timesteps(torch.tensor(4))
+    assert s.timesteps.tolist() == gk.trajectory(1000, 4, "even")
+
+
+def test_previous_timestep_is_looked_up():
+    s = GMSScheduler()
+    s.set_timesteps(timesteps=[950, 700, 420, 100, 3])
+    assert [s.previous_timestep(t) for t in s.timesteps] == [700, 420, 100, 3, gk.DATA]
+    with pytest.raises(ValueError, match="not one of scheduler.timesteps"):
+        s.step(heads(), 500, x_at())
+    with pytest.raises(ValueError, match="one timestep"):
+        s.step(heads(), torch.tensor([950, 700, 700, 700]), x_at())
+
+
+# -- step ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("solver, k, extra", [
+    ("gms", 3, {}), ("gms", 3, dict(fit="adan", fit_iters=4, select="pixel")),
+    ("sn-ddpm", 2, {}), ("ddpm", 1, {}), ("ddpm-large", 3, {}), ("ddim", 1, dict(eta=0.5)),
+])
+def test_step_equals_gk_step(solver, k, extra):
+    ts = [950, 700, 420, 100, 3]
+    s = GMSScheduler(solver=solver, backend="torch", **extra)
+    s.set_timesteps(timesteps=ts)
+    opts = {key: v for key, v in extra.items()}
+    x = x_at()
+    for i, t in enumerate(s.timesteps):
+        nxt = ts[i + 1] if i + 1 < len(ts) else gk.DATA
+        out = heads(k=k, seed=i)
+        got = s.step(out, t, x, generator=123 + i)
+        assert isinstance(got, GMSSchedulerOutput)
+        ref = gk.step(x, out, ts[i], nxt, s.schedule, solver, 123 + i, backend="torch", **opts)
+        assert torch.equal(got.prev_sample, ref)
+        a, sig = s.schedule.alpha(ts[i]), s.schedule.sigma(ts[i])
+        x0 = ((x.double() - sig * out[:, :C].double()) / a).clamp(-1, 1).float()
+        torch.testing.assert_close(got.pred_original_sample, x0)
+        # torch.Generator: one seed drawn per step, the same draw as gk.step makes
+        g1, g2 = torch.Generator().manual_seed(i), torch.Generator().manual_seed(i)
+        prev, x0b = s.step(out, t, x, generator=g1, return_dict=False)
+        assert torch.equal(prev, gk.step(x, out, ts[i], nxt, s.schedule, solver, g2, backend="torch", **opts))
+        x = prev
+
+
+def test_generator_list_is_honoured_per_sample():
+    s = GMSScheduler(backend="torch")
+    s.set_timesteps(5)
+    t = s.timesteps[1]
+    x, out = x_at(3), heads(3)
+    batch = s.step(out, t, x, generator=[torch.Generator().manual_seed(i) for i in range(3)]).prev_sample
+    for i in range(3):
+        alone = s.step(out[i:i + 1], t, x[i:i + 1], generator=torch.Generator().manual_seed(i)).prev_sample
+        assert torch.equal(batch[i:i + 1], alone)
+    other = s.step(out, t, x, generator=[torch.Generator().manual_seed(i + 7) for i in range(3)]).prev_sample
+    assert not torch.equal(batch, other)
+    with pytest.raises(ValueError, match="one per sample"):
+        s.step(out, t, x, generator=[torch.Generator()] * 2)
+
+
+@pytest.mark.parametrize("solver, k", [("gms", 3), ("sn-ddpm", 2), ("ddim", 1)])
+def test_fp16_is_upcast(solver, k):
+    s = GMSScheduler(solver=solver, backend="torch")
+    s.set_timesteps(4)
+    x16, out16 = (x_at() * 3).half(), (heads(k=k) * 4).half()  # large heads: fp16 maths would overflow
+    for t in s.timesteps:
+        res = s.step(out16, t, x16, generator=1)
+        assert res.prev_sample.dtype == torch.float16 and res.pred_original_sample.dtype == torch.float16
+        assert torch.isfinite(res.prev_sample).all()
+        ref = s.step(out16.float(), t, x16.float(), generator=1).prev_sample
+        torch.testing.assert_close(res.prev_sample.float(), ref, atol=1e-2, rtol=1e-2)
+        x16 = res.prev_sample
+
+
+def test_channel_mismatch_error():
+    s = GMSScheduler(backend="torch")
+    s.set_timesteps(3)
+    with pytest.raises(ValueError, match=r"needs 3 head\(s\).*gave 6"):
+        s.step(heads(k=2), s.timesteps[0], x_at())
+    sn = GMSScheduler(solver="sn-ddpm")
+    sn.set_timesteps(3)
+    with pytest.raises(ValueError, match=r"needs 2 head\(s\)"):
+        sn.step(heads(k=1), sn.timesteps[0], x_at())
+
+
+def test_add_noise():
+    s, ref = GMSScheduler(), DDPMScheduler()
+    x0, eps = x_at(4, 1), x_at(4, 2)
+    t = torch.tensor([0, 10, 500, 999])
+    got = s.add_noise(x0, eps, t)
+    want = torch.stack([s.schedule.add_noise(x0[i].double(), eps[i].double(), int(t[i])) for i in range(4)])
+    torch.testing.assert_close(got, want.float())
+    torch.testing.assert_close(got, ref.add_noise(x0, eps, t), atol=1e-5, rtol=1e-5)
+    assert s.add_noise(x0.half(), eps.half(), t).dtype == torch.float16
+    with pytest.raises(ValueError):
+        s.add_noise(x0, eps, torch.tensor([1000, 0, 0, 0]))
+
+
+# -- end to end inside diffusers' DDPMPipeline -----------------------------------------------------
+def tiny_unet(out_channels, seed=0, cls=UNet2DModel):
+    torch.manual_seed(seed)
+    return cls(sample_size=8, in_channels=3, out_channels=out_channels, layers_per_block=1,
+               block_out_channels=(8, 16), norm_num_groups=4,
+               down_block_types=("DownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "UpBlock2D"))
+
+
+class PerSampleUNet(UNet2DModel):
+    """Runs the batch one sample at a time, so the network itself is exactly batch-independent
+    (batched convolutions round differently, and the GMS cube root amplifies rounding)."""
+
+    def forward(self, sample, timestep, *args, **kwargs):
+        outs = [super(PerSampleUNet, self).forward(sample[i:i + 1], timestep, *args, **kwargs).sample
+                for i in range(sample.shape[0])]
+        return UNet2DOutput(sample=torch.cat(outs))
+
+
+def run_pipe(unet, scheduler, **kw):
+    pipe = DDPMPipeline(unet=unet, scheduler=scheduler)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe(num_inference_steps=3, **kw).images
+
+
+def test_ddpm_pipeline_end_to_end_gms():
+    img = run_pipe(tiny_unet(9), GMSScheduler(), batch_size=2, generator=torch.Generator().manual_seed(0),
+                   output_type="np")
+    assert img.shape == (2, 8, 8, 3) and img.min() >= 0 and img.max() <= 1
+    again = run_pipe(tiny_unet(9), GMSScheduler(), batch_size=2, generator=torch.Generator().manual_seed(0),
+                     output_type="np")
+    assert (img == again).all()
+    pt = run_pipe(tiny_unet(9), GMSScheduler(timestep_spacing="trailing"), batch_size=1, output_type="pt")
+    assert pt.shape == (1, 3, 8, 8) and torch.isfinite(pt).all()
+
+
+def test_ddpm_pipeline_generator_list_matches_single_runs():
+    sched = GMSScheduler(backend="torch")
+    unet = tiny_unet(9, cls=PerSampleUNet)
+    gens = [torch.Generator().manual_seed(i) for i in range(3)]
+    batch = run_pipe(unet, sched, batch_size=3, generator=gens, output_type="pt")
+    for i in range(3):
+        alone = run_pipe(unet, sched, batch_size=1, generator=torch.Generator().manual_seed(i), output_type="pt")
+        assert torch.equal(batch[i], alone[0])
+    assert not torch.equal(batch[0], batch[1])
+
+
+@pytest.mark.parametrize("solver, channels", [("sn-ddpm", 6), ("ddpm", 3), ("ddim", 3)])
+def test_ddpm_pipeline_other_solvers(solver, channels):
+    gens = [torch.Generator().manual_seed(i) for i in range(2)]
+    img = run_pipe(tiny_unet(channels), GMSScheduler(solver=solver), batch_size=2, generator=gens, output_type="np")
+    assert img.shape == (2, 8, 8, 3) and img.min() >= 0 and img.max() <= 1
