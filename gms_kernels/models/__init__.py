@@ -1,0 +1,16 @@
+"""Networks for gms_kernels: pretrained-backbone architectures, the diffusers adapter, MomentNet, loaders.
+
+- :class:`PytorchDDPMUNet`: pytorch-ddpm's CIFAR10 UNet (key-for-key; ``time_input = "index"``).
+- :class:`IDDPMUNet`: improved-diffusion's UNetModel (raw state dicts; ``time_input = "scaled"``).
+- :class:`DiffusersUNet`: a diffusers ``UNet2DModel`` as a gk model (``time_input = "index"``).
+- :class:`MomentNet`: frozen backbone + E[eps^2], E[eps^3] heads, one backbone pass per call.
+- :func:`load`: every supported checkpoint format, offline, ``weights_only=True``.
+"""
+from .diffusers_unet import DiffusersUNet
+from .iddpm import IDDPMUNet
+from .loading import KINDS, load
+from .moment_net import HEAD_KINDS, ConvHead, MomentNet, ResConvHead, as_backbone
+from .pytorch_ddpm import PytorchDDPMUNet
+
+__all__ = ["PytorchDDPMUNet", "IDDPMUNet", "DiffusersUNet", "MomentNet", "ConvHead", "ResConvHead",
+           "as_backbone", "load", "KINDS", "HEAD_KINDS"]

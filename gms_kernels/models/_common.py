@@ -1,0 +1,194 @@
+"""Pieces shared by the network families: float32 GroupNorm, attention, sinusoids, checkpoint I/O.
+
+Everything that reads a file goes through :func:`read_torch_file` / :func:`read_weights_file`
+(offline, ``weights_only=True``) and every state dict is compared with the model by
+:func:`check_state_dict` before it is loaded, so a bad file gives one ValueError that names the file,
+the keys and the shapes instead of a stack trace from deep inside torch.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import zipfile
+from typing import Any, Callable, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+PathLike = str | os.PathLike
+
+
+# -- layers -------------------------------------------------------------------------------------
+def group_count(channels: int, max_groups: int = 32) -> int:
+    """The largest number of groups <= ``max_groups`` that divides ``channels``."""
+    for g in range(min(max_groups, channels), 0, -1):
+        if channels % g == 0:
+            return g
+    return 1
+
+
+def at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in float32 when it is a 16-bit float, unchanged otherwise (float64 stays float64)."""
+    return x.float() if x.is_floating_point() and x.element_size() < 4 else x
+
+
+class GroupNorm32(nn.GroupNorm):
+    """GroupNorm whose statistics are computed in (at least) float32 whatever the input dtype."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = at_least_float32(x)
+        w = None if self.weight is None else self.weight.to(y.dtype)
+        b = None if self.bias is None else self.bias.to(y.dtype)
+        return F.group_norm(y, self.num_groups, w, b, self.eps).to(x.dtype)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Dot-product attention over positions for channel-first tensors [B, C, L] -> [B, C, L].
+
+    Each query position i gets sum_j softmax_j(<q_i, k_j> / sqrt(C)) v_j; the softmax runs in (at
+    least) float32.
+    """
+    c = q.shape[1]
+    logits = torch.einsum("bci,bcj->bij", q, k) * (c ** -0.5)
+    weights = torch.softmax(at_least_float32(logits), dim=-1).to(v.dtype)
+    return torch.einsum("bij,bcj->bci", weights, v)
+
+
+# -- checkpoint files ---------------------------------------------------------------------------
+def _name(path: PathLike) -> str:
+    return os.fspath(path)
+
+
+def read_torch_file(path: PathLike, map_location: Any = "cpu") -> Any:
+    """``torch.load(path, weights_only=True)`` with the failure modes turned into ValueErrors."""
+    path = _name(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise ValueError(f"{path} is a directory, expected a checkpoint file")
+    size = os.path.getsize(path)
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        refused = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
+        if refused:
+            raise ValueError(
+                f"{path}: the checkpoint holds a Python object ({refused.group(1)}) that torch.load(weights_only=True) "
+                "refuses to load; only tensors, numbers, strings and containers of them are read. If you trust the "
+                "file, load it once with weights_only=False and re-save just the state dict "
+                "(torch.save(model.state_dict(), path)).") from None
+        raise _unreadable(path, size, e) from None
+    except Exception as e:  # truncated zip, garbage bytes, EOF, ...
+        raise _unreadable(path, size, e) from None
+
+
+def _unreadable(path: str, size: int, e: Exception) -> ValueError:
+    text = str(e)
+    inner = re.search(r"WeightsUnpickler error:\s*(.+)", text)
+    text = inner.group(1) if inner else text
+    first = text.strip().split(". ")[0].splitlines()[0][:200] if text.strip() else ""
+    detail = f"{type(e).__name__}: {first}" if first else type(e).__name__
+    if size == 0:
+        hint = "it is empty"
+    elif _starts_like_zip(path) and not zipfile.is_zipfile(path):
+        hint = "it looks truncated (an incomplete download or an interrupted save)"
+    else:
+        hint = "it is truncated, corrupted or not a torch checkpoint"
+    return ValueError(f"{path}: cannot read this file as a torch checkpoint ({size} bytes; {detail}): {hint}. "
+                      "Download or save it again (torch.save), or pass the right file.")
+
+
+def _starts_like_zip(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"PK\x03\x04"
+    except OSError:
+        return False
+
+
+def read_weights_file(path: PathLike, map_location: Any = "cpu") -> Any:
+    """A ``.safetensors`` file (as a dict of tensors) or a torch file, read offline and safely."""
+    path = _name(path)
+    if path.endswith(".safetensors"):
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{path}: no such file")
+        try:
+            from safetensors.torch import load_file
+        except ImportError as e:  # pragma: no cover - safetensors ships with the test env
+            raise ValueError(f"{path}: reading .safetensors needs the 'safetensors' package") from e
+        try:
+            return load_file(path, device=str(map_location) if map_location is not None else "cpu")
+        except Exception as e:
+            raise _unreadable(path, os.path.getsize(path), e) from None
+    return read_torch_file(path, map_location)
+
+
+def strip_prefix(state: Mapping[str, Any], prefix: str = "module.") -> dict:
+    """Drop a DataParallel/DDP ``module.`` prefix when every key carries it."""
+    state = dict(state)
+    if state and all(isinstance(k, str) and k.startswith(prefix) for k in state):
+        return {k[len(prefix):]: v for k, v in state.items()}
+    return state
+
+
+def _shape(x: Any) -> str:
+    return str(list(x.shape)) if isinstance(x, torch.Tensor) else type(x).__name__
+
+
+def _list(keys: list[str], limit: int = 8) -> str:
+    shown = ", ".join(keys[:limit])
+    return shown + (f", ... ({len(keys) - limit} more)" if len(keys) > limit else "")
+
+
+def mismatch_report(model: nn.Module, state: Mapping[str, Any]) -> tuple[list, list, list]:
+    """(missing keys, unexpected keys, [(key, expected shape, found shape)]) of state vs model."""
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    shapes = [(k, _shape(expected[k]), _shape(state[k])) for k in expected
+              if k in state and (not isinstance(state[k], torch.Tensor) or state[k].shape != expected[k].shape)]
+    return missing, unexpected, shapes
+
+
+def check_state_dict(model: nn.Module, state: Mapping[str, Any], source: str, described: str,
+                     suggest: Callable[[], str | None] | None = None) -> None:
+    """Raise one ValueError listing every missing/unexpected key and wrong shape of ``state``.
+
+    ``source`` names the file, ``described`` the model it was compared with (e.g. its constructor
+    call) and ``suggest`` (called only on failure) may return a hint such as the matching config.
+    """
+    missing, unexpected, shapes = mismatch_report(model, state)
+    if not (missing or unexpected or shapes):
+        return
+    lines = [f"{source}: the weights do not match {described}:"]
+    if missing:
+        lines.append(f"  missing keys ({len(missing)}): {_list(missing)}")
+    if unexpected:
+        lines.append(f"  unexpected keys ({len(unexpected)}): {_list(unexpected)}")
+    if shapes:
+        shown = "; ".join(f"{k}: expected {e}, found {f}" for k, e, f in shapes[:8])
+        more = f"; ... ({len(shapes) - 8} more)" if len(shapes) > 8 else ""
+        lines.append(f"  wrong shapes ({len(shapes)}): {shown}{more}")
+    hint = suggest() if suggest is not None else None
+    lines.append("  fix: " + (hint or "the file is incomplete, edited, or from a different network: check "
+                              "the file and the kind (gk.models.load(..., kind=...))"))
+    raise ValueError("\n".join(lines))
+
+
+def format_call(name: str, config: Mapping[str, Any]) -> str:
+    return f"{name}(" + ", ".join(f"{k}={v!r}" for k, v in config.items()) + ")"
+
+
+def meta_model(factory: Callable[[], nn.Module]) -> nn.Module:
+    """Build a model on the meta device (shapes only, no memory, no initialisation cost)."""
+    with torch.device("meta"):
+        return factory()
+
+
+def materialize(model: nn.Module, state: Mapping[str, torch.Tensor], device: Any = "cpu") -> nn.Module:
+    """Give a meta-device model real storage and fill every parameter/buffer from ``state``."""
+    model = model.to_empty(device=device)
+    model.load_state_dict(state, strict=True)
+    return model

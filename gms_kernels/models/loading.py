@@ -1,0 +1,309 @@
+"""``gk.models.load``: one entry point for every checkpoint format this package reads (offline, safe).
+
+Formats: pytorch-ddpm ``ckpt.pt`` ({net_model, ema_model, ...} or a raw state dict), improved-diffusion
+raw state dicts (``.pt`` or ``.safetensors``), diffusers UNet2DModel directories (config.json +
+diffusion_pytorch_model.safetensors / .bin, or a pipeline directory with a ``unet`` folder), and this
+package's MomentNet heads / whole-network files. Every file is read with ``weights_only=True``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import warnings
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from ..schedule import Schedule
+from ._common import (check_state_dict, format_call, materialize, meta_model, mismatch_report, read_weights_file,
+                      strip_prefix)
+from .diffusers_unet import DiffusersUNet
+from .iddpm import IDDPMUNet
+from .moment_net import HEADS_FORMAT, NET_FORMAT, MomentNet
+from .pytorch_ddpm import PytorchDDPMUNet
+
+KINDS = ("auto", "pytorch-ddpm", "improved-diffusion", "diffusers", "gms-heads", "moment-net")
+DIFFUSERS_WEIGHTS = ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.bin")
+
+_DDPM_ARGS = ("T", "ch", "ch_mult", "attn", "num_res_blocks", "dropout", "in_channels")
+_IDDPM_ARGS = ("in_channels", "model_channels", "out_channels", "num_res_blocks", "attention_resolutions", "dropout",
+               "channel_mult", "conv_resample", "num_heads", "num_heads_upsample", "use_scale_shift_norm")
+# improved-diffusion's training scripts use 4 heads; the weights cannot tell (the split does not change shapes)
+_IDDPM_DEFAULTS = {"dropout": 0.0, "num_heads": 4, "num_heads_upsample": -1}
+
+
+def load(path_or_dir: str | os.PathLike, kind: str = "auto", *, map_location: Any = "cpu", **config: Any) -> nn.Module:
+    """Load a network as a gms_kernels model (eval mode), offline and with ``weights_only=True``.
+
+    ``kind``: ``"auto"`` (detected from the content), ``"pytorch-ddpm"``, ``"improved-diffusion"``,
+    ``"diffusers"``, ``"gms-heads"`` or ``"moment-net"``. ``config`` by kind:
+
+    - pytorch-ddpm: PytorchDDPMUNet arguments (T, ch, ch_mult, attn, num_res_blocks, dropout,
+      in_channels; read from the weights when left out), ``use_ema=True`` (ema_model, else net_model),
+      ``schedule``.
+    - improved-diffusion: IDDPMUNet arguments (read from the weights when left out, except
+      ``num_heads``, default 4 as in improved-diffusion's scripts, and ``dropout``), ``eps_only=True``
+      (forward returns eps alone when sigma is learned), ``schedule``.
+    - diffusers: ``subfolder``, ``variant``, ``eps_only`` (see DiffusersUNet), ``schedule`` (default: read
+      from a pipeline's ``scheduler/scheduler_config.json`` when there is one).
+    - gms-heads: ``backbone`` (a module or a path loaded with this function): returns a MomentNet.
+    - moment-net: nothing.
+
+    A bad file (unreadable, missing/unexpected keys, wrong shapes, wrong config) raises a ValueError
+    that names the file, the keys and the shapes and suggests a fix.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r}; valid kinds: {', '.join(KINDS)}")
+    path = os.fspath(path_or_dir)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such file or directory")
+    data = None
+    if os.path.isdir(path) or _diffusers_parent(path):
+        if kind not in ("auto", "diffusers"):
+            raise ValueError(f"{path} is a directory; only kind='diffusers' (or 'auto') loads directories, "
+                             f"got kind={kind!r}")
+        return _load_diffusers(_diffusers_parent(path) or path, **config)
+    if kind == "diffusers":
+        raise ValueError(f"{path} is a file; kind='diffusers' needs the model directory (config.json + "
+                         f"{' or '.join(DIFFUSERS_WEIGHTS)})")
+    data = read_weights_file(path, map_location)
+    if kind == "auto":
+        kind = _detect(path, data)
+    if kind == "pytorch-ddpm":
+        return _load_pytorch_ddpm(path, data, map_location, **config)
+    if kind == "improved-diffusion":
+        return _load_iddpm(path, data, map_location, **config)
+    if kind == "gms-heads":
+        return _load_heads(path, data, map_location, **config)
+    _no_options("moment-net", config, ())
+    return MomentNet.load(path, data, map_location)
+
+
+# -- detection ------------------------------------------------------------------------------------
+def _diffusers_parent(path: str) -> str | None:
+    """The model directory when ``path`` is a diffusers weights/config file inside one."""
+    name, parent = os.path.basename(path), os.path.dirname(os.path.abspath(path))
+    if os.path.isfile(path) and (name in DIFFUSERS_WEIGHTS or name == "config.json") \
+            and os.path.isfile(os.path.join(parent, "config.json")):
+        return parent
+    return None
+
+
+def _is_state_dict(obj: Any) -> bool:
+    return isinstance(obj, Mapping) and len(obj) > 0 and all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items())
+
+
+def _detect(path: str, data: Any) -> str:
+    if isinstance(data, Mapping):
+        fmt = data.get("format")
+        if fmt == HEADS_FORMAT:
+            return "gms-heads"
+        if fmt == NET_FORMAT:
+            return "moment-net"
+        if "ema_model" in data or "net_model" in data:
+            return "pytorch-ddpm"
+        if _is_state_dict(data):
+            keys = strip_prefix(data)
+            if "time_embedding.timembedding.0.weight" in keys or "downblocks.0.block1.0.weight" in keys:
+                return "pytorch-ddpm"
+            if "time_embed.0.weight" in keys or "input_blocks.0.0.weight" in keys:
+                return "improved-diffusion"
+            if "conv_in.weight" in keys and any(k.startswith("time_embedding.linear_1") for k in keys):
+                raise ValueError(f"{path}: these are diffusers UNet2DModel weights; load the directory that holds "
+                                 f"them with config.json: gk.models.load(<dir>)")
+    top = list(data)[:8] if isinstance(data, Mapping) else type(data).__name__
+    raise ValueError(f"{path}: cannot tell which network this file holds (top-level keys: {top}). Pass kind= one of "
+                     f"{', '.join(k for k in KINDS if k != 'auto')}")
+
+
+def _no_options(kind: str, given: Mapping[str, Any], valid: tuple[str, ...]) -> None:
+    bad = [k for k in given if k not in valid]
+    if bad:
+        raise ValueError(f"unknown option(s) for kind {kind!r}: {', '.join(bad)}; valid: "
+                         f"{', '.join(valid) if valid else 'none'}")
+
+
+# -- our own UNets --------------------------------------------------------------------------------
+def _build_checked(cls: type, cfg: dict, state: Mapping[str, Any], where: str, kind: str,
+                   inferred: dict | None, device: Any) -> nn.Module:
+    """Build ``cls(**cfg)`` on the meta device, compare with ``state``, then materialise and load it."""
+    try:
+        model = meta_model(lambda: cls(**cfg))
+    except (TypeError, ValueError) as e:
+        hint = f" The weights look like {format_call(cls.__name__, inferred)}." if inferred else ""
+        raise ValueError(f"{where}: cannot build {format_call(cls.__name__, cfg)}: {e}.{hint}") from None
+
+    def suggest() -> str | None:
+        if inferred is None:
+            return (f"the keys do not look like a {kind} {cls.__name__} state dict: check the file and the kind "
+                    f"(valid kinds: {', '.join(k for k in KINDS if k != 'auto')})")
+        try:
+            ref = meta_model(lambda: cls(**{**cfg, **inferred}))
+        except (TypeError, ValueError):
+            return None
+        missing, unexpected, shapes = mismatch_report(ref, state)
+        if not (missing or unexpected or shapes):
+            changed = {k: v for k, v in inferred.items() if cfg.get(k) != v}
+            args = ", ".join(f"{k}={v!r}" for k, v in changed.items())
+            return (f"the weights match {format_call(cls.__name__, {**cfg, **inferred})}: load with "
+                    f"gk.models.load(path, kind={kind!r}, {args}) or leave these options out")
+        return (f"the file resembles {format_call(cls.__name__, inferred)} but is incomplete or edited "
+                "(keys missing, extra or reshaped): re-export it from the training code")
+
+    check_state_dict(model, state, where, format_call(cls.__name__, cfg), suggest)
+    return materialize(model, state, device).eval()
+
+
+def _split(config: dict, names: tuple[str, ...], extra: tuple[str, ...], kind: str) -> tuple[dict, dict]:
+    _no_options(kind, config, names + extra)
+    return ({k: v for k, v in config.items() if k in names}, {k: v for k, v in config.items() if k in extra})
+
+
+def _set_schedule(model: nn.Module, schedule: Any) -> None:
+    if schedule is not None:
+        if not isinstance(schedule, Schedule):
+            raise ValueError(f"schedule must be a gk.Schedule, got {type(schedule).__name__}")
+        model.schedule = schedule
+
+
+def _load_pytorch_ddpm(path: str, data: Any, device: Any, **config: Any) -> PytorchDDPMUNet:
+    args, extra = _split(config, _DDPM_ARGS, ("use_ema", "schedule"), "pytorch-ddpm")
+    where = path
+    if isinstance(data, Mapping) and ("ema_model" in data or "net_model" in data):
+        key = "ema_model" if extra.get("use_ema", True) else "net_model"
+        if key not in data:
+            other = "net_model" if key == "ema_model" else "ema_model"
+            raise ValueError(f"{path}: the checkpoint has no {key!r} (found {list(data)[:8]}); "
+                             f"pass use_ema={other == 'ema_model'} to load {other!r}")
+        state, where = data[key], f"{path} [{key}]"
+    else:
+        state = data
+    if not _is_state_dict(state):
+        raise ValueError(f"{where}: expected a pytorch-ddpm checkpoint ({{'ema_model': state_dict, 'net_model': ...}}) "
+                         f"or a raw state dict of tensors, found {type(state).__name__}")
+    state = strip_prefix(state)
+    inferred = PytorchDDPMUNet.infer_config(state)
+    cfg = {**(inferred or {}), **args}
+    model = _build_checked(PytorchDDPMUNet, cfg, state, where, "pytorch-ddpm", inferred, device)
+    _set_schedule(model, extra.get("schedule"))
+    return model
+
+
+def _load_iddpm(path: str, data: Any, device: Any, **config: Any) -> IDDPMUNet:
+    args, extra = _split(config, _IDDPM_ARGS, ("eps_only", "schedule"), "improved-diffusion")
+    if not _is_state_dict(data):
+        raise ValueError(f"{path}: expected an improved-diffusion raw state dict (tensors keyed time_embed.*, "
+                         f"input_blocks.*, ...), found {type(data).__name__}")
+    state = strip_prefix(data)
+    inferred = IDDPMUNet.infer_config(state)
+    cfg = {**_IDDPM_DEFAULTS, **(inferred or {}), **args}
+    model = _build_checked(IDDPMUNet, cfg, state, path, "improved-diffusion", inferred, device)
+    model.eps_only = bool(extra.get("eps_only", True))
+    _set_schedule(model, extra.get("schedule"))
+    return model
+
+
+def _load_heads(path: str, data: Any, device: Any, **config: Any) -> MomentNet:
+    _no_options("gms-heads", config, ("backbone",))
+    backbone = config.get("backbone")
+    if backbone is None:
+        raise ValueError(f"{path} holds MomentNet heads only; pass their backbone: "
+                         "gk.models.load(path, backbone=<module or checkpoint path>)")
+    if isinstance(backbone, (str, os.PathLike)):
+        backbone = load(backbone, map_location=device)
+    if isinstance(backbone, MomentNet):
+        backbone = backbone.backbone
+    return MomentNet.from_heads(backbone, path, data).to(device).eval()
+
+
+# -- diffusers ------------------------------------------------------------------------------------
+_SIZE_MISMATCH = re.compile(r"size mismatch for (\S+): copying a param with shape torch\.Size\((\[[^\]]*\])\) "
+                            r"from checkpoint, the shape in current model is torch\.Size\((\[[^\]]*\])\)")
+
+
+def _load_diffusers(path: str, subfolder: str | None = None, variant: str | None = None, eps_only: bool | None = None,
+                    schedule: Schedule | None = None) -> DiffusersUNet:
+    if subfolder is None and not os.path.isfile(os.path.join(path, "config.json")) \
+            and os.path.isfile(os.path.join(path, "unet", "config.json")):
+        subfolder = "unet"  # a pipeline directory
+    model_dir = os.path.join(path, subfolder) if subfolder else path
+    present = sorted(os.listdir(model_dir)) if os.path.isdir(model_dir) else []
+    weights = [f for f in present if f.startswith("diffusion_pytorch_model") and f.endswith((".safetensors", ".bin"))]
+    if "config.json" not in present or not weights:
+        raise ValueError(f"{model_dir}: not a diffusers model directory: expected config.json and "
+                         f"{' or '.join(DIFFUSERS_WEIGHTS)}, found {present[:12]}. For a pipeline, pass its folder "
+                         "(the 'unet' subfolder is used) or subfolder=")
+    try:
+        cfg = json.load(open(os.path.join(model_dir, "config.json")))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{model_dir}/config.json: cannot read it as JSON ({e}); restore the file") from None
+    if not isinstance(cfg, dict) or cfg.get("_class_name", "UNet2DModel") != "UNet2DModel":
+        name = cfg.get("_class_name") if isinstance(cfg, dict) else type(cfg).__name__
+        raise ValueError(f"{model_dir}/config.json describes {name!r}, not a UNet2DModel; gms_kernels adapts "
+                         "UNet2DModel only")
+    from diffusers import UNet2DModel
+
+    try:
+        unet, info = UNet2DModel.from_pretrained(path, subfolder=subfolder, variant=variant, local_files_only=True,
+                                                 low_cpu_mem_usage=False, output_loading_info=True)
+    except Exception as e:  # diffusers raises many types; report them uniformly
+        text = str(e)
+        shapes = _SIZE_MISMATCH.findall(text)
+        if shapes:
+            found = "; ".join(f"{k}: expected {m} (from config.json), found {c} (weights file)" for k, c, m in shapes[:8])
+            raise ValueError(f"{model_dir}: config.json does not describe the weights: wrong shapes ({len(shapes)}): "
+                             f"{found}. Fix: correct config.json (block_out_channels, layers_per_block, in/out_channels, "
+                             "norm_num_groups, attention settings) to the one the weights were saved with") from None
+        first = text.strip().splitlines()[0] if text.strip() else ""
+        raise ValueError(f"{model_dir}: diffusers could not load the UNet2DModel ({type(e).__name__}: {first}). "
+                         f"Check that config.json and {', '.join(weights)} are complete and belong together "
+                         "(a truncated or corrupted weights file gives this too: download or save it again)") from None
+    missing, unexpected = list(info.get("missing_keys", [])), list(info.get("unexpected_keys", []))
+    mismatched = list(info.get("mismatched_keys", []))
+    if missing or unexpected or mismatched:
+        lines = [f"{model_dir}: the weights do not match config.json:"]
+        if missing:
+            lines.append(f"  missing keys ({len(missing)}): {', '.join(missing[:8])}")
+        if unexpected:
+            lines.append(f"  unexpected keys ({len(unexpected)}): {', '.join(unexpected[:8])}")
+        if mismatched:
+            lines.append("  wrong shapes: " + "; ".join(f"{k}: expected {list(m)}, found {list(c)}"
+                                                        for k, c, m in mismatched[:8]))
+        lines.append("  fix: the weights file is incomplete or from another model: save it again with "
+                     "save_pretrained, or fix config.json")
+        raise ValueError("\n".join(lines))
+    if schedule is None:
+        schedule = _diffusers_schedule(path, subfolder)
+    return DiffusersUNet(unet.eval(), schedule=schedule, eps_only=eps_only).eval()
+
+
+def _diffusers_schedule(path: str, subfolder: str | None) -> Schedule | None:
+    """The training schedule from a pipeline's scheduler config, when present and understood."""
+    root = path if subfolder else os.path.dirname(os.path.abspath(path))
+    candidates = [os.path.join(root, "scheduler", "scheduler_config.json"), os.path.join(path, "scheduler_config.json")]
+    for file in candidates:
+        if not os.path.isfile(file):
+            continue
+        try:
+            cfg = json.load(open(file))
+        except (OSError, ValueError):
+            return None
+        T = int(cfg.get("num_train_timesteps", 1000))
+        kind = cfg.get("beta_schedule", "linear")
+        start, end = float(cfg.get("beta_start", 1e-4)), float(cfg.get("beta_end", 0.02))
+        if cfg.get("prediction_type", "epsilon") != "epsilon":
+            warnings.warn(f"{file}: prediction_type={cfg.get('prediction_type')!r}; gms_kernels expects eps "
+                          "predictions", stacklevel=3)
+        if cfg.get("trained_betas"):
+            return Schedule.from_betas(cfg["trained_betas"])
+        if kind == "linear":
+            return Schedule.linear(T, start, end)
+        if kind == "scaled_linear":
+            return Schedule.from_betas(torch.linspace(start ** 0.5, end ** 0.5, T, dtype=torch.float64) ** 2)
+        if kind == "squaredcos_cap_v2":
+            return Schedule.cosine(T)
+        return None
+    return None

@@ -1,0 +1,281 @@
+"""MomentNet: a frozen eps-network plus heads for E[eps^2] and E[eps^3] that share its single pass.
+
+The paper's assembled network (Eq. finalnoise, Tab. nn2): the heads read the backbone's last decoder
+feature h (the tensor entering the backbone's final GroupNorm/SiLU/conv block) and return per-pixel
+E[eps^n | x_t]. ``forward(x, t)`` returns cat([e1, e2, e3], dim=1), e1 being the backbone's own eps.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..schedule import Schedule
+from ._common import GroupNorm32, check_state_dict, format_call, group_count, materialize, read_torch_file
+from .diffusers_unet import DiffusersUNet, is_diffusers_unet
+from .iddpm import IDDPMUNet
+from .pytorch_ddpm import PytorchDDPMUNet
+
+HEADS_FORMAT = "gms_kernels.moment_heads"
+NET_FORMAT = "gms_kernels.moment_net"
+FORMAT_VERSION = 1
+HEAD_KINDS = ("conv", "res_conv")
+ORDERS = ((2,), (2, 3))
+
+
+def as_backbone(model: nn.Module) -> nn.Module:
+    """The model itself when it exposes ``forward_features`` (this package's UNets), a
+    :class:`DiffusersUNet` around a diffusers UNet2DModel; TypeError otherwise."""
+    if is_diffusers_unet(model):
+        return DiffusersUNet(model)
+    needed = ("forward_features", "feature_channels", "temb_channels", "eps_channels")
+    if isinstance(model, nn.Module) and all(hasattr(model, a) for a in needed):
+        return model
+    raise TypeError(f"MomentNet cannot read features from a {type(model).__name__}: use gk.models.PytorchDDPMUNet, "
+                    "gk.models.IDDPMUNet, a diffusers UNet2DModel (or gk.models.DiffusersUNet), or a module with "
+                    "forward_features(x, t) -> (h, temb, output) and feature_channels, temb_channels, eps_channels")
+
+
+class ConvHead(nn.Module):
+    """GroupNorm -> SiLU -> zero-initialised 3x3 conv to the data channels."""
+
+    def __init__(self, channels: int, out_channels: int):
+        super().__init__()
+        self.norm = GroupNorm32(group_count(channels), channels)
+        self.conv = nn.Conv2d(channels, out_channels, 3, padding=1)
+        nn.init.zeros_(self.conv.weight)
+        nn.init.zeros_(self.conv.bias)
+
+    def forward(self, h: torch.Tensor, temb: torch.Tensor | None = None) -> torch.Tensor:
+        return self.conv(F.silu(self.norm(h)))
+
+
+class HeadResBlock(nn.Module):
+    """h + conv(drop(SiLU(GN(conv(SiLU(GN(h))) + W SiLU(temb))))); the second conv starts at zero."""
+
+    def __init__(self, channels: int, temb_channels: int, dropout: float = 0.0):
+        super().__init__()
+        g = group_count(channels)
+        self.norm1 = GroupNorm32(g, channels)
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.temb_proj = nn.Linear(temb_channels, channels)
+        self.norm2 = GroupNorm32(g, channels)
+        self.dropout = nn.Dropout(dropout)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1)
+        nn.init.zeros_(self.conv2.weight)
+        nn.init.zeros_(self.conv2.bias)
+
+    def forward(self, h: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
+        r = self.conv1(F.silu(self.norm1(h)))
+        r = r + self.temb_proj(F.silu(temb)).to(r.dtype)[:, :, None, None]
+        r = self.conv2(self.dropout(F.silu(self.norm2(r))))
+        return h + r
+
+
+class ResConvHead(nn.Module):
+    """One time-conditioned residual block on h, then the :class:`ConvHead`."""
+
+    def __init__(self, channels: int, temb_channels: int, out_channels: int, dropout: float = 0.0):
+        super().__init__()
+        self.res = HeadResBlock(channels, temb_channels, dropout)
+        self.out = ConvHead(channels, out_channels)
+
+    def forward(self, h: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
+        return self.out(self.res(h, temb))
+
+
+class MomentNet(nn.Module):
+    """Frozen backbone + heads: ``forward(x, t) = cat([e1, e2, e3], dim=1)`` from one backbone pass.
+
+    - ``backbone``: :class:`PytorchDDPMUNet`, :class:`IDDPMUNet`, a diffusers ``UNet2DModel`` (wrapped in
+      :class:`DiffusersUNet`), or any module with ``forward_features``. Its parameters are frozen and it
+      stays in eval mode even when ``.train()`` is called on the MomentNet; it runs under no_grad.
+    - ``orders``: (2, 3) for [e1, e2, e3] (GMS) or (2,) for [e1, e2] (SN-DDPM).
+    - ``head``: ``"conv"`` (GroupNorm -> SiLU -> zero-init 3x3 conv) or ``"res_conv"`` (a residual block
+      conditioned on the backbone's time embedding, then the conv head); one head per order.
+    ``time_input`` and ``schedule`` are the backbone's. Train the heads on targets eps^n (MSE).
+    """
+
+    def __init__(self, backbone: nn.Module, orders: Sequence[int] = (2, 3), head: str = "conv",
+                 dropout: float = 0.0):
+        super().__init__()
+        orders = tuple(int(n) for n in orders)
+        if orders not in ORDERS:
+            raise ValueError(f"orders must be (2, 3) (heads e2, e3) or (2,) (head e2), got {orders}")
+        if head not in HEAD_KINDS:
+            raise ValueError(f"unknown head {head!r}; valid: {', '.join(HEAD_KINDS)}")
+        backbone = as_backbone(backbone)
+        backbone.requires_grad_(False)
+        backbone.eval()
+        self.backbone = backbone
+        self.orders, self.head, self.dropout = orders, head, float(dropout)
+        self.channels = int(backbone.eps_channels)
+        f, e = int(backbone.feature_channels), int(backbone.temb_channels)
+        self.heads = nn.ModuleDict({
+            str(n): ConvHead(f, self.channels) if head == "conv" else ResConvHead(f, e, self.channels, dropout)
+            for n in orders})
+
+    # -- what gk.sample reads ------------------------------------------------------------------------
+    @property
+    def time_input(self) -> str:
+        return getattr(self.backbone, "time_input", "index")
+
+    @property
+    def schedule(self) -> Schedule | None:
+        return getattr(self.backbone, "schedule", None)
+
+    @schedule.setter
+    def schedule(self, value: Schedule | None) -> None:
+        self.backbone.schedule = value
+
+    def train(self, mode: bool = True) -> "MomentNet":
+        super().train(mode)
+        self.backbone.eval()
+        return self
+
+    # -- forward -------------------------------------------------------------------------------------
+    def features(self, x: torch.Tensor, t: torch.Tensor | int | float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(h, temb, eps) from one backbone pass, without gradients."""
+        with torch.no_grad():
+            h, temb, out = self.backbone.forward_features(x, t)
+        if out.shape[1] < self.channels:
+            raise ValueError(f"the backbone returned {out.shape[1]} channels, fewer than its {self.channels} eps channels")
+        return h, temb, out[:, :self.channels]
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor | int | float) -> torch.Tensor:
+        h, temb, eps = self.features(x, t)
+        return torch.cat([eps] + [self.heads[str(n)](h, temb).to(eps.dtype) for n in self.orders], dim=1)
+
+    # -- heads alone ---------------------------------------------------------------------------------
+    @property
+    def head_config(self) -> dict[str, Any]:
+        return {"orders": list(self.orders), "head": self.head, "dropout": self.dropout,
+                "family": getattr(self.backbone, "family", type(self.backbone).__name__),
+                "feature_channels": int(self.backbone.feature_channels),
+                "temb_channels": int(self.backbone.temb_channels), "channels": self.channels}
+
+    def save_heads(self, path: str | os.PathLike) -> None:
+        """Save the heads alone: {format, version, config, state_dict} (a few MB)."""
+        torch.save({"format": HEADS_FORMAT, "version": FORMAT_VERSION, "config": self.head_config,
+                    "state_dict": {k: v.detach().cpu() for k, v in self.heads.state_dict().items()}}, path)
+
+    def load_heads(self, path: str | os.PathLike, data: dict | None = None) -> "MomentNet":
+        """Load heads saved by :meth:`save_heads`; their config must match this MomentNet."""
+        path = os.fspath(path)
+        data = read_torch_file(path) if data is None else data
+        cfg = _check_format(data, path, HEADS_FORMAT, "a heads file (MomentNet.save_heads)")
+        ours = self.head_config
+        diff = [k for k in ("orders", "head", "feature_channels", "temb_channels", "channels")
+                if k in cfg and cfg[k] != ours[k]]
+        if diff:
+            found = ", ".join(f"{k}: this MomentNet has {ours[k]!r}, the file {cfg[k]!r}" for k in diff)
+            raise ValueError(f"{path}: the heads were saved for another configuration ({found}). Fix: build "
+                             f"MomentNet(backbone, orders={tuple(cfg.get('orders', ()))}, head={cfg.get('head')!r}) "
+                             f"on a backbone with {cfg.get('feature_channels')} feature / {cfg.get('temb_channels')} "
+                             f"time-embedding channels (family {cfg.get('family')!r}), or use "
+                             "MomentNet.from_heads(backbone, path)")
+        state = data.get("state_dict")
+        if not isinstance(state, dict):
+            raise ValueError(f"{path}: the heads file has no 'state_dict' dict; save it again with save_heads")
+        check_state_dict(self.heads, state, path, f"the heads of MomentNet(orders={self.orders}, head={self.head!r})")
+        self.heads.load_state_dict(state, strict=True)
+        return self
+
+    @classmethod
+    def from_heads(cls, backbone: nn.Module, path: str | os.PathLike, data: dict | None = None) -> "MomentNet":
+        """A MomentNet on ``backbone`` with the orders/head kind and weights stored in a heads file."""
+        path = os.fspath(path)
+        data = read_torch_file(path) if data is None else data
+        cfg = _check_format(data, path, HEADS_FORMAT, "a heads file (MomentNet.save_heads)")
+        try:
+            net = cls(backbone, orders=cfg["orders"], head=cfg["head"], dropout=cfg.get("dropout", 0.0))
+        except KeyError as e:
+            raise ValueError(f"{path}: the heads config lacks {e}; save the heads again with save_heads") from None
+        return net.load_heads(path, data)
+
+    # -- the whole network ---------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike) -> None:
+        """Save backbone config + all weights + head config, loadable by :meth:`load` / gk.models.load."""
+        family = getattr(self.backbone, "family", None)
+        if family not in BACKBONES:
+            raise ValueError(f"save() knows the backbone families {', '.join(BACKBONES)}, not "
+                             f"{type(self.backbone).__name__}: save the heads with save_heads and the backbone yourself")
+        config = self.backbone.config
+        if family == "diffusers":  # the UNet2DModel config as JSON (private entries such as paths dropped)
+            config = json.dumps({k: v for k, v in config.items() if not k.startswith("_") or k == "_class_name"},
+                                default=lambda v: list(v) if isinstance(v, (tuple, set)) else str(v))
+        schedule = getattr(self.backbone, "schedule", None)
+        backbone = {"family": family, "config": config,
+                    "schedule_betas": None if schedule is None else schedule.betas.clone()}
+        if family == "diffusers":
+            backbone["eps_only"] = self.backbone.eps_only
+        torch.save({"format": NET_FORMAT, "version": FORMAT_VERSION, "backbone": backbone, "heads": self.head_config,
+                    "state_dict": {k: v.detach().cpu() for k, v in self.state_dict().items()}}, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, data: dict | None = None, map_location: Any = "cpu") -> "MomentNet":
+        """Rebuild a MomentNet saved with :meth:`save` (offline, weights_only)."""
+        path = os.fspath(path)
+        data = read_torch_file(path, map_location) if data is None else data
+        heads = _check_format(data, path, NET_FORMAT, "a MomentNet file (MomentNet.save)", config_key="heads")
+        spec, state = data.get("backbone"), data.get("state_dict")
+        if not isinstance(spec, dict) or spec.get("family") not in BACKBONES or not isinstance(state, dict):
+            raise ValueError(f"{path}: the MomentNet file lacks a valid 'backbone' (family one of "
+                             f"{', '.join(BACKBONES)}) or 'state_dict'; save it again with MomentNet.save")
+        try:
+            backbone, on_meta = BACKBONES[spec["family"]](spec)
+            with torch.device("meta" if on_meta else "cpu"):
+                net = cls(backbone, orders=heads["orders"], head=heads["head"], dropout=heads.get("dropout", 0.0))
+        except (TypeError, ValueError, KeyError) as e:
+            raise ValueError(f"{path}: cannot rebuild the network from its stored config ({type(e).__name__}: {e})") from None
+        described = format_call(f"MomentNet[{spec['family']}]", {"orders": heads.get("orders"), "head": heads.get("head")})
+        check_state_dict(net, state, path, described)
+        if on_meta:
+            materialize(net, state, map_location or "cpu")
+        else:
+            net.load_state_dict(state, strict=True)
+            if isinstance(map_location, (str, torch.device)):
+                net.to(map_location)
+        betas = spec.get("schedule_betas")
+        if betas is not None:
+            net.schedule = Schedule.from_betas(betas)
+        return net.eval()
+
+
+def _check_format(data: Any, path: str, fmt: str, what: str, config_key: str = "config") -> dict:
+    if not isinstance(data, dict) or data.get("format") != fmt:
+        found = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise ValueError(f"{path}: not {what}: expected format tag {fmt!r}, found {found!r}. "
+                         "Pick the loader that matches the file (gk.models.load(path) detects it)")
+    if data.get("version", FORMAT_VERSION) > FORMAT_VERSION:
+        raise ValueError(f"{path}: format version {data.get('version')} is newer than this gms_kernels "
+                         f"understands ({FORMAT_VERSION}); upgrade gms_kernels")
+    cfg = data.get(config_key)
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path}: {what} without its {config_key!r} dict; save it again")
+    return cfg
+
+
+def _build_pytorch_ddpm(spec: dict) -> tuple[nn.Module, bool]:
+    with torch.device("meta"):
+        return PytorchDDPMUNet(**spec["config"]), True
+
+
+def _build_iddpm(spec: dict) -> tuple[nn.Module, bool]:
+    with torch.device("meta"):
+        return IDDPMUNet(**spec["config"]), True
+
+
+def _build_diffusers(spec: dict) -> tuple[nn.Module, bool]:
+    from diffusers import UNet2DModel
+
+    config = spec["config"]
+    config = json.loads(config) if isinstance(config, str) else dict(config)
+    return DiffusersUNet(UNet2DModel.from_config(config), eps_only=spec.get("eps_only")), False
+
+
+BACKBONES = {"pytorch-ddpm": _build_pytorch_ddpm, "improved-diffusion": _build_iddpm, "diffusers": _build_diffusers}
