@@ -1,0 +1,520 @@
+"""The fused GMS step as one Triton kernel (moments -> fit -> mixture sampling in one memory pass).
+
+Contract: ``gms_kernels.kernels`` (``fused_step`` and :class:`FusedStepConfig`); the torch reference
+(``solvers.gms_step`` / ``solver_step``) defines what is computed. Per element:
+
+* x_t and the heads are read in their own dtypes (fp16/bf16/fp32/fp64) and upcast to fp64; a head
+  sliced out of the concatenated model output is read in place (per-sample row stride);
+* M1, Var, M3 and kappa3 are computed in fp64 with the operations of ``moments.py`` in the same
+  order (only +, -, *, /, min/max/where) and FMA contraction off, so they are bit-identical to the
+  reference wherever fp64 +-*/ are IEEE (the interpreter; CUDA too, untested);
+* GAUSSIAN and CLOSED fit in fp32 on Var and kappa3 scaled by an exact power of two taken from
+  Var's exponent: the fit then sees Var in [1, 4) whatever the magnitude of the moments, so
+  kappa3 ~ Var^1.5 neither under- nor overflows fp32. The cube root is exp2(log2|q|/3) plus one
+  Newton step (no libdevice);
+* ADAN runs the loop of ``fit.fit_adan`` on the offsets a = mu1 - M1, b = mu2 - M1 with the
+  residuals written about M1 (the same function without cancelling M1^3-sized terms), in fp64 by
+  default (``ADAN_FP64``): the fit is ill-conditioned, and in fp32 it moves some elements ~1e-3;
+* x_s = M1 + offset + sqrt(s2) z is assembled in fp64 and rounded once to x_t's dtype (via fp32
+  for 16-bit outputs);
+* the random numbers are Philox4x32-10 written out in the kernel: the same words as ``random.py``
+  (and ``tl.randint``), the uniform and Box-Muller exactly as ``tl.rand`` / ``tl.randn``.
+
+The kernel uses only builtins of ``triton.language`` (no ``@triton.jit`` library functions such as
+``tl.zeros`` or ``tl.rand``), so CPU tensors run through the interpreter whatever
+``TRITON_INTERPRET`` said when triton was imported.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from ..fit import ADAN_BETA_BOUNDS, ADAN_BETAS, ADAN_EPS, ADAN_INIT_BETA, ADAN_INIT_GAP, MixtureParams
+from ..random import MAX_INDEX, STREAM_COMPONENT, STREAM_STEP_NOISE, counter
+from . import MODE_ADAN, MODE_CLOSED, MODE_DENOISE, MODE_GAUSSIAN, FusedStepConfig
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the installation
+    triton = None
+
+MODE_DEBUG_RNG = -1  # internal: writes the raw Philox words, u and z (tests of the in-kernel streams)
+_MODES = (MODE_GAUSSIAN, MODE_CLOSED, MODE_ADAN, MODE_DENOISE, MODE_DEBUG_RNG)
+
+# One config per mode (no autotuning: the interpreter cannot run several configs): (BLOCK, num_warps).
+# The fits keep one element per thread; ptxas for sm_90a (fp32 I/O, no spills): CLOSED 92 registers,
+# ADAN 124 (fp64 loop; 74 in fp32), GAUSSIAN 71, DENOISE 50. Two elements per thread would take
+# CLOSED to 128 and ADAN-fp32 to 156. Untuned: measure on the H100 before changing.
+GPU_CONFIGS = {MODE_GAUSSIAN: (512, 4), MODE_DENOISE: (512, 4), MODE_CLOSED: (256, 8), MODE_ADAN: (256, 8),
+               MODE_DEBUG_RNG: (512, 4)}
+INTERPRETER_BLOCK = 1024
+# FMA contraction off: the fp64 moments then round exactly like the torch reference (IEEE +-*/)
+FP_FUSION = False
+# ADAN's loop in fp64 (default) or fp32. fit_adan is ill-conditioned: perturbing its input moments
+# by 1e-15 (relative) moves mu1/mu2 of some elements by ~1e-11 after 25 iterations of lr 0.06 and by
+# ~1e-6 after 70. With fp32 rounding (~1e-7), 1-2% of the elements of a test batch moved by more
+# than 1e-5 (up to 2e-3) after 5-25 iterations, and over half of them (up to 0.08) after 70; the
+# fp64 loop stays within the reference's own sensitivity. fp32 should be faster (an H100 runs fp64
+# at half the fp32 rate; unmeasured) and gives equally valid samples, but not the reference's.
+ADAN_FP64 = True
+
+# Slots of the fp64 scalar table. Every product of Python floats is formed on the host exactly as
+# the reference forms it, so the device sees the same fp64 constants. (Globals a kernel reads must
+# be tl.constexpr; the host reads the same objects through _slot.)
+_cx = tl.constexpr if triton is not None else (lambda v: v)
+(S_A_T, S_SIGMA_T, S_RR, S_TWO_SIGMA, S_SIGMA_SQ, S_A_SQ, S_THREE_SIGMA, S_THREE_SIGMA_SQ, S_SIGMA_CU, S_A_CU,
+ S_C, S_H, S_H_SQ, S_TWO_C, S_CC, S_THREE_C, S_THREE_C_C, S_C_CU, S_H_CU, S_TWO_C_H, S_HH, S_THREE_C_C_H,
+ S_THREE_C_H_H, S_C1, S_C2, S_LAM2, S_C2_SQ, S_C2_CU, S_THREE_LAM2, S_VAR_CAP,
+ S_W1, S_W2, S_W1W2, S_INV_SKEW, S_VAR_FLOOR, S_GRAD_SCALE) = (_cx(i) for i in range(36))
+_N_SCALARS = 36
+
+
+def _slot(c) -> int:
+    return int(getattr(c, "value", c))
+
+
+def available() -> bool:
+    """True when triton can be imported: CUDA tensors then run compiled, CPU tensors in the interpreter."""
+    return triton is not None
+
+
+def _scalar_table(cfg: FusedStepConfig) -> list[float]:
+    """The fp64 scalars of one step, each formed like the corresponding expression in moments.py."""
+    s, a = cfg.sigma_t, cfg.a_t
+    r = s / a
+    c, h = (cfg.center, cfg.half) if cfg.has_range else (0.0, 1.0)
+    c1, c2, lam2 = cfg.c1, cfg.c2, cfg.lam2
+    w1 = cfg.w1
+    w2 = 1.0 - w1
+    slots = [
+        # x0_moments
+        (S_A_T, a), (S_SIGMA_T, s), (S_RR, r * r), (S_TWO_SIGMA, 2 * s), (S_SIGMA_SQ, s**2), (S_A_SQ, a**2),
+        (S_THREE_SIGMA, 3 * s), (S_THREE_SIGMA_SQ, 3 * s**2), (S_SIGMA_CU, s**3), (S_A_CU, a**3),
+        # clamp_x0_moments
+        (S_C, c), (S_H, h), (S_H_SQ, h**2), (S_TWO_C, 2 * c), (S_CC, c * c), (S_THREE_C, 3 * c),
+        (S_THREE_C_C, 3 * c * c), (S_C_CU, c**3), (S_H_CU, h**3), (S_TWO_C_H, 2 * c * h), (S_HH, h * h),
+        (S_THREE_C_C_H, 3 * c * c * h), (S_THREE_C_H_H, 3 * c * h * h),
+        # transition moments, last-step cap
+        (S_C1, c1), (S_C2, c2), (S_LAM2, lam2), (S_C2_SQ, c2**2), (S_C2_CU, c2**3), (S_THREE_LAM2, 3 * lam2),
+        (S_VAR_CAP, cfg.var_cap),
+        # fits
+        (S_W1, w1), (S_W2, w2), (S_W1W2, w1 * w2), (S_INV_SKEW, 1.0 / (w1 * w2 * (w2 - w1)) if w1 != w2 else 0.0),
+        (S_VAR_FLOOR, cfg.var_floor), (S_GRAD_SCALE, cfg.grad_scale),
+    ]
+    table = [0.0] * _N_SCALARS
+    for slot, value in slots:
+        table[_slot(slot)] = float(value)
+    return table
+
+
+def _adan_table(cfg: FusedStepConfig) -> list[float]:
+    """Per iteration k (from 1): lr/(1-b1^k), lr*b2/(1-b2^k), sqrt(1-b3^k)."""
+    b1, b2, b3 = ADAN_BETAS
+    rows = []
+    for k, lr in enumerate(cfg.lrs, start=1):
+        rows += [lr / (1 - b1**k), lr * b2 / (1 - b2**k), math.sqrt(1 - b3**k)]
+    return rows or [0.0]
+
+
+@functools.lru_cache(maxsize=64)
+def _device_tables(cfg: FusedStepConfig, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    scal = torch.tensor(_scalar_table(cfg), dtype=torch.float64, device=device)
+    adan = torch.tensor(_adan_table(cfg), dtype=torch.float64, device=device)
+    bases = torch.tensor([counter(STREAM_STEP_NOISE, cfg.t, 0), counter(STREAM_COMPONENT, cfg.t, 0)],
+                         dtype=torch.int64, device=device)
+    return scal, adan, bases
+
+
+if triton is not None:
+    # the ADAN settings as compile-time constants (read by the kernel as globals)
+    ADAN_B1 = tl.constexpr(ADAN_BETAS[0])
+    ADAN_B2 = tl.constexpr(ADAN_BETAS[1])
+    ADAN_B3 = tl.constexpr(ADAN_BETAS[2])
+    ADAN_EPS_C = tl.constexpr(ADAN_EPS)
+    ADAN_GAP = tl.constexpr(ADAN_INIT_GAP)
+    ADAN_BETA0 = tl.constexpr(ADAN_INIT_BETA)
+    ADAN_BETA_LO = tl.constexpr(ADAN_BETA_BOUNDS[0])
+    ADAN_BETA_HI = tl.constexpr(ADAN_BETA_BOUNDS[1])
+
+    @triton.jit
+    def _gms_step_kernel(X, E1, E2, E3, SEEDS, IDX, OUT, MU1, MU2, S2, SCAL, ADAN, BASES,
+                         total, D, sx, se1, se2, se3,
+                         MODE: tl.constexpr, NEED_VAR: tl.constexpr, NEED_M3: tl.constexpr,
+                         HAS_RANGE: tl.constexpr, PER_PIXEL: tl.constexpr,
+                         WRITE_PARAMS: tl.constexpr, ITERS: tl.constexpr, ADAN_DTYPE: tl.constexpr,
+                         OUT_FP64: tl.constexpr,
+                         BLOCK: tl.constexpr):
+        pid = tl.program_id(0).to(tl.int64)
+        e = pid * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
+        mask = e < total
+        i = e // D  # sample
+        j = e - i * D  # element within the sample
+
+        seed = tl.load(SEEDS + i, mask=mask, other=0)
+        gidx = tl.load(IDX + i, mask=mask, other=0)
+
+        # ---- random numbers: Philox4x32-10 keyed by the seed, counters (offset lo, offset hi, 0, 0)
+        k0 = seed.to(tl.uint32)
+        k1 = (seed >> 32).to(tl.uint32)
+        elem = gidx * D + j
+        off_z = tl.load(BASES) | elem
+        if PER_PIXEL:
+            off_u = tl.load(BASES + 1) | elem
+        else:
+            off_u = tl.load(BASES + 1) | gidx
+        za = off_z.to(tl.uint32)
+        zb = (off_z >> 32).to(tl.uint32)
+        zc = za * 0
+        zd = za * 0
+        ua = off_u.to(tl.uint32)
+        ub = (off_u >> 32).to(tl.uint32)
+        uc = ua * 0
+        ud = ua * 0
+        for _r in tl.static_range(10):
+            z_hi_b = tl.umulhi(zc, 0xCD9E8D57)
+            z_hi_a = tl.umulhi(za, 0xD2511F53)
+            u_hi_b = tl.umulhi(uc, 0xCD9E8D57)
+            u_hi_a = tl.umulhi(ua, 0xD2511F53)
+            z_lo_b = tl.mul(zc, 0xCD9E8D57, sanitize_overflow=False)
+            z_lo_a = tl.mul(za, 0xD2511F53, sanitize_overflow=False)
+            u_lo_b = tl.mul(uc, 0xCD9E8D57, sanitize_overflow=False)
+            u_lo_a = tl.mul(ua, 0xD2511F53, sanitize_overflow=False)
+            za, zb, zc, zd = z_hi_b ^ zb ^ k0, z_lo_b, z_hi_a ^ zd ^ k1, z_lo_a
+            ua, ub, uc, ud = u_hi_b ^ ub ^ k0, u_lo_b, u_hi_a ^ ud ^ k1, u_lo_a
+            k0 = tl.add(k0, 0x9E3779B9, sanitize_overflow=False)
+            k1 = tl.add(k1, 0xBB67AE85, sanitize_overflow=False)
+        # uint32 -> [0, 1): bitcast to int32, fold negatives, times 2^-31 (tl.rand's rule)
+        v = ua.to(tl.int32, bitcast=True)
+        u = tl.where(v < 0, ~v, v).to(tl.float32) * 4.6566127342e-10
+        v = za.to(tl.int32, bitcast=True)
+        u1 = tl.where(v < 0, ~v, v).to(tl.float32) * 4.6566127342e-10
+        v = zb.to(tl.int32, bitcast=True)
+        u2 = tl.where(v < 0, ~v, v).to(tl.float32) * 4.6566127342e-10
+        u1 = tl.maximum(1.0e-7, u1)
+        z = tl.sqrt(-2.0 * tl.log(u1)) * tl.cos(6.283185307179586 * u2)  # tl.randn's Box-Muller
+        z64 = z.to(tl.float64)
+
+        if MODE == -1:  # MODE_DEBUG_RNG
+            tl.store(OUT + e, z, mask=mask)
+            tl.store(MU1 + e, za.to(tl.float32, bitcast=True), mask=mask)
+            tl.store(MU2 + e, zb.to(tl.float32, bitcast=True), mask=mask)
+            tl.store(S2 + e, u, mask=mask)
+        else:
+            # ---- moments of q(x0|x_t) in fp64 (moments.x0_moments, same operations, same order)
+            x = tl.load(X + i * sx + j, mask=mask, other=0.0).to(tl.float64)
+            e1 = tl.load(E1 + i * se1 + j, mask=mask, other=0.0).to(tl.float64)
+            mean = (x - tl.load(SCAL + S_SIGMA_T) * e1) / tl.load(SCAL + S_A_T)
+            if NEED_VAR:  # every mode but DENOISE
+                e2 = tl.load(E2 + i * se2 + j, mask=mask, other=0.0).to(tl.float64)
+                var = tl.load(SCAL + S_RR) * (e2 - e1 * e1)
+            if NEED_M3:  # CLOSED / ADAN
+                e3 = tl.load(E3 + i * se3 + j, mask=mask, other=0.0).to(tl.float64)
+                xx = x * x
+                m2 = xx - tl.load(SCAL + S_TWO_SIGMA) * x * e1 + tl.load(SCAL + S_SIGMA_SQ) * e2
+                m2 = m2 / tl.load(SCAL + S_A_SQ)
+                m3 = (xx * x - tl.load(SCAL + S_THREE_SIGMA) * xx * e1
+                      + tl.load(SCAL + S_THREE_SIGMA_SQ) * x * e2 - tl.load(SCAL + S_SIGMA_CU) * e3)
+                m3 = m3 / tl.load(SCAL + S_A_CU)
+            # ---- clamps of the data normalised to [-1, 1] (moments.clamp_x0_moments)
+            if HAS_RANGE:
+                c = tl.load(SCAL + S_C)
+                h = tl.load(SCAL + S_H)
+                h_sq = tl.load(SCAL + S_H_SQ)
+                mean_y = tl.minimum(tl.maximum((mean - c) / h, -1.0), 1.0)
+                if NEED_VAR:
+                    var = tl.minimum(tl.maximum(var / h_sq, 0.0), 1.0) * h_sq
+                if NEED_M3:
+                    cc = tl.load(SCAL + S_CC)
+                    c_cu = tl.load(SCAL + S_C_CU)
+                    h_cu = tl.load(SCAL + S_H_CU)
+                    m2_y = (m2 - tl.load(SCAL + S_TWO_C) * mean + cc) / h_sq
+                    m2_y = tl.minimum(tl.maximum(m2_y, 0.0), 1.0)
+                    m3_y = (m3 - tl.load(SCAL + S_THREE_C) * m2 + tl.load(SCAL + S_THREE_C_C) * mean - c_cu) / h_cu
+                    m3_y = tl.where(tl.abs(m3_y) > tl.abs(mean_y), mean_y, m3_y)
+                    m3_y = tl.minimum(tl.maximum(m3_y, -1.0), 1.0)
+                    m2 = cc + tl.load(SCAL + S_TWO_C_H) * mean_y + tl.load(SCAL + S_HH) * m2_y
+                    m3 = (c_cu + tl.load(SCAL + S_THREE_C_C_H) * mean_y + tl.load(SCAL + S_THREE_C_H_H) * m2_y
+                          + h_cu * m3_y)
+                mean = c + h * mean_y
+            # ---- moments of q(x_s|x_t) (moments.transition_moments)
+            c1 = tl.load(SCAL + S_C1)
+            c2 = tl.load(SCAL + S_C2)
+            c2_sq = tl.load(SCAL + S_C2_SQ)
+            m1 = c1 * x + c2 * mean
+            if NEED_VAR:
+                var = tl.load(SCAL + S_LAM2) + c2_sq * var
+                if HAS_RANGE:
+                    var = tl.minimum(tl.maximum(var, 0.0), tl.load(SCAL + S_H_SQ))
+            if NEED_M3:
+                c1x = c1 * x
+                c1x_sq = c1x * c1x
+                m3 = (c1x_sq * c1x + 3 * c1x_sq * c2 * mean + 3 * c1x * c2_sq * m2
+                      + tl.load(SCAL + S_C2_CU) * m3) + tl.load(SCAL + S_THREE_LAM2) * m1
+
+            w1 = tl.load(SCAL + S_W1).to(tl.float32)
+            off1 = tl.full([BLOCK], 0.0, tl.float64)  # mu1 - M1
+            off2 = tl.full([BLOCK], 0.0, tl.float64)  # mu2 - M1
+            sd = tl.full([BLOCK], 0.0, tl.float64)  # sqrt(s2)
+            s2out = tl.full([BLOCK], 0.0, tl.float32)
+            if MODE <= 1:  # GAUSSIAN (0) / CLOSED (1): fit on Var scaled by 2^(-2p)
+                if MODE == 0:
+                    vfit = tl.minimum(tl.maximum(var, 0.0), tl.load(SCAL + S_VAR_CAP))
+                else:
+                    vfit = tl.maximum(var, 0.0)
+                    kappa3 = m3 - 3 * m1 * vfit - m1 * m1 * m1
+                biased = (vfit.to(tl.int64, bitcast=True) >> 52) & 0x7FF
+                p = tl.where((biased > 0) & (biased < 0x7FF), (biased - 1023) >> 1, 0)
+                up = ((p + 1023) << 52).to(tl.float64, bitcast=True)  # 2^p
+                down = ((1023 - p) << 52).to(tl.float64, bitcast=True)  # 2^-p
+                vs = (vfit * down * down).to(tl.float32)  # in [1, 4) unless 0, denormal or inf
+                if MODE == 0:
+                    s2s = vs
+                else:
+                    ks = (kappa3 * down * down * down).to(tl.float32)
+                    w2 = tl.load(SCAL + S_W2).to(tl.float32)
+                    w1w2 = tl.load(SCAL + S_W1W2).to(tl.float32)
+                    q = ks * tl.load(SCAL + S_INV_SKEW).to(tl.float32)
+                    aq = tl.abs(q)
+                    safe = tl.where(aq > 0.0, aq, 1.0)
+                    y = tl.exp2(tl.log2(safe) * 0.3333333333333333)
+                    ok = (aq > 0.0) & (y > 0.0) & (y < float("inf"))
+                    ys = tl.where(ok, y, 1.0)
+                    y = tl.where(ok, ys + (safe / (ys * ys) - ys) * 0.3333333333333333,
+                                 tl.where(aq > 0.0, y, 0.0))  # one Newton step for y^3 = |q|
+                    delta = tl.where(q < 0.0, -y, y)
+                    s2s = vs - w1w2 * (delta * delta)
+                    floor = tl.load(SCAL + S_VAR_FLOOR).to(tl.float32) * vs
+                    too_skewed = s2s < floor
+                    s2s = tl.where(too_skewed, floor, s2s)
+                    max_delta = tl.sqrt(tl.maximum(vs - floor, 0.0) / w1w2)
+                    signed_max = tl.where(delta < 0.0, -max_delta, tl.where(delta > 0.0, max_delta, 0.0))
+                    delta = tl.where(too_skewed, signed_max, delta)
+                    delta64 = delta.to(tl.float64) * up
+                    off1 = w2.to(tl.float64) * delta64
+                    off2 = -(w1.to(tl.float64) * delta64)
+                sd = tl.sqrt(tl.maximum(s2s, 0.0)).to(tl.float64) * up
+                s2out = (s2s.to(tl.float64) * up * up).to(tl.float32)
+            if MODE == 2:  # ADAN (fit.fit_adan) on a = mu1 - M1, b = mu2 - M1, in ADAN_DTYPE
+                kap = (m3 - 3 * m1 * var - m1 * m1 * m1).to(ADAN_DTYPE)
+                mf = m1.to(ADAN_DTYPE)
+                vf = var.to(ADAN_DTYPE)
+                aw1 = tl.load(SCAL + S_W1).to(ADAN_DTYPE)
+                w2 = tl.load(SCAL + S_W2).to(ADAN_DTYPE)
+                gs = tl.load(SCAL + S_GRAD_SCALE).to(ADAN_DTYPE)
+                a = tl.full([BLOCK], 0.0, ADAN_DTYPE)
+                b = tl.full([BLOCK], -ADAN_GAP, ADAN_DTYPE)
+                beta = tl.full([BLOCK], ADAN_BETA0, ADAN_DTYPE)
+                ma = tl.full([BLOCK], 0.0, ADAN_DTYPE)
+                mb = tl.full([BLOCK], 0.0, ADAN_DTYPE)
+                mc = tl.full([BLOCK], 0.0, ADAN_DTYPE)
+                va = tl.full([BLOCK], 0.0, ADAN_DTYPE)
+                vb = tl.full([BLOCK], 0.0, ADAN_DTYPE)
+                vc = tl.full([BLOCK], 0.0, ADAN_DTYPE)
+                na = tl.full([BLOCK], 0.0, ADAN_DTYPE)
+                nb = tl.full([BLOCK], 0.0, ADAN_DTYPE)
+                nc = tl.full([BLOCK], 0.0, ADAN_DTYPE)
+                pa = tl.full([BLOCK], 0.0, ADAN_DTYPE)
+                pb = tl.full([BLOCK], 0.0, ADAN_DTYPE)
+                pc = tl.full([BLOCK], 0.0, ADAN_DTYPE)
+                for k in range(ITERS):
+                    s2 = beta * vf
+                    cm1 = aw1 * a + w2 * b  # central moments of the mixture about M1
+                    cm2 = aw1 * (a * a) + w2 * (b * b) + s2
+                    cm3 = aw1 * (a * a * a + 3.0 * a * s2) + w2 * (b * b * b + 3.0 * b * s2)
+                    r1 = cm1  # = g1 - M1
+                    r2 = 2.0 * mf * cm1 + (cm2 - vf)  # = g2 - (M1^2 + Var)
+                    r3 = 3.0 * mf * mf * cm1 + 3.0 * mf * (cm2 - vf) + (cm3 - kap)  # = g3 - M3
+                    mu1 = mf + a
+                    mu2 = mf + b
+                    ga = gs * aw1 * (r1 + 2.0 * mu1 * r2 + 3.0 * (mu1 * mu1 + s2) * r3)
+                    gb = gs * w2 * (r1 + 2.0 * mu2 * r2 + 3.0 * (mu2 * mu2 + s2) * r3)
+                    gc = gs * vf * (r2 + 3.0 * (mf + cm1) * r3)
+                    f1 = tl.load(ADAN + 3 * k).to(ADAN_DTYPE)
+                    f2 = tl.load(ADAN + 3 * k + 1).to(ADAN_DTYPE)
+                    corr = tl.load(ADAN + 3 * k + 2).to(ADAN_DTYPE)
+                    da = tl.where(k > 0, ga - pa, 0.0)
+                    db = tl.where(k > 0, gb - pb, 0.0)
+                    dc = tl.where(k > 0, gc - pc, 0.0)
+                    ma = ma * ADAN_B1 + ga * (1.0 - ADAN_B1)
+                    mb = mb * ADAN_B1 + gb * (1.0 - ADAN_B1)
+                    mc = mc * ADAN_B1 + gc * (1.0 - ADAN_B1)
+                    va = va * ADAN_B2 + da * (1.0 - ADAN_B2)
+                    vb = vb * ADAN_B2 + db * (1.0 - ADAN_B2)
+                    vc = vc * ADAN_B2 + dc * (1.0 - ADAN_B2)
+                    ta = ga + ADAN_B2 * da
+                    tb = gb + ADAN_B2 * db
+                    tc = gc + ADAN_B2 * dc
+                    na = na * ADAN_B3 + (ta * ta) * (1.0 - ADAN_B3)
+                    nb = nb * ADAN_B3 + (tb * tb) * (1.0 - ADAN_B3)
+                    nc = nc * ADAN_B3 + (tc * tc) * (1.0 - ADAN_B3)
+                    dena = tl.sqrt(na) / corr + ADAN_EPS_C
+                    denb = tl.sqrt(nb) / corr + ADAN_EPS_C
+                    denc = tl.sqrt(nc) / corr + ADAN_EPS_C
+                    a = a - (f1 * ma / dena + f2 * va / dena)
+                    b = b - (f1 * mb / denb + f2 * vb / denb)
+                    beta = beta - (f1 * mc / denc + f2 * vc / denc)
+                    beta = tl.minimum(tl.maximum(beta, ADAN_BETA_LO), ADAN_BETA_HI)
+                    pa = ga
+                    pb = gb
+                    pc = gc
+                # overflow of the optimiser state (fp32 only, moments far outside the data's scale):
+                # fall back to the Gaussian N(M1, Var) rather than emit NaN
+                fin = (tl.abs(a) < float("inf")) & (tl.abs(b) < float("inf")) & (tl.abs(beta) < float("inf"))
+                a = tl.where(fin, a, 0.0)
+                b = tl.where(fin, b, 0.0)
+                beta = tl.where(fin, beta, 1.0)
+                s2fit = tl.maximum(beta * vf, 0.0).to(tl.float64)
+                s2out = (beta * vf).to(tl.float32)
+                off1 = a.to(tl.float64)
+                off2 = b.to(tl.float64)
+                sd = tl.sqrt(s2fit)
+
+            if MODE == 3:  # DENOISE
+                xs = m1
+            elif MODE == 0:  # GAUSSIAN
+                xs = m1 + sd * z64
+            else:
+                first = u < w1
+                xs = m1 + tl.where(first, off1, off2) + sd * z64
+            if OUT_FP64:
+                tl.store(OUT + e, xs, mask=mask)
+            else:
+                tl.store(OUT + e, xs.to(tl.float32).to(OUT.dtype.element_ty), mask=mask)
+            if WRITE_PARAMS:
+                tl.store(MU1 + e, (m1 + off1).to(tl.float32), mask=mask)
+                tl.store(MU2 + e, (m1 + off2).to(tl.float32), mask=mask)
+                tl.store(S2 + e, s2out, mask=mask)
+
+
+def _is_interpreted(fn) -> bool:
+    return type(fn).__name__ == "InterpretedFunction"
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_kernel():
+    """The kernel run by Triton's interpreter (for CPU tensors), whatever TRITON_INTERPRET was at import."""
+    if _is_interpreted(_gms_step_kernel):
+        return _gms_step_kernel
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return InterpretedFunction(_gms_step_kernel.fn)
+
+
+def _launch_compiled(grid, *args, **kwargs) -> None:
+    _gms_step_kernel[grid](*args, **kwargs)
+
+
+def _launch_interpreted(grid, *args, **kwargs) -> None:
+    """Run the kernel on CPU tensors in the interpreter, with triton's ``interpret`` knob on for the
+    duration of the launch (parts of triton imported lazily at the first launch check it)."""
+    knobs = getattr(triton, "knobs", None)
+    runtime = getattr(knobs, "runtime", None)
+    if runtime is None or not hasattr(runtime, "scope"):
+        _cpu_kernel()[grid](*args, **kwargs)
+        return
+    with runtime.scope():
+        runtime.interpret = True
+        _cpu_kernel()[grid](*args, **kwargs)
+
+
+def _new_output(shape, dtype, device) -> torch.Tensor:
+    """Allocates every output (a hook for tests, which poison them)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _rows(t: torch.Tensor, like: torch.Tensor, d: int, name: str) -> tuple[torch.Tensor, int]:
+    """``t`` as N rows of d contiguous elements: (tensor, row stride). Views whose rows are contiguous
+    (e.g. one head sliced out of the concatenated model output) are read in place; others are copied."""
+    if t.shape != like.shape:
+        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(like.shape)} (like x_t)")
+    if t.device != like.device:
+        raise ValueError(f"{name} is on {t.device}, x_t on {like.device}")
+    if not t.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point tensor, got {t.dtype}")
+    expected = 1
+    for size, stride in zip(reversed(t.shape[1:]), reversed(t.stride()[1:])):
+        if size != 1 and stride != expected:
+            t = t.contiguous()
+            break
+        expected *= size
+    return t, (t.stride(0) if t.shape[0] > 1 else d)
+
+
+def fused_step(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | None, e3: torch.Tensor | None,
+               seeds: torch.Tensor, indices: torch.Tensor, cfg: FusedStepConfig,
+               return_params: bool = False) -> tuple[torch.Tensor, MixtureParams | None]:
+    """One fused GMS step (see ``gms_kernels.kernels``): x_s in x_t's dtype, and the fitted
+    (mu1, mu2, s2) as fp32 tensors shaped like x_t when ``return_params``.
+
+    GAUSSIAN steps return mu1 = mu2 = M1 and s2 = the variance drawn with; DENOISE returns
+    mu1 = mu2 = M1 and s2 = 0.
+    """
+    if triton is None:
+        raise RuntimeError("the Triton backend needs triton: pip install triton")
+    mode = cfg.mode
+    if mode not in _MODES:
+        raise ValueError(f"unknown fused-step mode {mode}")
+    if x_t.dim() < 1:
+        raise ValueError("x_t must be [N, ...] with a batch dimension")
+    if not x_t.is_floating_point():
+        raise ValueError(f"x_t must be a floating-point tensor, got {x_t.dtype}")
+    needs = {MODE_DENOISE: 1, MODE_GAUSSIAN: 2, MODE_DEBUG_RNG: 0}.get(mode, 3)
+    heads = [e1, e2, e3]
+    for k, h in enumerate(heads[:needs]):
+        if h is None:
+            raise ValueError(f"this fused step needs e{k + 1}, got None")
+    if mode in (MODE_CLOSED, MODE_ADAN) and cfg.w1 == 0.5:
+        raise ValueError("equal weights cannot match a third moment")
+
+    device = x_t.device
+    n = x_t.shape[0]
+    total = x_t.numel()
+    d = total // n if n else 0
+    seeds, indices = torch.as_tensor(seeds), torch.as_tensor(indices)
+    if seeds.numel() != n or indices.numel() != n:
+        raise ValueError(f"seeds and indices must have one entry per sample ({n}), "
+                         f"got {seeds.numel()} and {indices.numel()}")
+    if total and indices.device.type == "cpu":  # (not checked on device tensors: it would sync)
+        if int(indices.min()) < 0 or (int(indices.max()) + 1) * d > MAX_INDEX:
+            raise ValueError("sample indices must lie in [0, 2^40 / elements per sample) for the "
+                             "random-number counter")
+
+    out = _new_output(x_t.shape, x_t.dtype, device)
+    want = return_params or mode == MODE_DEBUG_RNG
+    params = MixtureParams(*(_new_output(x_t.shape, torch.float32, device) for _ in range(3))) if want else None
+    if total == 0:
+        return out, params
+    seeds = seeds.to(device=device, dtype=torch.int64).reshape(-1).contiguous()
+    indices = indices.to(device=device, dtype=torch.int64).reshape(-1).contiguous()
+    x, sx = _rows(x_t, x_t, d, "x_t")
+    rows = [_rows(h, x_t, d, f"e{k + 1}") if k < needs else (x, sx) for k, h in enumerate(heads)]  # (x: unread)
+    scal, adan, bases = _device_tables(cfg, str(device))
+    mu1, mu2, s2 = (params.mu1, params.mu2, params.s2) if want else (out, out, out)  # (out: never written)
+
+    if device.type == "cpu":
+        launch, (block, warps) = _launch_interpreted, (INTERPRETER_BLOCK, 4)
+    else:
+        launch, (block, warps) = _launch_compiled, GPU_CONFIGS[mode]
+    launch((triton.cdiv(total, block),),
+           x, rows[0][0], rows[1][0], rows[2][0], seeds, indices, out, mu1, mu2, s2, scal, adan, bases,
+           total, d, sx, rows[0][1], rows[1][1], rows[2][1],
+           MODE=mode, NEED_VAR=needs >= 2, NEED_M3=needs >= 3, HAS_RANGE=bool(cfg.has_range),
+           PER_PIXEL=bool(cfg.per_pixel), WRITE_PARAMS=bool(return_params),
+           ITERS=len(cfg.lrs) if mode == MODE_ADAN else 0, ADAN_DTYPE=tl.float64 if ADAN_FP64 else tl.float32,
+           OUT_FP64=out.dtype == torch.float64, BLOCK=block, num_warps=warps, enable_fp_fusion=FP_FUSION)
+    return out, params
+
+
+def _draw_streams(seeds: torch.Tensor, indices: torch.Tensor, t: int, shape, per_pixel: bool,
+                  device="cpu") -> dict[str, torch.Tensor]:
+    """Test hook: the kernel's own random numbers for a batch of ``shape`` = (N, ...): the first two
+    Philox words of the noise stream (w0, w1 as int64 holding uint32), z and the component uniform u."""
+    x = torch.zeros(shape, dtype=torch.float32, device=device)
+    cfg = FusedStepConfig(mode=MODE_DEBUG_RNG, t=t, a_t=1.0, sigma_t=0.0, c1=0.0, c2=1.0, lam2=0.0,
+                          per_pixel=per_pixel)
+    z, p = fused_step(x, x, None, None, seeds, indices, cfg)
+    word = lambda f: f.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    return {"w0": word(p.mu1), "w1": word(p.mu2), "z": z, "u": p.s2}

@@ -1,0 +1,497 @@
+"""The fused Triton GMS step against the float64 torch reference (``gk.step``).
+
+Without CUDA the kernel runs in Triton's interpreter on CPU tensors. TRITON_INTERPRET=1 is set
+here, before this module imports triton (nothing imported above it does: ``import gms_kernels``
+does not import triton), and restored right after, so that it does not leak into other test files.
+The launcher runs CPU tensors through the interpreter whatever the variable said when triton was
+first imported (test_cpu_tensors_run_whatever_the_import_order).
+"""
+import os
+
+import torch
+
+_CUDA = torch.cuda.is_available()
+_PREVIOUS_INTERPRET = os.environ.get("TRITON_INTERPRET")
+if not _CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"
+try:
+    from gms_kernels.kernels import triton_gms as tg  # the first `import triton` of the process
+finally:
+    if _PREVIOUS_INTERPRET is None:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = _PREVIOUS_INTERPRET
+
+import inspect  # noqa: E402
+import math  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+import pytest  # noqa: E402
+
+import gms_kernels as gk  # noqa: E402
+from gms_kernels import random as rng  # noqa: E402
+from gms_kernels.kernels import MODE_ADAN, MODE_CLOSED, MODE_DENOISE, MODE_GAUSSIAN, make_config  # noqa: E402
+from gms_kernels.schedule import DATA  # noqa: E402
+from gms_kernels.solvers import SOLVERS, resolve_options  # noqa: E402
+
+if not tg.available():
+    pytest.skip("triton is not installed", allow_module_level=True)
+
+DEVICE = "cuda" if _CUDA else "cpu"
+SCHEDULE = gk.Schedule.linear()  # T = 1000
+EPS32 = 2.0**-24  # unit roundoff of float32
+EPS64 = 2.0**-53
+# Error of the fp32 fit, in units of the spread it works at: a few ulp from each of the cube root
+# (approximate exp2/log2 plus one Newton step), sqrt and division, with margin for the GPU's
+# approximate fp32 sqrt/division (~2 ulp each).
+FIT_ULPS = 64
+
+
+@pytest.fixture(autouse=True)
+def poisoned_outputs(monkeypatch):
+    """Every output buffer starts as NaN, so an element the kernel does not write fails the test."""
+    def nan_empty(shape, dtype, device):
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+    monkeypatch.setattr(tg, "_new_output", nan_empty)
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs
+
+
+def heads_from_x0(x_t, mean0, var0, k3_0, t):
+    """Heads e1, e2, e3 of an x0 distribution with mean, variance and third central moment given:
+    eps = (x_t - a x0)/sigma, so E[eps^n] follows from the moments of x0 (all fp64)."""
+    a, s = SCHEDULE.alpha(t), SCHEDULE.sigma(t)
+    dev = x_t - a * mean0
+    e1 = dev / s
+    e2 = (dev**2 + a**2 * var0) / s**2
+    e3 = (dev**3 + 3 * dev * a**2 * var0 - a**3 * k3_0) / s**3
+    return e1, e2, e3
+
+
+def make_inputs(shape, t, kind="mixed", seed=0):
+    """x_t and the concatenated model output [N, 3C, ...] (fp64) for a named family of moments."""
+    g = torch.Generator().manual_seed(seed)
+    rand = lambda *lead: torch.rand(*lead, *shape, generator=g, dtype=torch.float64)
+    randn = lambda: torch.randn(*shape, generator=g, dtype=torch.float64)
+    a, s = SCHEDULE.alpha(t), SCHEDULE.sigma(t)
+    if kind == "mixed":  # data-like moments, some means outside [-1, 1], skew inside and far outside
+        mean0 = rand() * 2.6 - 1.3
+        var0 = torch.exp(rand() * math.log(1e-5)) * 0.5  # 5e-6 .. 0.5
+        k3_0 = (rand() * 2 - 1) * torch.where(rand() < 0.3, 40.0, 1.5) * var0**1.5
+    elif kind == "tiny":  # tiny variance (the fit works at scale 1e-13)
+        mean0 = rand() * 1.6 - 0.8
+        var0 = torch.exp(rand() * 4 - 2) * 1e-26
+        k3_0 = (rand() * 2 - 1) * 3 * var0**1.5
+    elif kind == "huge":  # huge variance and mean (no clamps apply without a data range)
+        mean0 = (rand() * 2 - 1) * 1e4
+        var0 = torch.exp(rand() * 4 - 2) * 1e12
+        k3_0 = (rand() * 2 - 1) * 3 * var0**1.5
+    elif kind == "skewed":  # skew far outside what a two-component mixture with (1/3, 2/3) can match
+        mean0 = rand() * 1.6 - 0.8
+        var0 = torch.exp(rand() * 3 - 5)
+        k3_0 = torch.where(rand() < 0.5, -1.0, 1.0) * (50 + 1e3 * rand()) * var0**1.5
+    elif kind == "raw":  # unconstrained heads: negative variances, any skew
+        x_t = randn()
+        e1 = randn()
+        e2 = e1**2 + randn() * 0.3
+        e3 = randn() * 3
+        return x_t, torch.cat([e1, e2, e3], dim=1)
+    else:
+        raise ValueError(kind)
+    x_t = a * (mean0 + var0.sqrt() * randn())
+    if kind != "tiny":  # (keeps e2 - e1^2 resolvable in fp64 for tiny variances)
+        x_t = x_t + s * randn()
+    return x_t, torch.cat(heads_from_x0(x_t, mean0, var0, k3_0, t), dim=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# reference and comparison
+
+
+def reference_step(x_t, out, t, s, solver, seed, data_range, first_index=0, **opts):
+    kw = {"backend": "torch"} if "backend" in inspect.signature(gk.step).parameters else {}
+    return gk.step(x_t.double(), out.double(), t, s, SCHEDULE, solver, generator=seed, data_range=data_range,
+                   first_index=first_index, return_info=True, **kw, **opts)
+
+
+def run_kernel(x_t, out, t, s, solver, seed, data_range, first_index=0, **opts):
+    """The launcher on the same inputs, the heads read as views of the concatenated output."""
+    o = resolve_options(SOLVERS[solver], opts)
+    k = SCHEDULE.coefficients(t, s)
+    n = x_t.shape[0]
+    cfg = make_config(solver, k, data_range, o, SCHEDULE.T, n, x_t[0].numel() if n else 0)
+    heads = list(out.split(x_t.shape[1], dim=1))
+    heads = heads + [None] * (3 - len(heads))
+    src = rng.SampleNoise.create(seed, n, first_index)
+    x_s, p = tg.fused_step(x_t, *heads, src.seeds, src.indices, cfg, return_params=True)
+    return cfg, x_s, p
+
+
+def _ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    fi = torch.finfo(dtype)
+    return x.abs() * fi.eps + fi.tiny * fi.eps
+
+
+def reference_noise(seed, n, shape, t, first_index=0):
+    src = rng.SampleNoise.create(seed, n, first_index)
+    return src.normal(rng.STREAM_STEP_NOISE, t, shape).double(), src
+
+
+def adan_sensitivity(cfg, info, opts):
+    """How far fit_adan's own result moves when its input moments move by a few fp64 ulps: the
+    fit is ill-conditioned (chaotic at 70 iterations of lr 0.06), so two correct fp64
+    implementations that round differently agree only to about this much."""
+    o = resolve_options(SOLVERS["gms"], opts)
+    m1, var, m3 = info["m1"].cpu(), info["var"].cpu(), info["m3"].cpu()
+    spread = torch.zeros_like(m1)
+    for factors in [(1, 1, 1), (1, 1 + 8 * EPS64, 1), (1 + 8 * EPS64, 1, 1), (1, 1, 1 - 8 * EPS64)]:
+        mom = gk.TransitionMoments(m1 * factors[0], var * factors[1], m3 * factors[2])
+        q = gk.fit_adan(mom, o["weights"], o["fit_iters"], o["lr"], cfg.t, SCHEDULE.T, o["adan_mean"])
+        if factors == (1, 1, 1):
+            base = q
+            continue
+        spread = torch.maximum(spread, torch.maximum((q.mu1 - base.mu1).abs(), (q.mu2 - base.mu2).abs()))
+        spread = torch.maximum(spread, (q.s2 - base.s2).abs().sqrt())
+    return spread
+
+
+def compare(cfg, x_t, x_s, p, ref, info, seed, first_index=0, opts=None):
+    """x_s and (mu1, mu2, s2) against the reference, element by element, with error bounds from
+    the precision each part is computed in. Returns how many elements had their component checked."""
+    assert x_s.shape == x_t.shape and x_s.dtype == x_t.dtype
+    assert torch.isfinite(x_s).all(), "non-finite x_s from finite input"
+    for name in ("mu1", "mu2", "s2"):
+        assert getattr(p, name).dtype == torch.float32 and getattr(p, name).shape == x_t.shape
+        assert torch.isfinite(getattr(p, name)).all(), f"non-finite {name} from finite input"
+    xs, ref = x_s.double().cpu(), ref.double().cpu()
+    mu1, mu2, s2 = (getattr(p, n).double().cpu() for n in ("mu1", "mu2", "s2"))
+    n, shape = x_t.shape[0], x_t.shape[1:]
+    z, _ = reference_noise(seed, n, shape, cfg.t, first_index)
+    out_ulp = _ulp(ref, x_t.dtype)
+
+    if cfg.mode == MODE_DENOISE:
+        m1 = info["x0"].cpu()
+        if x_t.dtype == torch.float64:
+            assert torch.equal(xs, ref)  # the same fp64 operations in the same order
+        assert ((xs - ref).abs() <= out_ulp).all()
+        assert torch.equal(mu1, m1.float().double()) and torch.equal(mu2, mu1) and (s2 == 0).all()
+        return
+    m1 = info["m1"].cpu()
+    var = info["var"].cpu()
+    if cfg.mode == MODE_GAUSSIAN:
+        r_mu1 = r_mu2 = m1
+        r_s2 = var.clamp_min(0.0)
+    else:
+        # fit_adan's s2 = beta * Var is negative where Var is (no data range); the kernel reports it so
+        r_mu1, r_mu2, r_s2 = info["mu1"].cpu(), info["mu2"].cpu(), info["s2"].cpu()
+    sd = (r_s2 if cfg.mode == MODE_GAUSSIAN else var).clamp_min(0.0).sqrt()  # the spread drawn with / fitted
+    mag = m1.abs() + r_mu1.abs() + r_mu2.abs()
+    # the fit's error: FIT_ULPS ulps of fp32 at the spread sqrt(Var) (CLOSED fits in fp32; ADAN
+    # runs in fp64 and is far inside this), plus the rounding of the fp32 parameters and of x_s
+    fit_err = FIT_ULPS * EPS32 * sd
+    if cfg.mode == MODE_ADAN:
+        fit_err = fit_err + 10 * adan_sensitivity(cfg, info, opts)
+    mean_tol = fit_err + 8 * EPS64 * mag + 2 * EPS32 * torch.maximum(r_mu1.abs(), r_mu2.abs())
+    s2_tol = 2 * fit_err * sd + FIT_ULPS * EPS32 * r_s2.abs() + torch.finfo(torch.float32).tiny
+    x_tol = fit_err * (1 + z.abs()) + 8 * EPS64 * mag + out_ulp + 2 * EPS32 * xs.abs()
+
+    err_mu1 = (mu1 - r_mu1).abs()
+    err_mu2 = (mu2 - r_mu2).abs()
+    err_s2 = (s2 - r_s2.float().double()).abs()
+    err_x = (xs - ref).abs()
+    bad = (err_mu1 > mean_tol) | (err_mu2 > mean_tol) | (err_s2 > s2_tol) | (err_x > x_tol)
+    assert not bad.any(), (
+        f"{int(bad.sum())} of {bad.numel()} elements out of tolerance; worst x_s error / tol "
+        f"{float((err_x / x_tol).max()):.3g}, mu1 {float((err_mu1 / mean_tol).max()):.3g}, "
+        f"mu2 {float((err_mu2 / mean_tol).max()):.3g}, s2 {float((err_s2 / s2_tol).max()):.3g}")
+
+    if cfg.mode in (MODE_CLOSED, MODE_ADAN):
+        # the component each element took: exactly the reference's (same uniform stream); checked
+        # where the two components are told apart by much more than the tolerance
+        src = rng.SampleNoise.create(seed, n, first_index)
+        u = src.uniform(rng.STREAM_COMPONENT, cfg.t, shape if cfg.per_pixel else ())
+        first_ref = gk.mixture.choose_first_component(u, cfg.w1, r_mu1)
+        noise = s2.clamp_min(0).sqrt() * z
+        took_first = (xs - (mu1 + noise)).abs() < (xs - (mu2 + noise)).abs()
+        apart = (mu1 - mu2).abs() > 100 * x_tol
+        assert torch.equal(took_first[apart], first_ref[apart])
+        return int(apart.sum())
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# the modes against the reference
+
+RANGES = {"range": (-1.0, 1.0), "none": None}
+# an off-centre range exercises every term of the clamps' binomial expansions (centre != 0)
+MODE_RANGES = dict(RANGES, shifted=(-0.5, 2.0))
+MODE_CASES = {
+    # name: (solver, t, s, options, expected mode)
+    "closed-sample": ("gms", 500, 400, {}, MODE_CLOSED),
+    "closed-pixel": ("gms", 500, 400, {"select": "pixel"}, MODE_CLOSED),
+    "closed-t999": ("gms", 999, 899, {}, MODE_CLOSED),
+    "closed-t2": ("gms", 2, 1, {"select": "pixel"}, MODE_CLOSED),
+    "closed-to-data": ("gms", 30, DATA, {"denoise_final": False}, MODE_CLOSED),
+    "adan5-lr0.06": ("gms", 500, 400, {"fit": "adan", "fit_iters": 5, "lr": 0.06}, MODE_ADAN),
+    "adan25-lr0.06-pixel": ("gms", 700, 600, {"fit": "adan", "fit_iters": 25, "select": "pixel"}, MODE_ADAN),
+    "adan25-paper": ("gms", 300, 200, {"fit": "adan", "fit_iters": 25, "lr": "paper"}, MODE_ADAN),
+    "adan0": ("gms", 500, 400, {"fit": "adan", "fit_iters": 0}, MODE_ADAN),
+    "adan70": ("gms", 200, 100, {"fit": "adan", "fit_iters": 70}, MODE_ADAN),
+    "adan25-batch-mean": ("gms", 999, 949, {"fit": "adan", "fit_iters": 25, "adan_mean": "batch"}, MODE_ADAN),
+    "gaussian-last-step": ("gms", 20, 0, {}, MODE_GAUSSIAN),
+    "gaussian-last-step-clip2": ("gms", 20, 0, {"clip_pixel": 2.0}, MODE_GAUSSIAN),
+    "sn-ddpm": ("sn-ddpm", 600, 500, {}, MODE_GAUSSIAN),
+    "denoise": ("gms", 20, DATA, {}, MODE_DENOISE),
+}
+
+
+@pytest.mark.parametrize("rng_name", list(MODE_RANGES))
+@pytest.mark.parametrize("case", list(MODE_CASES))
+def test_modes_match_reference(case, rng_name):
+    solver, t, s, opts, mode = MODE_CASES[case]
+    data_range = MODE_RANGES[rng_name]
+    shape = (3, 3, 5, 7)
+    x_t, out = make_inputs(shape, t, "mixed", seed=sum(map(ord, case)))
+    x_t, out = x_t.float().to(DEVICE), out.float().to(DEVICE)
+    if solver == "sn-ddpm":
+        out = out[:, : 2 * shape[1]]
+    seed = 1234
+    cfg, x_s, p = run_kernel(x_t, out, t, s, solver, seed, data_range, **opts)
+    assert cfg.mode == mode
+    ref, info = reference_step(x_t, out, t, s, solver, seed, data_range, **opts)
+    apart = compare(cfg, x_t, x_s, p, ref, info, seed, opts=opts)
+    if mode == MODE_CLOSED:
+        assert apart > 0  # the component choice was actually checked
+
+
+@pytest.mark.parametrize("kind", ["raw", "tiny", "huge", "skewed"])
+@pytest.mark.parametrize("fit", ["closed", "adan"])
+@pytest.mark.parametrize("rng_name", list(RANGES))
+def test_extreme_moments(kind, fit, rng_name):
+    data_range = RANGES[rng_name]
+    # tiny variances only survive to the fit on the step to data (lam2 = 0 there)
+    t, s = (40, DATA) if kind == "tiny" else (500, 450)
+    opts = {"fit": fit, "denoise_final": False}
+    if fit == "adan":
+        opts.update(fit_iters=25)
+    dtype = torch.float64 if kind in ("tiny", "huge") else torch.float32
+    x_t, out = make_inputs((2, 3, 4, 5), t, kind, seed=7)
+    x_t, out = x_t.to(dtype).to(DEVICE), out.to(dtype).to(DEVICE)
+    cfg, x_s, p = run_kernel(x_t, out, t, s, "gms", 99, data_range, **opts)
+    ref, info = reference_step(x_t, out, t, s, "gms", 99, data_range, **opts)
+    compare(cfg, x_t, x_s, p, ref, info, 99, opts=opts)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the interpreter's numpy
+@pytest.mark.parametrize("kind", ["mixed", "huge"])
+def test_adan_fp32_variant(monkeypatch, kind):
+    """ADAN_FP64 = False runs the loop in fp32: the same algorithm, but the fit amplifies its
+    rounding (~1e-7) on some elements up to ~1e-3, so it is held to the reference only mostly;
+    it must stay finite even where fp32 overflows (huge moments: falls back to N(M1, Var))."""
+    monkeypatch.setattr(tg, "ADAN_FP64", False)
+    t, s = 500, 400
+    opts = {"fit": "adan", "fit_iters": 25}
+    x_t, out = make_inputs((3, 3, 5, 7), t, kind, seed=31)
+    x_t, out = x_t.to(DEVICE), out.to(DEVICE)
+    data_range = (-1.0, 1.0) if kind == "mixed" else None
+    cfg, x_s, p = run_kernel(x_t, out, t, s, "gms", 2, data_range, **opts)
+    ref, info = reference_step(x_t, out, t, s, "gms", 2, data_range, **opts)
+    assert torch.isfinite(x_s).all() and all(torch.isfinite(getattr(p, n)).all() for n in ("mu1", "mu2", "s2"))
+    if kind == "mixed":
+        err = (p.mu1.double().cpu() - info["mu1"]).abs()
+        sd = info["var"].clamp_min(0).sqrt()
+        assert float((err <= 1e-4 * sd).double().mean()) > 0.9
+        assert float(err.max()) < len(cfg.lrs) * max(cfg.lrs)
+
+
+@pytest.mark.parametrize("t", [999, 1])
+def test_gaussian_and_denoise_at_the_ends_of_the_schedule(t):
+    x_t, out = make_inputs((2, 3, 4, 4), t, "mixed", seed=3)
+    x_t, out = x_t.float().to(DEVICE), out.float().to(DEVICE)
+    for s, opts in [(0, {}), (DATA, {})] if t > 1 else [(0, {}), (DATA, {}), (0, {"gaussian_last_step": False})]:
+        for data_range in RANGES.values():
+            cfg, x_s, p = run_kernel(x_t, out, t, s, "gms", 5, data_range, **opts)
+            ref, info = reference_step(x_t, out, t, s, "gms", 5, data_range, **opts)
+            compare(cfg, x_t, x_s, p, ref, info, 5)
+
+
+# ---------------------------------------------------------------------------------------------
+# dtypes, layouts and sizes
+
+
+@pytest.mark.parametrize("head_dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.float16, torch.float64])
+def test_dtypes(x_dtype, head_dtype):
+    t, s = 400, 300
+    x_t, out = make_inputs((3, 3, 5, 7), t, "mixed", seed=11)
+    x_t, out = x_t.to(x_dtype).to(DEVICE), out.to(head_dtype).to(DEVICE)
+    for opts in ({}, {"fit": "adan", "fit_iters": 5}):
+        cfg, x_s, p = run_kernel(x_t, out, t, s, "gms", 8, (-1.0, 1.0), **opts)
+        ref, info = reference_step(x_t, out, t, s, "gms", 8, (-1.0, 1.0), **opts)
+        compare(cfg, x_t, x_s, p, ref, info, 8, opts=opts)
+
+
+def test_non_contiguous_inputs():
+    t, s = 400, 300
+    x_t, out = make_inputs((3, 3, 7, 5), t, "mixed", seed=12)
+    x_t, out = x_t.float().to(DEVICE), out.float().to(DEVICE)
+    # x_t transposed in its spatial dims (copied by the launcher), heads channels-last (each head
+    # is then strided inside a sample: copied) and the plain split views (read in place)
+    x_tr = x_t.transpose(2, 3).contiguous().transpose(2, 3)
+    out_cl = out.contiguous(memory_format=torch.channels_last)
+    assert not x_tr.is_contiguous() and not out_cl.is_contiguous()
+    for xx, oo in [(x_tr, out), (x_t, out_cl), (x_tr, out_cl)]:
+        cfg, x_s, p = run_kernel(xx, oo, t, s, "gms", 4, (-1.0, 1.0))
+        ref, info = reference_step(x_t, out, t, s, "gms", 4, (-1.0, 1.0))
+        compare(cfg, x_t, x_s, p, ref, info, 4)
+    # every other sample of a bigger batch (sample stride 2x, rows still contiguous)
+    x_big, out_big = make_inputs((6, 3, 7, 5), t, "mixed", seed=13)
+    x_big, out_big = x_big.float().to(DEVICE), out_big.float().to(DEVICE)
+    cfg, x_s, p = run_kernel(x_big[::2], out_big[::2], t, s, "gms", 4, None)
+    ref, info = reference_step(x_big[::2], out_big[::2], t, s, "gms", 4, None)
+    compare(cfg, x_big[::2], x_s, p, ref, info, 4)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (7, 2), (1, 3, 1, 1), (5, 3, 9, 11), (4, 1, 1, 257)])
+def test_sizes(shape):
+    """Sizes that are not a multiple of the block, one element, 1-D data, several programs."""
+    t, s = 300, 250
+    x_t, out = make_inputs(shape, t, "mixed", seed=sum(shape))
+    x_t, out = x_t.float().to(DEVICE), out.float().to(DEVICE)
+    first = 17
+    for opts in ({}, {"select": "pixel"}, {"fit": "adan", "fit_iters": 5}):
+        cfg, x_s, p = run_kernel(x_t, out, t, s, "gms", 21, (-1.0, 1.0), first_index=first, **opts)
+        ref, info = reference_step(x_t, out, t, s, "gms", 21, (-1.0, 1.0), first_index=first, **opts)
+        compare(cfg, x_t, x_s, p, ref, info, 21, first_index=first, opts=opts)
+
+
+def test_empty_batch_launches_nothing(monkeypatch):
+    def fail(*args, **kwargs):
+        raise AssertionError("launched a kernel for zero elements")
+
+    monkeypatch.setattr(tg, "_launch_interpreted", fail)
+    monkeypatch.setattr(tg, "_launch_compiled", fail)
+    cfg = make_config("gms", SCHEDULE.coefficients(100, 50), (-1.0, 1.0), resolve_options(SOLVERS["gms"], {}),
+                      SCHEDULE.T, 0, 105)
+    for shape in [(0, 3, 5, 7), (2, 0, 5)]:
+        x = torch.zeros(shape, device=DEVICE)
+        seeds = torch.zeros(shape[0], dtype=torch.int64)
+        x_s, p = tg.fused_step(x, x, x, x, seeds, seeds, cfg, return_params=True)
+        assert x_s.shape == shape and p.mu1.shape == shape and p.s2.dtype == torch.float32
+
+
+def test_per_sample_seeds_and_indices():
+    """One seed per sample (index 0 each) and a batch drawn at first_index: the same numbers as
+    the reference's addressing."""
+    t, s = 600, 500
+    x_t, out = make_inputs((3, 3, 5, 7), t, "mixed", seed=14)
+    x_t, out = x_t.float().to(DEVICE), out.float().to(DEVICE)
+    seeds = [5, 2**62 + 3, 2**63 - 1]
+    o = resolve_options(SOLVERS["gms"], {})
+    cfg = make_config("gms", SCHEDULE.coefficients(t, s), None, o, SCHEDULE.T, 3, 105)
+    src = rng.SampleNoise.create(seeds, 3)
+    x_s, p = tg.fused_step(x_t, *out.split(3, dim=1), src.seeds, src.indices, cfg, return_params=True)
+    ref, info = reference_step(x_t, out, t, s, "gms", seeds, None)
+    assert compare(cfg, x_t, x_s, p, ref, info, seeds) > 0
+    # sample i of a batch drawn at first_index=2 equals sample 2 + i of the batch at 0
+    _, x_a, _ = run_kernel(x_t, out, t, s, "gms", 77, None, first_index=0)
+    _, x_b, _ = run_kernel(x_t[2:], out[2:], t, s, "gms", 77, None, first_index=2)
+    assert torch.equal(x_a[2:], x_b)
+
+
+def test_missing_heads_and_bad_inputs():
+    cfg = make_config("gms", SCHEDULE.coefficients(100, 50), None, resolve_options(SOLVERS["gms"], {}),
+                      SCHEDULE.T, 2, 3)
+    x = torch.zeros(2, 3, device=DEVICE)
+    seeds = torch.zeros(2, dtype=torch.int64)
+    with pytest.raises(ValueError, match="e3"):
+        tg.fused_step(x, x, x, None, seeds, seeds, cfg)
+    with pytest.raises(ValueError, match="shape"):
+        tg.fused_step(x, x, x, torch.zeros(2, 4, device=DEVICE), seeds, seeds, cfg)
+    with pytest.raises(ValueError, match="one entry per sample"):
+        tg.fused_step(x, x, x, x, seeds[:1], seeds, cfg)
+    with pytest.raises(ValueError, match="2\\^40"):
+        tg.fused_step(x, x, x, x, seeds, torch.tensor([0, 2**40], dtype=torch.int64), cfg)
+
+
+# ---------------------------------------------------------------------------------------------
+# the in-kernel random numbers
+
+
+def test_in_kernel_streams_match_random_py():
+    n, shape, t = 3, (4, 5, 7), 731
+    seeds = torch.tensor([0, 2**62 + 12345, 2**63 - 1], dtype=torch.int64)
+    indices = torch.tensor([0, 9, 2**40 // 140 - 1], dtype=torch.int64)  # top of the counter range
+    src = rng.SampleNoise(seeds, indices)
+    d = math.prod(shape)
+    elem = indices[:, None] * d + torch.arange(d)
+    key = seeds[:, None].expand_as(elem)
+    w0, w1 = rng.randint2x(key, rng.counter(rng.STREAM_STEP_NOISE, t, elem))
+    for per_pixel in (False, True):
+        got = tg._draw_streams(seeds.to(DEVICE), indices.to(DEVICE), t, (n, *shape), per_pixel, DEVICE)
+        got = {k: v.cpu() for k, v in got.items()}
+        assert torch.equal(got["w0"].reshape(n, d), w0) and torch.equal(got["w1"].reshape(n, d), w1)
+        u_ref = src.uniform(rng.STREAM_COMPONENT, t, shape if per_pixel else ())
+        u_ref = u_ref if per_pixel else u_ref.reshape(n, 1, 1, 1).expand(n, *shape)
+        assert torch.equal(got["u"], u_ref)  # bit for bit
+        z_ref = src.normal(rng.STREAM_STEP_NOISE, t, shape)
+        assert float((got["z"] - z_ref).abs().max()) <= 1e-6
+
+
+def test_in_kernel_philox_known_answer():
+    zero = torch.zeros(1, dtype=torch.int64, device=DEVICE)
+    got = tg._draw_streams(zero, zero, 0, (1, 1), False, DEVICE)
+    assert int(got["w0"]) == 0x6627E8D5 and int(got["w1"]) == 0xE169C58D
+
+
+# ---------------------------------------------------------------------------------------------
+# wiring
+
+
+def test_through_gk_step(monkeypatch):
+    """gk.step(backend='triton') equals backend='torch' (where this version of step has backends)."""
+    if "backend" not in inspect.signature(gk.step).parameters:
+        pytest.skip("gk.step has no backend argument in this version")
+    if not _CUDA:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    t, s = 500, 400
+    x_t, out = make_inputs((2, 3, 5, 5), t, "mixed", seed=15)
+    x_t, out = x_t.float().to(DEVICE), out.float().to(DEVICE)
+    for opts in ({}, {"fit": "adan", "fit_iters": 5}):
+        fast = gk.step(x_t, out, t, s, SCHEDULE, "gms", generator=3, backend="triton", **opts)
+        ref = gk.step(x_t, out, t, s, SCHEDULE, "gms", generator=3, backend="torch", **opts)
+        assert fast.dtype == ref.dtype and torch.allclose(fast, ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(_CUDA, reason="checks the CPU interpreter path")
+def test_cpu_tensors_run_whatever_the_import_order():
+    """triton imported without TRITON_INTERPRET (its own jit helpers compiled for GPU) still runs
+    the kernel on CPU tensors through the interpreter."""
+    code = (
+        "import os; os.environ.pop('TRITON_INTERPRET', None)\n"
+        "import triton, torch\n"
+        "import gms_kernels as gk\n"
+        "from gms_kernels.kernels import make_config, triton_gms as tg\n"
+        "from gms_kernels.random import SampleNoise\n"
+        "from gms_kernels.solvers import SOLVERS, resolve_options\n"
+        "assert type(tg._gms_step_kernel).__name__ == 'JITFunction'\n"
+        "z = torch.zeros(1, dtype=torch.int64)\n"
+        "w = tg._draw_streams(z, z, 0, (1, 1), False)\n"
+        "assert int(w['w0']) == 0x6627E8D5, w\n"
+        "sch = gk.Schedule.linear()\n"
+        "x = torch.randn(2, 1, 3, 3); e = torch.rand(2, 1, 3, 3)\n"
+        "src = SampleNoise.create(0, 2)\n"
+        "for opts, s in [({}, 10), ({'fit': 'adan', 'fit_iters': 3}, 10), ({}, 0), ({}, -1)]:\n"
+        "    o = resolve_options(SOLVERS['gms'], opts)\n"
+        "    cfg = make_config('gms', sch.coefficients(50, s), (-1.0, 1.0), o, sch.T, 2, 9)\n"
+        "    xs, p = tg.fused_step(x, e, e + 1, e, src.seeds, src.indices, cfg, return_params=True)\n"
+        "    assert torch.isfinite(xs).all() and torch.isfinite(p.s2).all(), opts\n"
+        "print('ok')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
