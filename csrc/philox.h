@@ -1,0 +1,319 @@
+// Counter-based random numbers of gms_kernels (reference-notes 5), torch-free and header-only.
+//
+// Philox4x32-10 in the round order Triton uses, so that the C++ extension, the torch reference
+// (gms_kernels/random.py) and the Triton kernel draw bit-identical integers and uniforms:
+//   key     = (seed & 0xffffffff, seed >> 32)            (the seed read as uint64)
+//   counter = (offset & 0xffffffff, offset >> 32, 0, 0)  (the offset read as uint64)
+//   round   : pB = 0xCD9E8D57 * c2, pA = 0xD2511F53 * c0 (64-bit products)
+//             (c0, c1, c2, c3) <- (hi(pB) ^ c1 ^ k0, lo(pB), hi(pA) ^ c3 ^ k1, lo(pA))
+//             k0 += 0x9E3779B9, k1 += 0xBB67AE85
+// uniform : bitcast word 0 to int32 v, v <- ~v (= -v - 1) when negative, float(v) * 4.6566127342e-10f
+// normal  : Box-Muller in float32 on words 0 and 1,
+//           u1 = max(u1, 1e-7f), z = sqrtf(-2 * log(u1)) * cos(6.2831855f * u2).
+//
+// The log and cos of the normal are evaluated here in double precision and rounded once to
+// float32 (so they agree with a correctly rounded logf/cosf), with straight-line code that the
+// compiler can vectorise: no libm call is left in the per-element loops.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+namespace gms {
+
+constexpr uint32_t kPhiloxMulA = 0xD2511F53u;
+constexpr uint32_t kPhiloxMulB = 0xCD9E8D57u;
+constexpr uint32_t kPhiloxKeyA = 0x9E3779B9u;
+constexpr uint32_t kPhiloxKeyB = 0xBB67AE85u;
+constexpr int kPhiloxRounds = 10;
+
+// The literals are converted from double, exactly as the torch reference builds them.
+static const float kUniformScale = static_cast<float>(4.6566127342e-10);
+static const float kTwoPi = static_cast<float>(6.283185307179586);
+static const float kMinU1 = static_cast<float>(1.0e-7);
+
+inline float bits_to_float(uint32_t b) {
+    float f;
+    std::memcpy(&f, &b, sizeof f);
+    return f;
+}
+
+inline uint32_t float_to_bits(float f) {
+    uint32_t b;
+    std::memcpy(&b, &f, sizeof b);
+    return b;
+}
+
+// Philox4x32-10 on one counter; c[] is replaced by the four output words.
+inline void philox4x32_10(uint32_t& c0, uint32_t& c1, uint32_t& c2, uint32_t& c3, uint32_t k0, uint32_t k1) {
+#pragma GCC unroll 10
+    for (int r = 0; r < kPhiloxRounds; ++r) {
+        const uint64_t pb = static_cast<uint64_t>(kPhiloxMulB) * c2;
+        const uint64_t pa = static_cast<uint64_t>(kPhiloxMulA) * c0;
+        const uint32_t n0 = static_cast<uint32_t>(pb >> 32) ^ c1 ^ k0;
+        const uint32_t n2 = static_cast<uint32_t>(pa >> 32) ^ c3 ^ k1;
+        c1 = static_cast<uint32_t>(pb);
+        c3 = static_cast<uint32_t>(pa);
+        c0 = n0;
+        c2 = n2;
+        k0 += kPhiloxKeyA;
+        k1 += kPhiloxKeyB;
+    }
+}
+
+// Philox4x32-10 of n counters (lo[i], hi[i], 0, 0) with keys (k0[i], k1[i]); writes words 0 and 1.
+// Compilers widen 32x32->64 products to full 64-bit multiplies (slow, several uops), so with
+// AVX-512 / AVX2 the rounds are spelled out with the 32x32->64 instruction (vpmuludq) on 64-bit
+// lanes; each lane keeps its 32-bit word in the low half (the high halves hold junk that never
+// reaches a low half: shifts only move high to low for the fresh products). Same results.
+inline void philox_block(int n, const uint32_t* __restrict lo, const uint32_t* __restrict hi,
+                         const uint32_t* __restrict k0, const uint32_t* __restrict k1, uint32_t* __restrict w0,
+                         uint32_t* __restrict w1) {
+    int i = 0;
+#if defined(__AVX512F__)
+    {
+        const __m512i ma = _mm512_set1_epi64(kPhiloxMulA), mb = _mm512_set1_epi64(kPhiloxMulB);
+        const __m512i ka = _mm512_set1_epi64(kPhiloxKeyA), kb = _mm512_set1_epi64(kPhiloxKeyB);
+        for (; i + 8 <= n; i += 8) {
+            __m512i c0 = _mm512_cvtepu32_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo + i)));
+            __m512i c1 = _mm512_cvtepu32_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi + i)));
+            __m512i key0 = _mm512_cvtepu32_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k0 + i)));
+            __m512i key1 = _mm512_cvtepu32_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k1 + i)));
+            __m512i c2 = _mm512_setzero_si512(), c3 = _mm512_setzero_si512();
+            for (int r = 0; r < kPhiloxRounds; ++r) {
+                const __m512i pb = _mm512_mul_epu32(c2, mb);
+                const __m512i pa = _mm512_mul_epu32(c0, ma);
+                c0 = _mm512_ternarylogic_epi64(_mm512_srli_epi64(pb, 32), c1, key0, 0x96);  // xor of three
+                c2 = _mm512_ternarylogic_epi64(_mm512_srli_epi64(pa, 32), c3, key1, 0x96);
+                c1 = pb;
+                c3 = pa;
+                key0 = _mm512_add_epi32(key0, ka);
+                key1 = _mm512_add_epi32(key1, kb);
+            }
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(w0 + i), _mm512_cvtepi64_epi32(c0));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(w1 + i), _mm512_cvtepi64_epi32(c1));
+        }
+    }
+#elif defined(__AVX2__)
+    {
+        const __m256i ma = _mm256_set1_epi64x(kPhiloxMulA), mb = _mm256_set1_epi64x(kPhiloxMulB);
+        const __m256i ka = _mm256_set1_epi64x(kPhiloxKeyA), kb = _mm256_set1_epi64x(kPhiloxKeyB);
+        const __m256i pick_low = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+        for (; i + 4 <= n; i += 4) {
+            __m256i c0 = _mm256_cvtepu32_epi64(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lo + i)));
+            __m256i c1 = _mm256_cvtepu32_epi64(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hi + i)));
+            __m256i key0 = _mm256_cvtepu32_epi64(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k0 + i)));
+            __m256i key1 = _mm256_cvtepu32_epi64(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k1 + i)));
+            __m256i c2 = _mm256_setzero_si256(), c3 = _mm256_setzero_si256();
+            for (int r = 0; r < kPhiloxRounds; ++r) {
+                const __m256i pb = _mm256_mul_epu32(c2, mb);
+                const __m256i pa = _mm256_mul_epu32(c0, ma);
+                c0 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(pb, 32), c1), key0);
+                c2 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(pa, 32), c3), key1);
+                c1 = pb;
+                c3 = pa;
+                key0 = _mm256_add_epi32(key0, ka);
+                key1 = _mm256_add_epi32(key1, kb);
+            }
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(w0 + i),
+                             _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(c0, pick_low)));
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(w1 + i),
+                             _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(c1, pick_low)));
+        }
+    }
+#endif
+    for (; i < n; ++i) {
+        uint32_t c0 = lo[i], c1 = hi[i], c2 = 0, c3 = 0;
+        philox4x32_10(c0, c1, c2, c3, k0[i], k1[i]);
+        w0[i] = c0;
+        w1[i] = c1;
+    }
+}
+
+// Words 0 and 1 for one key (seed) and the n consecutive counters head | (first + m), m < n
+// (the counters of one sample's elements): no per-element key or counter arrays to fill.
+inline void philox_run(int n, uint64_t seed, uint64_t head, uint64_t first, uint32_t* __restrict w0,
+                       uint32_t* __restrict w1) {
+    const uint32_t s0 = static_cast<uint32_t>(seed), s1 = static_cast<uint32_t>(seed >> 32);
+    int i = 0;
+#if defined(__AVX512F__)
+    {
+        const __m512i ma = _mm512_set1_epi64(kPhiloxMulA), mb = _mm512_set1_epi64(kPhiloxMulB);
+        const __m512i iota = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7);
+        const __m512i vhead = _mm512_set1_epi64(static_cast<long long>(head));
+        __m512i round_k0[kPhiloxRounds], round_k1[kPhiloxRounds];
+        uint32_t r0 = s0, r1 = s1;
+        for (int r = 0; r < kPhiloxRounds; ++r, r0 += kPhiloxKeyA, r1 += kPhiloxKeyB) {
+            round_k0[r] = _mm512_set1_epi64(r0);
+            round_k1[r] = _mm512_set1_epi64(r1);
+        }
+        for (; i + 8 <= n; i += 8) {
+            const __m512i idx = _mm512_add_epi64(_mm512_set1_epi64(static_cast<long long>(first + i)), iota);
+            __m512i c0 = _mm512_or_si512(idx, vhead);  // low word in the low half (high half: junk)
+            __m512i c1 = _mm512_srli_epi64(c0, 32);
+            __m512i c2 = _mm512_setzero_si512(), c3 = _mm512_setzero_si512();
+            for (int r = 0; r < kPhiloxRounds; ++r) {
+                const __m512i pb = _mm512_mul_epu32(c2, mb);
+                const __m512i pa = _mm512_mul_epu32(c0, ma);
+                c0 = _mm512_ternarylogic_epi64(_mm512_srli_epi64(pb, 32), c1, round_k0[r], 0x96);
+                c2 = _mm512_ternarylogic_epi64(_mm512_srli_epi64(pa, 32), c3, round_k1[r], 0x96);
+                c1 = pb;
+                c3 = pa;
+            }
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(w0 + i), _mm512_cvtepi64_epi32(c0));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(w1 + i), _mm512_cvtepi64_epi32(c1));
+        }
+    }
+#elif defined(__AVX2__)
+    {
+        const __m256i ma = _mm256_set1_epi64x(kPhiloxMulA), mb = _mm256_set1_epi64x(kPhiloxMulB);
+        const __m256i iota = _mm256_setr_epi64x(0, 1, 2, 3);
+        const __m256i vhead = _mm256_set1_epi64x(static_cast<long long>(head));
+        const __m256i pick_low = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+        __m256i round_k0[kPhiloxRounds], round_k1[kPhiloxRounds];
+        uint32_t r0 = s0, r1 = s1;
+        for (int r = 0; r < kPhiloxRounds; ++r, r0 += kPhiloxKeyA, r1 += kPhiloxKeyB) {
+            round_k0[r] = _mm256_set1_epi64x(r0);
+            round_k1[r] = _mm256_set1_epi64x(r1);
+        }
+        for (; i + 4 <= n; i += 4) {
+            const __m256i idx = _mm256_add_epi64(_mm256_set1_epi64x(static_cast<long long>(first + i)), iota);
+            __m256i c0 = _mm256_or_si256(idx, vhead);
+            __m256i c1 = _mm256_srli_epi64(c0, 32);
+            __m256i c2 = _mm256_setzero_si256(), c3 = _mm256_setzero_si256();
+            for (int r = 0; r < kPhiloxRounds; ++r) {
+                const __m256i pb = _mm256_mul_epu32(c2, mb);
+                const __m256i pa = _mm256_mul_epu32(c0, ma);
+                c0 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(pb, 32), c1), round_k0[r]);
+                c2 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(pa, 32), c3), round_k1[r]);
+                c1 = pb;
+                c3 = pa;
+            }
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(w0 + i),
+                             _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(c0, pick_low)));
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(w1 + i),
+                             _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(c1, pick_low)));
+        }
+    }
+#endif
+    for (; i < n; ++i) {
+        const uint64_t off = head | (first + static_cast<uint64_t>(i));
+        uint32_t c0 = static_cast<uint32_t>(off), c1 = static_cast<uint32_t>(off >> 32), c2 = 0, c3 = 0;
+        philox4x32_10(c0, c1, c2, c3, s0, s1);
+        w0[i] = c0;
+        w1[i] = c1;
+    }
+}
+
+// The first two words for key = seed and counter = (offset lo, offset hi, 0, 0): what
+// tl.rand / tl.randn consume.
+inline void philox_two_words(uint64_t seed, uint64_t offset, uint32_t& w0, uint32_t& w1) {
+    uint32_t c0 = static_cast<uint32_t>(offset), c1 = static_cast<uint32_t>(offset >> 32), c2 = 0, c3 = 0;
+    philox4x32_10(c0, c1, c2, c3, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+    w0 = c0;
+    w1 = c1;
+}
+
+// Triton's uint32 -> float32 in [0, 1).
+inline float uint_to_uniform(uint32_t x) {
+    int32_t v = static_cast<int32_t>(x);
+    v = v < 0 ? ~v : v;  // ~v == -v - 1 without overflow at INT32_MIN
+    return static_cast<float>(v) * kUniformScale;
+}
+
+// Natural log of a positive, normal float, computed in double and rounded once.
+// x = m 2^e with m in [sqrt(1/2), sqrt(2)); log m = 2 atanh(s), s = (m - 1)/(m + 1), |s| < 0.1716,
+// whose odd series to s^17 leaves a relative error below 1e-15.
+inline float log_positive(float x) {
+    // Selects are written as integer arithmetic: the compiler would otherwise turn them into
+    // branches (duplicating the code after them), which blocks vectorisation.
+    const uint32_t bits = float_to_bits(x);
+    const uint32_t mbits = (bits & 0x007FFFFFu) | 0x3F800000u;  // m in [1, 2)
+    const uint32_t big = mbits > 0x3FB504F3u ? 1u : 0u;         // m > sqrt(2): use m/2, e + 1
+    const int32_t e = static_cast<int32_t>(bits >> 23) - 127 + static_cast<int32_t>(big);
+    const double md = bits_to_float(mbits - (big << 23));
+    // s = (m - 1)/(m + 1) without a double division: a float reciprocal (2^-24) refined by one
+    // Newton step in double (error ~2^-48, far below what the float result can show)
+    const double den = md + 1.0;
+    double inv = 1.0f / static_cast<float>(den);
+    inv = inv + inv * (1.0 - den * inv);
+    const double s = (md - 1.0) * inv;
+    const double s2 = s * s;
+    double p = 2.0 / 17.0;
+    p = p * s2 + 2.0 / 15.0;
+    p = p * s2 + 2.0 / 13.0;
+    p = p * s2 + 2.0 / 11.0;
+    p = p * s2 + 2.0 / 9.0;
+    p = p * s2 + 2.0 / 7.0;
+    p = p * s2 + 2.0 / 5.0;
+    p = p * s2 + 2.0 / 3.0;
+    p = p * s2 + 2.0;
+    const double ln2 = 0.69314718055994530942;
+    return static_cast<float>(static_cast<double>(e) * ln2 + s * p);
+}
+
+// cos of a float theta in [0, 2 pi], computed in double and rounded once.
+// cos(theta) = -cos(x) with x = theta - pi in [-pi, pi]; with y = |x|, cos x = cos y for
+// y <= pi/2 and -cos(pi - y) above, so one even polynomial on [0, pi/2] does (Taylor to y^22,
+// error < 2e-17). pi is split in two parts so that pi - y keeps its absolute accuracy.
+inline float cos_small(float theta) {
+    const double pi_hi = 3.141592653589793116, pi_lo = 1.2246467991473532e-16;  // pi = hi + lo
+    const double x = (static_cast<double>(theta) - pi_hi) - pi_lo;
+    const double y = x < 0.0 ? -x : x;
+    const bool far = y > 1.5707963267948966;
+    const double z = far ? (pi_hi - y) + pi_lo : y;
+    const double z2 = z * z;
+    double c = -1.0 / 1124000727777607680000.0;  // -1/22!
+    c = c * z2 + 1.0 / 2432902008176640000.0;      // 1/20!
+    c = c * z2 - 1.0 / 6402373705728000.0;
+    c = c * z2 + 1.0 / 20922789888000.0;
+    c = c * z2 - 1.0 / 87178291200.0;
+    c = c * z2 + 1.0 / 479001600.0;
+    c = c * z2 - 1.0 / 3628800.0;
+    c = c * z2 + 1.0 / 40320.0;
+    c = c * z2 - 1.0 / 720.0;
+    c = c * z2 + 1.0 / 24.0;
+    c = c * z2 - 0.5;
+    c = c * z2 + 1.0;
+    // cos(theta) = far ? cos z : -cos z, as a sign flip of the bits (see log_positive)
+    uint64_t cb;
+    std::memcpy(&cb, &c, sizeof cb);
+    cb ^= static_cast<uint64_t>(far ? 0 : 1) << 63;
+    double v;
+    std::memcpy(&v, &cb, sizeof v);
+    return static_cast<float>(v);
+}
+
+// tl.randn from the two Philox words (theta = 2 pi u2 lies in [0, 2 pi)).
+inline float box_muller(uint32_t w0, uint32_t w1) {
+    // u1 = max(u1, 1e-7f); both are non-negative, so their bit patterns order like the values
+    const uint32_t u1_bits = float_to_bits(uint_to_uniform(w0)), min_bits = float_to_bits(kMinU1);
+    const float u1 = bits_to_float(u1_bits > min_bits ? u1_bits : min_bits);
+    const float u2 = uint_to_uniform(w1);
+    const float theta = kTwoPi * u2;
+    const float radius = __builtin_sqrtf(-2.0f * log_positive(u1));
+    return radius * cos_small(theta);
+}
+
+// Convenience scalar forms (tests, small helpers).
+inline float philox_uniform(uint64_t seed, uint64_t offset) {
+    uint32_t w0, w1;
+    philox_two_words(seed, offset, w0, w1);
+    return uint_to_uniform(w0);
+}
+
+inline float philox_normal(uint64_t seed, uint64_t offset) {
+    uint32_t w0, w1;
+    philox_two_words(seed, offset, w0, w1);
+    return box_muller(w0, w1);
+}
+
+// The 64-bit counter of (stream, time index, global element index), as random.counter builds it.
+inline uint64_t philox_counter(uint64_t stream, uint64_t t, uint64_t index) {
+    return (stream << 56) | (t << 40) | index;
+}
+
+}  // namespace gms
