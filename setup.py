@@ -133,6 +133,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["gms_kernels", "gms_kernels.*"]),
+    package_data={"gms_kernels": ["assets/*.pt"]},
     ext_modules=_extensions(),
     cmdclass={"build_ext": OptionalBuildExt},
     install_requires=[
@@ -140,9 +141,13 @@ setup(
         "numpy>=1.23",
         "tqdm>=4.60",
         "matplotlib>=3.6",
+        "pillow>=9",
+        "scikit-learn>=1.1",  # the digits data set
+        "diffusers>=0.25",  # GMSScheduler and UNet2DModel loading
+        "safetensors>=0.3",
     ],
     extras_require={
-        "test": ["pytest>=7"],
+        "test": ["pytest>=7", "triton>=3.0; platform_system == 'Linux' and platform_machine == 'x86_64'"],
         "bench": ["pytest-benchmark>=4"],
     },
     entry_points={"console_scripts": ["gms-kernels=gms_kernels.cli:main"]},

@@ -43,7 +43,7 @@ def _is_torchscript(path: str) -> bool:
         return False
 
 
-def _load_sdedit_model(path: str, kind: str):
+def _load_model(path: str, kind: str):
     """TorchScript archives (--kind torchscript, or auto-detected) with torch.jit.load; every other
     format with gms_kernels.models.load(path, kind=kind)."""
     import os
@@ -123,7 +123,7 @@ def _sdedit(args: argparse.Namespace) -> int:
     from .sdedit import sdedit, stroke_guide
 
     data_range = (args.data_range[0], args.data_range[1])
-    model = _load_sdedit_model(args.model, args.kind)
+    model = _load_model(args.model, args.kind)
     if hasattr(model, "eval"):
         model.eval()
     if hasattr(model, "to"):
@@ -156,10 +156,171 @@ def _sdedit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _digits(args: argparse.Namespace) -> int:
+    from .experiments.digits_job import run_digits_job
+
+    report = run_digits_job(args.out, steps=args.steps, n_samples=args.samples, seed=args.seed,
+                            progress=not args.quiet)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / f"digits_K{args.steps}.md").write_text(report + "\n")
+    print()
+    print(report)
+    return 0
+
+
+def _sample(args: argparse.Namespace) -> int:
+    import torch
+
+    from . import distributed
+    from .embedded import DIGITS_SHAPE, default_model
+    from .images import image_grid
+
+    started = distributed.init_from_env()
+    rank, world = distributed.world()
+    if args.model:
+        model = _load_model(args.model, args.kind)
+        if args.shape is None:
+            raise SystemExit("--shape C H W is required with --model")
+        shape = tuple(args.shape)
+    else:
+        model, shape = default_model(), DIGITS_SHAPE
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = model.to(device)
+    options = {k: v for k, v in dict(fit=args.fit, select=args.select).items() if v is not None}
+    paths = distributed.sample_shards(model, args.out, args.num_samples, shape, shard_size=args.shard_size,
+                                      batch_size=args.batch_size, seed=args.seed, progress=not args.quiet,
+                                      device=device, steps=args.steps, solver=args.solver,
+                                      trajectory=args.trajectory, backend=args.backend, **options)
+    if rank == 0:
+        images = distributed.load_shards(args.out)
+        grid = Path(args.out) / "samples.png"
+        image_grid(images[:100], nrow=10, scale=4).save(grid)
+        print(f"{images.shape[0]} samples in {len(paths)} shard(s) in {args.out}; grid: {grid}")
+        if args.fd:
+            from .data import digits
+            from .metrics import fd_digits
+
+            if tuple(images.shape[1:]) != DIGITS_SHAPE:
+                raise SystemExit("--fd measures digits (1x8x8) samples; use gk.metrics for other data")
+            print(f"FD-digits: {fd_digits(images, digits('all')[0]):.3f}")
+    if started:
+        torch.distributed.destroy_process_group()
+    return 0
+
+
+def _training_data(spec: str):
+    """--data: 'digits' (scikit-learn, [-1, 1]) or a .npy / .pt tensor [N, C, H, W] already in the data range."""
+    import numpy as np
+    import torch
+
+    if spec == "digits":
+        from .data import digits
+
+        return digits("all")[0]
+    if spec.endswith(".npy"):
+        return torch.from_numpy(np.load(spec)).float()
+    data = torch.load(spec, map_location="cpu", weights_only=True)
+    if not torch.is_tensor(data):
+        raise SystemExit(f"{spec}: expected a tensor [N, C, H, W]")
+    return data.float()
+
+
+def _train_backbone(args: argparse.Namespace) -> int:
+    import torch
+
+    from .models import PytorchDDPMUNet
+    from .training import train_backbone
+
+    data = _training_data(args.data)
+    net = PytorchDDPMUNet(T=args.T, ch=args.ch, ch_mult=tuple(args.ch_mult), attn=tuple(args.attn),
+                          num_res_blocks=args.num_res_blocks, dropout=args.dropout, in_channels=data.shape[1])
+    train_backbone(net, data, steps=args.steps, batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer,
+                   ema_decay=args.ema, checkpoint=args.checkpoint, seed=args.seed, progress=not args.quiet)
+    state = {k: v.detach().clone() for k, v in net.state_dict().items()}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"ema_model": state, "net_model": state, "step": args.steps}, args.out)  # pytorch-ddpm layout
+    print(f"wrote {args.out} (load with gk.models.load)")
+    return 0
+
+
+def _train_heads(args: argparse.Namespace) -> int:
+    from .models import MomentNet
+    from .training import train_heads
+
+    data = _training_data(args.data)
+    net = MomentNet(_load_model(args.model, args.kind), orders=tuple(args.orders), head=args.head)
+    res = train_heads(net, data, steps=args.steps, batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer,
+                      ema_decay=args.ema, checkpoint=args.checkpoint, seed=args.seed, progress=not args.quiet)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    net.save(args.out)
+    last = {k: v for k, v in res.history[-1].items() if k != "step"} if res.history else {}
+    print(f"wrote {args.out} after {res.steps} steps; last losses {last}")
+    return 0
+
+
+def _add_training_args(p: argparse.ArgumentParser, out: str, optimizer: str) -> None:
+    p.add_argument("--data", default="digits", help="'digits' or a .npy/.pt tensor [N, C, H, W] in [-1, 1]")
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--lr", type=float, default=2e-4)
+    p.add_argument("--optimizer", choices=["adan", "adam"], default=optimizer)
+    p.add_argument("--ema", type=float, default=0.9999)
+    p.add_argument("--checkpoint", default=None, help="resumable training state (written every 500 steps)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=out)
+    p.add_argument("--quiet", action="store_true")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gms-kernels", description="Gaussian Mixture Solvers for diffusion models.")
     sub = p.add_subparsers(dest="command")
-    o = sub.add_parser("oracle", help="solver study with exact heads on Gaussian-mixture data (the default job)")
+    d = sub.add_parser("digits", help="the default job: digits from the embedded model, GMS vs SN-DDPM, grid + table")
+    d.add_argument("--steps", type=int, default=10)
+    d.add_argument("--samples", type=int, default=2000)
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--out", default="gms_out")
+    d.add_argument("--quiet", action="store_true")
+    d.set_defaults(func=_digits)
+
+    s = sub.add_parser("sample", help="sample to resumable shards (the embedded digits model by default); "
+                                      "runs under torchrun --nproc_per_node N")
+    s.add_argument("--model", help="a checkpoint for gk.models.load (default: the embedded digits model)")
+    s.add_argument("--kind", default="auto")
+    s.add_argument("--shape", type=int, nargs=3, metavar=("C", "H", "W"))
+    s.add_argument("--num-samples", type=int, default=100)
+    s.add_argument("--batch-size", type=int, default=250)
+    s.add_argument("--shard-size", type=int, default=1000)
+    s.add_argument("--steps", type=int, default=10)
+    s.add_argument("--solver", default="gms")
+    s.add_argument("--fit", choices=["closed", "adan"])
+    s.add_argument("--select", choices=["sample", "pixel"])
+    s.add_argument("--trajectory", default="even")
+    s.add_argument("--backend", default="auto")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--fd", action="store_true", help="report FD-digits of the samples at the end")
+    s.add_argument("--out", default="gms_out/samples")
+    s.add_argument("--quiet", action="store_true")
+    s.set_defaults(func=_sample)
+
+    tb = sub.add_parser("train-backbone", help="train a small eps UNet (pytorch-ddpm layout) on small data")
+    _add_training_args(tb, "gms_out/backbone.pt", "adam")
+    tb.add_argument("--T", type=int, default=1000)
+    tb.add_argument("--ch", type=int, default=32)
+    tb.add_argument("--ch-mult", type=int, nargs="+", default=[1, 2, 2])
+    tb.add_argument("--attn", type=int, nargs="*", default=[1])
+    tb.add_argument("--num-res-blocks", type=int, default=2)
+    tb.add_argument("--dropout", type=float, default=0.1)
+    tb.set_defaults(func=_train_backbone)
+
+    th = sub.add_parser("train-heads", help="train the e2/e3 heads on a frozen backbone (paper Alg. learning)")
+    _add_training_args(th, "gms_out/moment_net.pt", "adan")
+    th.add_argument("--model", required=True, help="the backbone checkpoint (gk.models.load)")
+    th.add_argument("--kind", default="auto")
+    th.add_argument("--head", choices=["conv", "res_conv"], default="conv")
+    th.add_argument("--orders", type=int, nargs="+", default=[2, 3])
+    th.set_defaults(func=_train_heads)
+
+    o = sub.add_parser("oracle", help="solver study with exact heads on Gaussian-mixture data")
     o.add_argument("--samples", type=int, default=20000)
     o.add_argument("--steps", type=int, nargs="+", default=[2, 5, 10, 20, 50])
     o.add_argument("--datasets", nargs="+", default=["1d", "8gauss"], choices=["1d", "8gauss"])
@@ -201,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = parser.parse_args(argv or ["oracle"])
+    args = parser.parse_args(argv or ["digits"])
     args.argv = argv
     return args.func(args)
 

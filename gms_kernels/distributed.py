@@ -89,6 +89,10 @@ def sample_shards(model: Callable, out_dir: str | Path, num_samples: int, sample
         if manifest.exists() and json.loads(manifest.read_text()) != meta:
             raise ValueError(f"{out} holds shards of another run ({manifest}); use a new --out directory")
         manifest.write_text(json.dumps(meta, indent=1))
+        for stale in out.glob("shard_*.pt.tmp*"):  # left by a killed run
+            stale.unlink()
+    if size > 1:
+        dist.barrier()
     mine = [k for k in range(plan.num_shards) if k % size == rank and read_shard(shard_path(out, k)) is None]
     for k in tqdm(mine, desc=f"rank {rank} shards", disable=not progress):
         start, stop = plan.bounds(k)

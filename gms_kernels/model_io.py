@@ -48,6 +48,8 @@ def split_heads(output: torch.Tensor, x_t: torch.Tensor, n_heads: int, solver: s
                          "Concatenate the heads along dim 1 (see gk.models.MomentNet) or pick a solver "
                          "that needs fewer heads (ddpm/ddim: 1, sn-ddpm: 2, gms: 3).")
     heads = [output[:, i * c:(i + 1) * c] for i in range(n_heads)]
+    if torch.isfinite(output[:, :n_heads * c]).all():  # one pass in the common case
+        return heads
     for i, h in enumerate(heads):
         if not torch.isfinite(h).all():
             raise ValueError(f"model output {where}has non-finite values (NaN or inf) in head {HEAD_NAMES[i]}; "

@@ -57,6 +57,8 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
            device: torch.device | str | None = None, backend: str = "auto", **solver_options: Any) -> torch.Tensor:
     """Draw samples by solving the reverse process with ``solver`` in ``steps`` steps.
 
+    Without a model, the embedded digits model is used (16 samples of 1x8x8 unless ``shape`` says).
+
     ``model(x_t, t)`` returns the heads [e1, e2, e3] concatenated along dim 1 in one forward pass
     (e1 alone suffices for ddpm/ddim, e1 and e2 for sn-ddpm). ``time_input`` is ``"index"``
     (integer t), ``"index+1"`` or ``"scaled"`` (t*1000/T); by default the model's ``time_input``
@@ -65,9 +67,12 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
     and the step's fitted quantities. Solver options (e.g. fit, select, fit_iters, eta) go in
     ``solver_options``. ``backend`` picks the fused GMS step as in :func:`step`.
     """
-    if model is None:
-        raise ValueError("pass a model: any callable model(x_t, t) returning the heads [e1, e2, e3] "
-                         "concatenated along dim 1")
+    if model is None:  # the embedded digits model
+        from .embedded import DIGITS_SHAPE, default_model
+
+        model = default_model()
+        if shape is None and x_T is None:
+            shape = (16, *DIGITS_SHAPE)
     spec = get_solver(solver)
     if spec.name == "exact" and "oracle" not in solver_options:
         solver_options["oracle"] = model

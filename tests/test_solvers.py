@@ -179,5 +179,3 @@ def test_other_bad_inputs():
         gk.sample(m, shape=(1, 3, 2, 2), solver="exact", progress=False)
     with pytest.raises(ValueError, match="data_range"):
         gk.sample(m, shape=(1, 3, 2, 2), data_range=(1.0, -1.0), progress=False)
-    with pytest.raises(ValueError, match="pass a model"):
-        gk.sample(shape=(1, 3, 2, 2))

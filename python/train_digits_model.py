@@ -1,0 +1,51 @@
+"""Train the embedded default model: a small UNet on scikit-learn's digits (8x8, [-1, 1]) plus e2/e3 heads.
+
+    python python/train_digits_model.py            # ~10-20 min on 2 CPU cores, seeded
+
+Stage 1 trains the eps backbone (train-backbone), stage 2 freezes it and trains the conv heads for
+eps^2 and eps^3 (paper Alg. learning). The backbone is rounded to fp16 before stage 2, so the heads
+are trained on exactly the weights that ship; the whole MomentNet is saved (fp16 storage) to
+gms_kernels/assets/digits_gms.pt (< 5 MB). Checkpoints in --work make the run resumable.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from gms_kernels.data import digits
+from gms_kernels.embedded import DIGITS_CONFIG, DIGITS_MODEL, build_digits_backbone, save_embedded
+from gms_kernels.models import MomentNet
+from gms_kernels.training import train_backbone, train_heads
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--backbone-steps", type=int, default=6000)
+    p.add_argument("--head-steps", type=int, default=3000)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--work", default="gms_out/digits_training")
+    p.add_argument("--out", default=str(DIGITS_MODEL))
+    args = p.parse_args()
+
+    torch.manual_seed(args.seed)
+    data, _ = digits("all")
+    work = Path(args.work)
+    backbone = build_digits_backbone()
+    print(f"backbone {DIGITS_CONFIG}: {sum(p.numel() for p in backbone.parameters()):,} parameters")
+    train_backbone(backbone, data, steps=args.backbone_steps, batch_size=args.batch_size, lr=2e-4,
+                   optimizer="adam", ema_decay=0.999, checkpoint=work / "backbone.pt", seed=args.seed)
+    with torch.no_grad():  # ship fp16 weights: train the heads on exactly those
+        for prm in backbone.parameters():
+            prm.copy_(prm.half().float())
+    net = MomentNet(backbone, orders=(2, 3), head="conv")
+    train_heads(net, data, steps=args.head_steps, batch_size=args.batch_size, lr=1e-3, optimizer="adan",
+                ema_decay=0.999, checkpoint=work / "heads.pt", seed=args.seed + 1)
+    size = save_embedded(net, args.out)
+    print(f"wrote {args.out} ({size / 1e6:.2f} MB)")
+
+
+if __name__ == "__main__":
+    main()
