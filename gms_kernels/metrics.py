@@ -110,3 +110,19 @@ def fd_digits(samples: torch.Tensor, reference: torch.Tensor) -> float:
     net = load_digits_classifier()
     return frechet_distance(*gaussian_stats(digits_features(samples, net)),
                             *gaussian_stats(digits_features(reference, net)))
+
+
+@torch.no_grad()
+def moment_discrepancy(model, x_t: torch.Tensor, t: int, s: int, schedule, data_range=(-1.0, 1.0),
+                       time_input: str | None = None) -> torch.Tensor:
+    """Paper Fig. 2: per sample, the l2 norm of M3 - M3^(G), the gap between the third moment of
+    q(x_s|x_t) from the heads and the one a Gaussian with the same M1 and Var would have
+    (M1^3 + 3 M1 Var), i.e. the norm of the central third moment. Returns float64 [N]."""
+    from .model_io import call_model, split_heads
+    from .moments import check_data_range, transition_moments
+
+    time_input = time_input or getattr(model, "time_input", "index")
+    heads = [h.double() for h in split_heads(call_model(model, x_t, t, schedule.T, time_input), x_t, 3, "gms")]
+    mom = transition_moments(x_t.double(), *heads, schedule.coefficients(t, s), check_data_range(data_range))
+    gap = mom.m3 - (mom.m1**3 + 3 * mom.m1 * mom.var)
+    return gap.reshape(gap.shape[0], -1).norm(dim=1)

@@ -42,3 +42,17 @@ def test_energy_distance():
     same = metrics.energy_distance(x, y)
     shifted = metrics.energy_distance(x, y + 1.0)
     assert abs(same) < 0.01 and shifted > 0.5
+
+
+def test_moment_discrepancy_vanishes_for_gaussian_data_and_not_for_mixtures():
+    import gms_kernels as gk
+
+    sched = gk.Schedule.linear()
+    gauss = gk.GaussianMixtureOracle([1.0], [[0.1]], [0.3], sched)
+    mix = gk.GaussianMixtureOracle([0.4, 0.6], [[-0.4], [0.3]], [0.12, 0.05], sched)
+    x_t = torch.linspace(-1, 1, 7, dtype=torch.float64)[:, None]
+    assert float(metrics.moment_discrepancy(gauss, x_t, 500, 300, sched, None).max()) < 1e-10
+    assert float(metrics.moment_discrepancy(mix, x_t, 500, 300, sched, None).max()) > 1e-3
+    few = metrics.moment_discrepancy(mix, x_t, 500, 100, sched, None).mean()
+    many = metrics.moment_discrepancy(mix, x_t, 500, 480, sched, None).mean()
+    assert few > many  # bigger steps are less Gaussian (paper Fig. 2)
