@@ -126,3 +126,37 @@ def moment_discrepancy(model, x_t: torch.Tensor, t: int, s: int, schedule, data_
     mom = transition_moments(x_t.double(), *heads, schedule.coefficients(t, s), check_data_range(data_range))
     gap = mom.m3 - (mom.m1**3 + 3 * mom.m1 * mom.var)
     return gap.reshape(gap.shape[0], -1).norm(dim=1)
+
+
+def save_stats(path, mu: torch.Tensor, sigma: torch.Tensor) -> None:
+    """Write pytorch-fid statistics (.npz with mu, sigma)."""
+    import numpy as np
+
+    np.savez(path, mu=mu.double().cpu().numpy(), sigma=sigma.double().cpu().numpy())
+
+
+def load_stats(path) -> tuple[torch.Tensor, torch.Tensor]:
+    """Read pytorch-fid statistics (.npz with mu, sigma)."""
+    import numpy as np
+
+    with np.load(path, allow_pickle=False) as f:
+        if "mu" not in f or "sigma" not in f:
+            raise ValueError(f"{path} is not a pytorch-fid statistics file (needs arrays mu and sigma)")
+        return torch.from_numpy(f["mu"]).double(), torch.from_numpy(f["sigma"]).double()
+
+
+def fid(samples: torch.Tensor, reference=None, *, weights_path=None, data_range=(-1.0, 1.0),
+        batch_size: int = 200) -> float:
+    """FID with torch-fidelity's InceptionV3 and user-supplied weights. ``reference`` is images
+    [N, C, H, W] in ``data_range``, or the path of a pytorch-fid .npz statistics file."""
+    from .features import inception_extractor, inception_features
+
+    net = inception_extractor(weights_path)
+    stats = gaussian_stats(inception_features(samples, net, data_range, batch_size))
+    if isinstance(reference, (str, bytes)) or hasattr(reference, "__fspath__"):
+        ref = load_stats(reference)
+    elif torch.is_tensor(reference):
+        ref = gaussian_stats(inception_features(reference, net, data_range, batch_size))
+    else:
+        raise ValueError("reference must be images [N, C, H, W] or a pytorch-fid .npz statistics path")
+    return frechet_distance(*stats, *ref)

@@ -56,3 +56,45 @@ def test_moment_discrepancy_vanishes_for_gaussian_data_and_not_for_mixtures():
     few = metrics.moment_discrepancy(mix, x_t, 500, 100, sched, None).mean()
     many = metrics.moment_discrepancy(mix, x_t, 500, 480, sched, None).mean()
     assert few > many  # bigger steps are less Gaussian (paper Fig. 2)
+
+
+def test_frechet_distance_matches_the_closed_form_for_commuting_covariances():
+    mu1, mu2 = torch.tensor([0.0, 1.0]), torch.tensor([1.0, 1.0])
+    s1, s2 = torch.diag(torch.tensor([1.0, 4.0])), torch.diag(torch.tensor([4.0, 1.0]))
+    # |mu1-mu2|^2 + tr(s1 + s2 - 2 sqrt(s1 s2)) = 1 + (1 + 4 + 4 + 1 - 2 * (2 + 2))
+    assert metrics.frechet_distance(mu1, s1, mu2, s2) == pytest.approx(3.0)
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(5000, 4, generator=g, dtype=torch.float64)
+    assert metrics.frechet_distance(*metrics.gaussian_stats(a), *metrics.gaussian_stats(a)) == pytest.approx(0, abs=1e-9)
+
+
+def test_fd_digits_separates_real_from_noise():
+    import gms_kernels as gk
+
+    real = gk.data.digits("train")[0]
+    test = gk.data.digits("test")[0]
+    noise = torch.rand(359, 1, 8, 8) * 2 - 1
+    assert metrics.fd_digits(test, real) < 0.2 * metrics.fd_digits(noise, real)
+
+
+def test_fid_with_local_weights_and_npz_stats(tmp_path, monkeypatch):
+    """FID runs offline from a weights file (random weights here) and reads/writes pytorch-fid stats."""
+    from torch_fidelity import feature_extractor_inceptionv3 as fe
+
+    with pytest.raises(ValueError, match="needs InceptionV3 weights"):
+        metrics.fid(torch.zeros(2, 3, 8, 8), torch.zeros(2, 3, 8, 8))
+    with monkeypatch.context() as m:  # build once without weights to make a random weights file
+        m.setattr(fe.FeatureExtractorInceptionV3, "load_state_dict", lambda self, sd: None)
+        m.setattr(fe, "load_state_dict_from_url", lambda *a, **k: {})
+        net = fe.FeatureExtractorInceptionV3("inception-v3-compat", ["2048"])
+    torch.save(net.state_dict(), tmp_path / "w.pth")
+    g = torch.Generator().manual_seed(0)
+    a = torch.rand(12, 3, 16, 16, generator=g) * 2 - 1
+    b = torch.rand(12, 1, 16, 16, generator=g) * 2 - 1
+    d = metrics.fid(a, b, weights_path=tmp_path / "w.pth")
+    assert d > 0
+    from gms_kernels.features import inception_extractor, inception_features
+
+    feats = inception_features(b, inception_extractor(tmp_path / "w.pth"))
+    metrics.save_stats(tmp_path / "ref.npz", *metrics.gaussian_stats(feats))
+    assert metrics.fid(a, str(tmp_path / "ref.npz"), weights_path=tmp_path / "w.pth") == pytest.approx(d, rel=1e-9)
