@@ -15,13 +15,6 @@ from gms_kernels.models._common import GroupNorm32
 
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: one intra-op thread is fastest (and far faster on a busy machine); restored after."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def randomize(module, seed=0, scale=0.05):

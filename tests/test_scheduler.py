@@ -13,13 +13,6 @@ from gms_kernels.scheduler import GMSScheduler, GMSSchedulerOutput  # noqa: E402
 C, H, W = 3, 6, 5
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: one intra-op thread is faster, and far faster on a loaded 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def heads(n=4, k=3, seed=0, dtype=torch.float32):
