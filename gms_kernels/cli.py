@@ -117,7 +117,6 @@ def _save_grid(columns, path: Path, data_range: tuple[float, float]) -> None:
 
 def _sdedit(args: argparse.Namespace) -> int:
     import numpy as np
-    import torch
 
     from .schedule import Schedule
     from .sdedit import sdedit, stroke_guide

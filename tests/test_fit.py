@@ -76,7 +76,7 @@ def test_adan_first_iteration_by_hand():
     grads = [2 * w1 * (r1 + 2 * mu1 * r2 + 3 * (mu1**2 + s2) * r3),
              2 * w2 * (r1 + 2 * mu2 * r2 + 3 * (mu2**2 + s2) * r3),
              2 * V * (r2 + 3 * g1 * r3)]
-    b1, b2, b3 = 0.9, 0.92, 0.92
+    b1, b3 = 0.9, 0.92
     new = []
     for theta, gr in zip((mu1, mu2, beta), grads):
         m = (1 - b1) * gr

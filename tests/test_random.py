@@ -1,5 +1,3 @@
-import math
-
 import torch
 
 from gms_kernels import random as rng

@@ -4,8 +4,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import torch
-
 from ..data import digits
 from ..embedded import DIGITS_SHAPE, default_model
 from ..images import save_panels
