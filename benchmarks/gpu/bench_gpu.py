@@ -40,13 +40,12 @@ def network_call_seconds() -> dict[str, float]:
     except ImportError:
         return {}
     out = {}
-    nets = {"cifar10-b100": lambda: models.PytorchDDPMUNet(), "imagenet64-b100": lambda: models.IDDPMUNet(
-        in_channels=3, model_channels=128, out_channels=6, num_res_blocks=3, attention_resolutions=(4, 8),
-        dropout=0.0, channel_mult=(1, 2, 3, 4), num_heads=4, num_heads_upsample=-1, use_scale_shift_norm=True)}
+    nets = {"cifar10-b100": models.PytorchDDPMUNet, "imagenet64-b100": models.IDDPMUNet.imagenet64}
     for size, make in nets.items():
         net = make().cuda().eval()
         x = torch.randn(SIZES[size], device="cuda")
         t = torch.full((x.shape[0],), 500, device="cuda")
+        t = t if getattr(net, "time_input", "index") != "scaled" else t.float() * 1000 / net.schedule.T
         with torch.no_grad():
             out[size] = median_seconds(lambda: net(x, t), repeats=5, warmup=2, sync=torch.cuda.synchronize)
     return out
