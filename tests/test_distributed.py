@@ -41,7 +41,7 @@ def test_a_different_run_in_the_same_directory_is_refused(tmp_path, paper_oracle
 
 
 def _torchrun(out, nproc, *extra):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port", "0",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
            "-m", "gms_kernels", "sample", "--num-samples", "24", "--shard-size", "3", "--batch-size", "2",
            "--out", str(out), *SAMPLE_ARGS, *extra]
     env = dict(os.environ, OMP_NUM_THREADS="1")
