@@ -145,11 +145,12 @@ setup(
         "scikit-learn>=1.1",  # the digits data set
         "diffusers>=0.25",  # GMSScheduler and UNet2DModel loading
         "safetensors>=0.3",
-        "torch-fidelity>=0.3",  # InceptionV3 for FID (weights supplied by the user)
     ],
     extras_require={
         "test": ["pytest>=7", "triton>=3.0; platform_system == 'Linux' and platform_machine == 'x86_64'"],
         "bench": ["pytest-benchmark>=4"],
+        # FID's InceptionV3; torch-fidelity pulls torchvision, whose PyPI wheels pin a (CUDA) torch: opt in
+        "fid": ["torch-fidelity>=0.3"],
     },
     entry_points={"console_scripts": ["gms-kernels=gms_kernels.cli:main"]},
 )

@@ -78,11 +78,13 @@ def test_fd_digits_separates_real_from_noise():
 
 
 def test_fid_with_local_weights_and_npz_stats(tmp_path, monkeypatch):
-    """FID runs offline from a weights file (random weights here) and reads/writes pytorch-fid stats."""
-    from torch_fidelity import feature_extractor_inceptionv3 as fe
+    """FID runs offline from a weights file (random weights here) and reads/writes pytorch-fid stats.
 
+    Needs the optional extra [fid] (torch-fidelity pulls torchvision, whose wheels pin a CUDA torch)."""
     with pytest.raises(ValueError, match="needs InceptionV3 weights"):
         metrics.fid(torch.zeros(2, 3, 8, 8), torch.zeros(2, 3, 8, 8))
+    fe = pytest.importorskip("torch_fidelity.feature_extractor_inceptionv3",
+                             reason="FID needs the optional extra: pip install '.[fid]'")
     with monkeypatch.context() as m:  # build once without weights to make a random weights file
         m.setattr(fe.FeatureExtractorInceptionV3, "load_state_dict", lambda self, sd: None)
         m.setattr(fe, "load_state_dict_from_url", lambda *a, **k: {})
@@ -98,3 +100,14 @@ def test_fid_with_local_weights_and_npz_stats(tmp_path, monkeypatch):
     feats = inception_features(b, inception_extractor(tmp_path / "w.pth"))
     metrics.save_stats(tmp_path / "ref.npz", *metrics.gaussian_stats(feats))
     assert metrics.fid(a, str(tmp_path / "ref.npz"), weights_path=tmp_path / "w.pth") == pytest.approx(d, rel=1e-9)
+
+
+def test_npz_statistics_roundtrip(tmp_path):
+    mu, sigma = torch.randn(5, dtype=torch.float64), torch.eye(5, dtype=torch.float64) * 2
+    metrics.save_stats(tmp_path / "s.npz", mu, sigma)
+    m2, s2 = metrics.load_stats(tmp_path / "s.npz")
+    assert torch.equal(m2, mu) and torch.equal(s2, sigma)
+    import numpy as np
+    np.savez(tmp_path / "bad.npz", mean=mu.numpy())
+    with pytest.raises(ValueError, match="needs arrays mu and sigma"):
+        metrics.load_stats(tmp_path / "bad.npz")
