@@ -51,6 +51,12 @@ namespace py = pybind11;
 #define GMS_NO_FMA_FN
 #endif
 
+#if defined(__GNUC__)
+#define GMS_INLINE inline __attribute__((always_inline))
+#else
+#define GMS_INLINE inline
+#endif
+
 #if defined(_OPENMP) || defined(GMS_OPENMP_SIMD)
 #define GMS_SIMD _Pragma("omp simd")
 #else
@@ -101,6 +107,7 @@ struct Coefs {
     double a_t, sigma_t, c1, c2, lam2;
     bool has_range;
     double center, half;
+    bool unit_range;  // the range [-1, 1]: center 0 and half-width 1 (see moments8)
     // x0_moments
     double r_sq, two_sigma, sigma_sq, a_sq, three_sigma, three_sigma_sq, sigma_cube, a_cube;
     // clamp_x0_moments
@@ -111,7 +118,8 @@ struct Coefs {
     double inv_a, inv_a_sq, inv_a_cube, inv_half, inv_h_sq, inv_h_cube;
 
     Coefs(double a, double s, double c1_, double c2_, double lam2_, bool rng, double c, double h)
-        : a_t(a), sigma_t(s), c1(c1_), c2(c2_), lam2(lam2_), has_range(rng), center(c), half(h) {
+        : a_t(a), sigma_t(s), c1(c1_), c2(c2_), lam2(lam2_), has_range(rng), center(c), half(h),
+          unit_range(rng && c == 0.0 && h == 1.0) {
         const double r = s / a;
         r_sq = r * r;
         two_sigma = 2 * s;
@@ -214,13 +222,221 @@ GMS_NO_FMA_FN void moments_block(const Coefs& kref, int n, const float* __restri
     }
 }
 
+#ifdef GMS_AVX512
+// ------------------------------------------------------------------------------------------
+// AVX-512 forms of the per-element work, 8 doubles per vector, written with intrinsics so that
+// the clamps are single min/max instructions and the selects are mask blends (the compiler's
+// own vectorisation of the loops above turns some of them into masked arithmetic and keeps
+// twice the instructions). A partial last vector is processed with masked loads and stores, so
+// every element goes through the same instructions wherever it sits in a block.
+//
+// The moments are the operations of moments_block in the same order, with the same exact
+// divisions (div_exact), and the functions that contain them are compiled without fma
+// contraction (intrinsics are ordinary arithmetic to the compiler and would otherwise be
+// contracted): M1, Var and M3 stay bit-identical to the float64 reference.
+namespace v8 {
+using V = __m512d;
+inline V bc(double x) { return _mm512_set1_pd(x); }
+inline V add(V a, V b) { return _mm512_add_pd(a, b); }
+inline V sub(V a, V b) { return _mm512_sub_pd(a, b); }
+inline V mul(V a, V b) { return _mm512_mul_pd(a, b); }
+inline V div_exact(V x, V d, V inv_d) {  // as gms::div_exact
+    const V q = mul(x, inv_d);
+    return _mm512_fmadd_pd(_mm512_fnmadd_pd(q, d, x), inv_d, q);
+}
+inline V clamp(V v, V lo, V hi) {  // clampd: max(v, lo) is (v > lo ? v : lo), min likewise
+    return _mm512_min_pd(_mm512_max_pd(v, lo), hi);
+}
+inline __mmask8 tail_mask(int left) {
+    return left >= 8 ? __mmask8(0xFF) : left <= 0 ? __mmask8(0) : __mmask8((1u << left) - 1u);
+}
+inline V load(const float* p, __mmask8 m) { return _mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, p)); }
+inline void store(float* p, __mmask8 m, V v) { _mm256_mask_storeu_ps(p, m, _mm512_cvtpd_ps(v)); }
+
+// RANGE: 0 no data range, 1 a data range, 2 the range [-1, 1]. With center 0 and half-width 1
+// the affine maps of clamp_x0_moments are identities in IEEE arithmetic (x - 0 = x, x / 1 = x,
+// 0 + 1 * y = y, 0 * y = +-0), except that an exact zero may come out as +0 instead of -0 (and
+// an infinite input may give a different result where 0 * inf is NaN): the moments are the same
+// numbers as the general form, without its ~35 operations per element.
+template <bool HAS_VAR, bool HAS_M3, int RANGE>
+GMS_NO_FMA_FN GMS_INLINE void moments8(const Coefs& k, V x, V e1, V e2, V e3, V& M1, V& VAR, V& M3) {
+    GMS_NO_FMA_BEGIN
+    const V zero = _mm512_setzero_pd(), one = bc(1.0), minus_one = bc(-1.0);
+    const V xx = mul(x, x);
+    // x0_moments
+    const V mean = div_exact(sub(x, mul(bc(k.sigma_t), e1)), bc(k.a_t), bc(k.inv_a));
+    V var0 = zero, m2 = zero, m3 = zero;
+    if (HAS_VAR) {
+        var0 = mul(bc(k.r_sq), sub(e2, mul(e1, e1)));
+        m2 = div_exact(add(sub(xx, mul(mul(bc(k.two_sigma), x), e1)), mul(bc(k.sigma_sq), e2)), bc(k.a_sq),
+                       bc(k.inv_a_sq));
+    }
+    if (HAS_M3) {
+        const V num = sub(add(sub(mul(xx, x), mul(mul(bc(k.three_sigma), xx), e1)), mul(mul(bc(k.three_sigma_sq), x), e2)),
+                          mul(bc(k.sigma_cube), e3));
+        m3 = div_exact(num, bc(k.a_cube), bc(k.inv_a_cube));
+    }
+    // clamp_x0_moments
+    V mean_c = mean, var_c = var0, m2_c = m2, m3_c = m3;
+    if (RANGE == 2) {
+        const V mean_y = clamp(mean, minus_one, one);
+        mean_c = mean_y;
+        if (HAS_VAR) {
+            var_c = clamp(var0, zero, one);
+            m2_c = clamp(m2, zero, one);
+            if (HAS_M3) {
+                const __mmask8 wide = _mm512_cmp_pd_mask(_mm512_abs_pd(m3), _mm512_abs_pd(mean_y), _CMP_GT_OQ);
+                m3_c = clamp(_mm512_mask_blend_pd(wide, m3, mean_y), minus_one, one);
+            }
+        }
+    } else if (RANGE == 1) {
+        const V mean_y = clamp(div_exact(sub(mean, bc(k.center)), bc(k.half), bc(k.inv_half)), minus_one, one);
+        mean_c = add(bc(k.center), mul(bc(k.half), mean_y));
+        if (HAS_VAR) {
+            var_c = mul(clamp(div_exact(var0, bc(k.h_sq), bc(k.inv_h_sq)), zero, one), bc(k.h_sq));
+            const V m2_y = clamp(div_exact(add(sub(m2, mul(bc(k.two_c), mean)), bc(k.c_c)), bc(k.h_sq), bc(k.inv_h_sq)),
+                                 zero, one);
+            m2_c = add(add(bc(k.c_c), mul(bc(k.two_c_h), mean_y)), mul(bc(k.h_h), m2_y));
+            if (HAS_M3) {
+                V m3_y = div_exact(sub(add(sub(m3, mul(bc(k.three_c), m2)), mul(bc(k.three_c_c), mean)), bc(k.c_cube)),
+                                   bc(k.h_cube), bc(k.inv_h_cube));
+                const __mmask8 wide = _mm512_cmp_pd_mask(_mm512_abs_pd(m3_y), _mm512_abs_pd(mean_y), _CMP_GT_OQ);
+                m3_y = clamp(_mm512_mask_blend_pd(wide, m3_y, mean_y), minus_one, one);
+                m3_c = add(add(add(bc(k.c_cube), mul(bc(k.three_c_c_h), mean_y)), mul(bc(k.three_c_h_h), m2_y)),
+                           mul(bc(k.h_cube), m3_y));
+            }
+        }
+    }
+    const V m1 = add(mul(bc(k.c1), x), mul(bc(k.c2), mean_c));
+    M1 = m1;
+    if (HAS_VAR) {
+        V var = add(bc(k.lam2), mul(bc(k.c2_sq), var_c));
+        if (RANGE != 0) var = clamp(var, zero, bc(k.h_sq));
+        VAR = var;
+    }
+    if (HAS_M3) {
+        const V three = bc(3.0);
+        const V c1x = mul(bc(k.c1), x);
+        const V c1x2 = mul(c1x, c1x);
+        const V cube = add(add(add(mul(c1x2, c1x), mul(mul(mul(three, c1x2), bc(k.c2)), mean_c)),
+                               mul(mul(mul(three, c1x), bc(k.c2_sq)), m2_c)),
+                           mul(bc(k.c2_cube), m3_c));
+        M3 = add(cube, mul(bc(k.three_lam2), m1));
+    }
+}
+
+template <bool HAS_VAR, bool HAS_M3, int RANGE>
+GMS_NO_FMA_FN void moments_block(const Coefs& k, int n, const float* __restrict x_in, const float* __restrict e1_in,
+                                 const float* __restrict e2_in, const float* __restrict e3_in, double* __restrict M1,
+                                 double* __restrict VAR, double* __restrict M3) {
+    GMS_NO_FMA_BEGIN
+    const V zero = _mm512_setzero_pd();
+    for (int i = 0; i < n; i += 8) {
+        const __mmask8 m = tail_mask(n - i);
+        V m1, var = zero, m3 = zero;
+        moments8<HAS_VAR, HAS_M3, RANGE>(k, load(x_in + i, m), load(e1_in + i, m),
+                                         HAS_VAR ? load(e2_in + i, m) : zero, HAS_M3 ? load(e3_in + i, m) : zero, m1,
+                                         var, m3);
+        _mm512_mask_storeu_pd(M1 + i, m, m1);
+        if (HAS_VAR) _mm512_mask_storeu_pd(VAR + i, m, var);
+        if (HAS_M3) _mm512_mask_storeu_pd(M3 + i, m, m3);
+    }
+}
+
+// The helpers below work on W independent vectors at once, statement by statement (GMS_EACH),
+// so that the instruction stream interleaves W dependency chains: the cube root is a chain of
+// ~15 dependent operations (4-cycle latency each), and one chain per loop iteration leaves the
+// out-of-order window (its scheduler in particular) too few independent operations to keep
+// both vector ports busy.
+#define GMS_EACH for (int j = 0; j < W; ++j)
+
+// cbrt_vec on W x 8 lanes (the same method, with fma, and three Newton steps for y instead of
+// four: their errors are 3.5e-2 -> 2.5e-3 -> 1.3e-5 -> 3e-10, and the last step, on c, squares that)
+template <int W>
+GMS_INLINE void cbrt_w(const V* v, V* out) {
+    const V zero = _mm512_setzero_pd(), third = bc(1.0 / 3.0), four_thirds = bc(4.0 / 3.0);
+    V a[W], y[W], a_third[W], c[W], y2[W];
+    __mmask8 tiny[W];
+    GMS_EACH {
+        a[j] = _mm512_abs_pd(v[j]);
+        tiny[j] = _mm512_cmp_pd_mask(a[j], bc(0x1p-900), _CMP_LT_OQ);
+        a[j] = _mm512_mask_mul_pd(a[j], tiny[j], a[j], bc(0x1p600));
+    }
+    // high word of a^(-1/3): 0x553EF0FF - hi / 3, with hi / 3 = (hi * 0xAAAAAAAB) >> 33 for 32-bit hi
+    GMS_EACH {
+        const __m512i hi = _mm512_srli_epi64(_mm512_castpd_si512(a[j]), 32);
+        const __m512i hi_third = _mm512_srli_epi64(_mm512_mul_epu32(hi, _mm512_set1_epi64(0xAAAAAAABll)), 33);
+        y[j] = _mm512_castsi512_pd(_mm512_slli_epi64(_mm512_sub_epi64(_mm512_set1_epi64(0x553EF0FFll), hi_third), 32));
+        a_third[j] = mul(a[j], third);
+    }
+    for (int it = 0; it < 3; ++it) GMS_EACH y[j] = mul(y[j], _mm512_fnmadd_pd(a_third[j], mul(mul(y[j], y[j]), y[j]), four_thirds));
+    GMS_EACH {
+        y2[j] = mul(y[j], y[j]);
+        c[j] = mul(a[j], y2[j]);
+    }
+    GMS_EACH c[j] = _mm512_fnmadd_pd(_mm512_fmsub_pd(mul(c[j], c[j]), c[j], a[j]), mul(y2[j], third), c[j]);  // c - (c^3 - a) y^2 / 3
+    GMS_EACH {
+        c[j] = _mm512_mask_mul_pd(c[j], tiny[j], c[j], bc(0x1p-200));
+        c[j] = _mm512_mask_mov_pd(c[j], _mm512_cmp_pd_mask(a[j], zero, _CMP_EQ_OQ), zero);
+        c[j] = _mm512_mask_mov_pd(c[j], _mm512_cmp_pd_mask(a[j], bc(HUGE_VAL), _CMP_EQ_OQ), a[j]);
+        out[j] = _mm512_or_pd(c[j], _mm512_and_pd(v[j], bc(-0.0)));  // the sign of v
+    }
+}
+
+// sqrt(s) for s >= 0 (or NaN) without vsqrtpd, which is slow and poorly pipelined on 512-bit
+// vectors (one per ~14 cycles here): s r with r ~ 1/sqrt(s) from vrsqrt14pd (2^-14, any
+// positive finite s, subnormals included) and Newton steps: ONE leaves ~2^-28 (enough for a
+// value that is rounded to float32 after scaling a float32), two ~2^-54 (a few ulp at most).
+// 0, +inf and NaN come back as they are.
+template <int W, bool TWO_STEPS>
+GMS_INLINE void sqrt_w(const V* s, V* out) {
+    const V one = bc(1.0), half = bc(0.5);
+    V r[W], q[W], h[W];
+    GMS_EACH {
+        r[j] = _mm512_rsqrt14_pd(s[j]);
+        q[j] = mul(s[j], r[j]);                               // ~sqrt(s)
+    }
+    GMS_EACH h[j] = mul(_mm512_fnmadd_pd(q[j], r[j], one), half);  // (1 - s r^2) / 2
+    if (TWO_STEPS) {
+        GMS_EACH {
+            r[j] = _mm512_fmadd_pd(r[j], h[j], r[j]);
+            q[j] = _mm512_fmadd_pd(q[j], h[j], q[j]);
+        }
+        GMS_EACH h[j] = mul(_mm512_fnmadd_pd(q[j], r[j], one), half);
+    }
+    GMS_EACH {
+        const __mmask8 regular = _mm512_cmp_pd_mask(s[j], _mm512_setzero_pd(), _CMP_GT_OQ) &
+                                 _mm512_cmp_pd_mask(s[j], bc(HUGE_VAL), _CMP_LT_OQ);
+        out[j] = _mm512_mask_blend_pd(regular, s[j], _mm512_fmadd_pd(q[j], h[j], q[j]));
+    }
+}
+
+// mixture draw of 8 elements: (u < w1 ? mu1 : mu2) + sd z in double, rounded once
+GMS_NO_FMA_FN GMS_INLINE __m256 mix8(V p1, V p2, V sd, __m256 z, __m256 u, __m256 w1f) {
+    GMS_NO_FMA_BEGIN
+    const __mmask8 first = _mm256_cmp_ps_mask(u, w1f, _CMP_LT_OQ);
+    const V mu = _mm512_mask_blend_pd(first, p2, p1);
+    return _mm512_cvtpd_ps(add(mu, mul(sd, _mm512_cvtps_pd(z))));
+}
+}  // namespace v8
+#endif  // GMS_AVX512
+
 template <bool HAS_VAR, bool HAS_M3>
 void moments_dispatch_range(const Coefs& k, int n, const float* x, const float* e1, const float* e2, const float* e3,
                             double* M1, double* VAR, double* M3) {
+#ifdef GMS_AVX512
+    if (k.unit_range)
+        v8::moments_block<HAS_VAR, HAS_M3, 2>(k, n, x, e1, e2, e3, M1, VAR, M3);
+    else if (k.has_range)
+        v8::moments_block<HAS_VAR, HAS_M3, 1>(k, n, x, e1, e2, e3, M1, VAR, M3);
+    else
+        v8::moments_block<HAS_VAR, HAS_M3, 0>(k, n, x, e1, e2, e3, M1, VAR, M3);
+#else
     if (k.has_range)
         moments_block<HAS_VAR, HAS_M3, true>(k, n, x, e1, e2, e3, M1, VAR, M3);
     else
         moments_block<HAS_VAR, HAS_M3, false>(k, n, x, e1, e2, e3, M1, VAR, M3);
+#endif
 }
 
 inline void moments_dispatch(const Coefs& k, int n, const float* x, const float* e1, const float* e2,
@@ -276,24 +492,33 @@ GMS_NO_FMA_FN void kappa3_block(int n, const double* __restrict M1, const double
 }
 
 // fit.fit_closed in double: exact (M1, Var, M3) match with the variance floor. K3 holds kappa3
-// (from kappa3_block<true>).
+// (from kappa3_block<true>). The two divisions of the reference are exact divisions (div_exact).
+struct ClosedConsts {
+    double w1, w2, w12, denom, inv_denom, inv_w12, var_floor;
+    ClosedConsts(double w1_, double var_floor_) : w1(w1_), w2(1.0 - w1_), var_floor(var_floor_) {
+        w12 = w1 * w2;
+        denom = w12 * (w2 - w1);
+        inv_denom = 1.0 / denom;
+        inv_w12 = 1.0 / w12;
+    }
+};
+
 inline void closed_fit_block(int n, const double* __restrict M1, const double* __restrict VAR,
-                             const double* __restrict K3, double w1, double var_floor, double* __restrict P1,
+                             const double* __restrict K3, const ClosedConsts& c, double* __restrict P1,
                              double* __restrict P2, double* __restrict PS) {
-    const double w2 = 1.0 - w1;
-    const double w12 = w1 * w2;
-    const double inv_denom = 1.0 / (w12 * (w2 - w1)), inv_w12 = 1.0 / w12;
+    const double w1 = c.w1, w2 = c.w2, w12 = c.w12, denom = c.denom, inv_denom = c.inv_denom, inv_w12 = c.inv_w12;
+    const double var_floor = c.var_floor;
     GMS_SIMD
     for (int i = 0; i < n; ++i) {
         const double m1 = M1[i];
         const double var = VAR[i] < 0.0 ? 0.0 : VAR[i];
-        double delta = cbrt_vec(K3[i] * inv_denom);
+        double delta = cbrt_vec(div_exact(K3[i], denom, inv_denom));
         double s2 = var - w12 * (delta * delta);
         const double floor = var_floor * var;
         const bool too_skewed = s2 < floor;
         s2 = too_skewed ? floor : s2;
         const double room = var - floor;
-        const double max_delta = std::sqrt((room < 0.0 ? 0.0 : room) * inv_w12);
+        const double max_delta = std::sqrt(div_exact(room < 0.0 ? 0.0 : room, w12, inv_w12));
         const double sgn = delta > 0.0 ? 1.0 : (delta < 0.0 ? -1.0 : 0.0);
         delta = too_skewed ? sgn * max_delta : delta;
         P1[i] = m1 + w2 * delta;
@@ -301,6 +526,90 @@ inline void closed_fit_block(int n, const double* __restrict M1, const double* _
         PS[i] = s2;
     }
 }
+
+#ifdef GMS_AVX512
+namespace v8 {
+// kappa3_block<true> + closed_fit_block on W x 8 lanes, branch-free (a too-skewed lane is in
+// most vectors of typical inputs). One square root serves both the floor branch and the draw:
+// sq = sqrt(skewed ? Var : s2); a skewed element has s2 = var_floor Var, so its standard
+// deviation is sq sqrt(var_floor) and its |delta| = sqrt((Var - floor) / (w1 w2)) is
+// sq sqrt((1 - var_floor) / (w1 w2)) (equal in exact arithmetic; within a few ulp here).
+struct ClosedVecConsts {
+    V w1, w2, w12, denom, inv_denom, var_floor, sd_floor, delta_floor;
+    explicit ClosedVecConsts(const ClosedConsts& c)
+        : w1(bc(c.w1)), w2(bc(c.w2)), w12(bc(c.w12)), denom(bc(c.denom)), inv_denom(bc(c.inv_denom)),
+          var_floor(bc(c.var_floor)), sd_floor(bc(std::sqrt(c.var_floor))),
+          delta_floor(bc(std::sqrt((1.0 - c.var_floor) / c.w12))) {}
+};
+
+template <int W>
+GMS_NO_FMA_FN GMS_INLINE void closed_fit_w(const ClosedVecConsts& c, const V* m1, const V* var_in, const V* m3, V* p1,
+                                       V* p2, V* ps, V* sd) {
+    GMS_NO_FMA_BEGIN
+    const V zero = _mm512_setzero_pd();
+    V var[W], t[W], delta[W], s2[W], floor[W], sq[W];
+    __mmask8 skewed[W];
+    GMS_EACH {
+        var[j] = _mm512_max_pd(zero, var_in[j]);  // (var < 0 ? 0 : var), NaN kept
+        const V k3 = sub(sub(m3[j], mul(mul(bc(3.0), m1[j]), var[j])), mul(mul(m1[j], m1[j]), m1[j]));
+        t[j] = div_exact(k3, c.denom, c.inv_denom);
+    }
+    cbrt_w<W>(t, delta);
+    GMS_EACH {
+        s2[j] = sub(var[j], mul(c.w12, mul(delta[j], delta[j])));
+        floor[j] = mul(c.var_floor, var[j]);
+        skewed[j] = _mm512_cmp_pd_mask(s2[j], floor[j], _CMP_LT_OQ);
+        s2[j] = _mm512_mask_blend_pd(skewed[j], s2[j], floor[j]);
+        t[j] = _mm512_mask_blend_pd(skewed[j], s2[j], var[j]);
+    }
+    sqrt_w<W, true>(t, sq);
+    GMS_EACH {
+        // sign(delta) * max_delta: the sign of delta, 0 where delta is 0
+        const V signed_max = _mm512_or_pd(mul(sq[j], c.delta_floor), _mm512_and_pd(delta[j], bc(-0.0)));
+        const __mmask8 nonzero = _mm512_cmp_pd_mask(delta[j], zero, _CMP_NEQ_OQ);
+        delta[j] = _mm512_mask_mov_pd(delta[j], skewed[j], _mm512_maskz_mov_pd(nonzero, signed_max));
+        sd[j] = _mm512_mask_mul_pd(sq[j], skewed[j], sq[j], c.sd_floor);
+        p1[j] = add(m1[j], mul(c.w2, delta[j]));
+        p2[j] = sub(m1[j], mul(c.w1, delta[j]));
+        ps[j] = s2[j];
+    }
+}
+
+// The closed-form fit and the mixture draw of n elements whose moments are in M1, VAR, M3
+// (double, L1-resident) and whose random numbers are in Z, U. The moments are a separate loop:
+// the cube root is a chain of ~15 dependent operations after the ~25 of the moments, and a loop
+// body with both keeps too few vectors in flight in the out-of-order window.
+template <int W = 8>
+GMS_NO_FMA_FN inline void closed_fit_mix(const ClosedConsts& cs, int n, const double* __restrict M1,
+                                         const double* __restrict VAR, const double* __restrict M3,
+                                         const float* __restrict Z, const float* __restrict U, float* out,
+                                         float* __restrict mu1, float* __restrict mu2, float* __restrict s2) {
+    GMS_NO_FMA_BEGIN
+    const ClosedVecConsts c(cs);
+    const __m256 w1f = _mm256_set1_ps(static_cast<float>(cs.w1));
+    for (int i = 0; i < n; i += 8 * W) {
+        __mmask8 m[W];
+        V m1[W], var[W], m3[W], p1[W], p2[W], ps[W], sd[W];
+        GMS_EACH {
+            m[j] = tail_mask(n - i - 8 * j);  // (0 past the end: the lane group is computed on zeros, not stored)
+            m1[j] = _mm512_maskz_loadu_pd(m[j], M1 + i + 8 * j);
+            var[j] = _mm512_maskz_loadu_pd(m[j], VAR + i + 8 * j);
+            m3[j] = _mm512_maskz_loadu_pd(m[j], M3 + i + 8 * j);
+        }
+        closed_fit_w<W>(c, m1, var, m3, p1, p2, ps, sd);
+        GMS_EACH {
+            const int e = i + 8 * j;
+            if (mu1 != nullptr) store(mu1 + e, m[j], p1[j]);
+            if (mu2 != nullptr) store(mu2 + e, m[j], p2[j]);
+            if (s2 != nullptr) store(s2 + e, m[j], ps[j]);
+            const __m256 x_s = mix8(p1[j], p2[j], sd[j], _mm256_maskz_loadu_ps(m[j], Z + e),
+                                    _mm256_maskz_loadu_ps(m[j], U + e), w1f);
+            _mm256_mask_storeu_ps(out + e, m[j], x_s);
+        }
+    }
+}
+}  // namespace v8
+#endif  // GMS_AVX512
 
 // ------------------------------------------------------------------------------------------
 // ADAN fit (fit.fit_adan), written per element.
@@ -598,23 +907,40 @@ inline void draw_block(const NoiseSource& src, int64_t e0, int n, float* __restr
             philox_block(n, c0, c1, k0, k1, u0, u1);
         }
     }
-    GMS_SIMD
-    for (int e = 0; e < n; ++e) Z[e] = box_muller(w0[e], w1[e]);
-    if (pixel_u) {
-        GMS_SIMD
-        for (int e = 0; e < n; ++e) U[e] = uint_to_uniform(u0[e]);
-    }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // (masked vector loads read w0/w1 only below n)
+#endif
+    normals_block(n, w0, w1, Z);
+    if (pixel_u) uniforms_block(n, u0, U);
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 }
 
 // x = (u < w1 ? mu1 : mu2) + sqrt(max(s2, 0)) z, in double, rounded once (mixture.sample_mixture).
-inline void mix_block(int n, const double* __restrict P1, const double* __restrict P2, const double* __restrict PS,
-                      const float* __restrict Z, const float* __restrict U, float w1f, float* __restrict out) {
+GMS_NO_FMA_FN inline void mix_block(int n, const double* __restrict P1, const double* __restrict P2,
+                                    const double* __restrict PS, const float* __restrict Z,
+                                    const float* __restrict U, float w1f, float* __restrict out) {
+    GMS_NO_FMA_BEGIN
+#ifdef GMS_AVX512
+    const __m256 w1v = _mm256_set1_ps(w1f);
+    for (int e = 0; e < n; e += 8) {
+        const __mmask8 m = v8::tail_mask(n - e);
+        v8::V ps = _mm512_max_pd(_mm512_maskz_loadu_pd(m, PS + e), _mm512_setzero_pd()), sd;  // (ps > 0 ? ps : 0)
+        v8::sqrt_w<1, false>(&ps, &sd);
+        const __m256 x_s = v8::mix8(_mm512_maskz_loadu_pd(m, P1 + e), _mm512_maskz_loadu_pd(m, P2 + e), sd,
+                                    _mm256_maskz_loadu_ps(m, Z + e), _mm256_maskz_loadu_ps(m, U + e), w1v);
+        _mm256_mask_storeu_ps(out + e, m, x_s);
+    }
+#else
     GMS_SIMD
     for (int e = 0; e < n; ++e) {
         const double mu = U[e] < w1f ? P1[e] : P2[e];
         const double s2 = PS[e] > 0.0 ? PS[e] : 0.0;
         out[e] = static_cast<float>(mu + std::sqrt(s2) * static_cast<double>(Z[e]));
     }
+#endif
 }
 
 inline void store_params(int n, const double* P1, const double* P2, const double* PS, float* mu1, float* mu2,
@@ -628,8 +954,31 @@ inline void store_params(int n, const double* P1, const double* P2, const double
 }
 
 // ------------------------------------------------------------------------------------------
+// An input of N samples of D float32 each, sample i starting at p + i * stride (stride = D: the
+// flat contiguous array; 3 D: one head of a [N, 3C, ...] model output sliced along channels).
+struct SampleInput {
+    const float* p;
+    int64_t stride;
+};
+
+// The n elements [e0, e0 + n) of the flattened [N * D] input as one contiguous run: a pointer into
+// the input where they are (always with stride D, and otherwise while the run stays within one
+// sample), else a copy gathered into `staging`.
+inline const float* block_input(const SampleInput& in, int64_t D, int64_t e0, int n, float* staging) {
+    if (in.p == nullptr) return nullptr;
+    if (in.stride == D) return in.p + e0;
+    int64_t i = e0 / D, j = e0 % D;
+    if (j + n <= D) return in.p + i * in.stride + j;
+    for (int e = 0; e < n; j = 0, ++i) {
+        const int len = static_cast<int>(std::min<int64_t>(n - e, D - j));
+        std::memcpy(staging + e, in.p + i * in.stride + j, sizeof(float) * static_cast<size_t>(len));
+        e += len;
+    }
+    return staging;
+}
+
 struct StepArgs {
-    const float *x, *e1, *e2, *e3;
+    SampleInput x, e1, e2, e3;
     float *out, *mu1, *mu2, *s2;
     NoiseSource noise;
     int mode;
@@ -639,17 +988,29 @@ struct StepArgs {
 };
 
 void fused_block(const StepArgs& A, int64_t e0, int n) {
-    alignas(64) double M1[kBlock], VAR[kBlock], M3[kBlock];
-    alignas(64) double P1[kBlock], P2[kBlock], PS[kBlock];
+    alignas(64) float SX[kBlock], S1[kBlock], S2[kBlock], S3[kBlock];  // (used by blocks that straddle samples)
     alignas(64) float Z[kBlock], U[kBlock];
     const bool need_var = A.mode != kDenoise;
     const bool need_m3 = A.mode == kClosed || A.mode == kAdan;
-    moments_dispatch(A.coefs, n, A.x + e0, A.e1 + e0, need_var ? A.e2 + e0 : nullptr,
-                     need_m3 ? A.e3 + e0 : nullptr, M1, VAR, M3);
+    const int64_t D = A.noise.D;
+    const float* x = block_input(A.x, D, e0, n, SX);
+    const float* e1 = block_input(A.e1, D, e0, n, S1);
+    const float* e2 = need_var ? block_input(A.e2, D, e0, n, S2) : nullptr;
+    const float* e3 = need_m3 ? block_input(A.e3, D, e0, n, S3) : nullptr;
     float* out = A.out + e0;
     float* mu1 = A.mu1 ? A.mu1 + e0 : nullptr;
     float* mu2 = A.mu2 ? A.mu2 + e0 : nullptr;
     float* s2 = A.s2 ? A.s2 + e0 : nullptr;
+    alignas(64) double M1[kBlock], VAR[kBlock], M3[kBlock];
+    alignas(64) double P1[kBlock], P2[kBlock], PS[kBlock];
+    moments_dispatch(A.coefs, n, x, e1, e2, e3, M1, VAR, M3);
+#ifdef GMS_AVX512
+    if (A.mode == kClosed) {  // kappa3, fit, float32 parameters and the draw in one loop
+        draw_block(A.noise, e0, n, Z, U);
+        v8::closed_fit_mix(ClosedConsts(A.w1, A.var_floor), n, M1, VAR, M3, Z, U, out, mu1, mu2, s2);
+        return;
+    }
+#endif
     switch (A.mode) {
         case kDenoise: {
             for (int e = 0; e < n; ++e) {
@@ -674,7 +1035,7 @@ void fused_block(const StepArgs& A, int64_t e0, int n) {
         }
         case kClosed:  // (M3 is overwritten by kappa3)
             kappa3_block<true>(n, M1, VAR, M3, M3);
-            closed_fit_block(n, M1, VAR, M3, A.w1, A.var_floor, P1, P2, PS);
+            closed_fit_block(n, M1, VAR, M3, ClosedConsts(A.w1, A.var_floor), P1, P2, PS);
             break;
         default:  // kAdan (M3 is overwritten by kappa3)
             adan_fit(A.adan, n, M1, VAR, M3, M3, P1, P2, PS);
@@ -747,6 +1108,28 @@ const float* float_input(const py::object& obj, int64_t n, const char* name, std
     return arr.data();
 }
 
+// An input of N samples of D elements, sample i at element i * stride of the array (stride < 0:
+// D, the flat [N * D] array, whose size must then be N * D exactly).
+SampleInput sample_input(const py::object& obj, int64_t N, int64_t D, int64_t stride, const char* name,
+                         std::vector<py::object>& keep, bool required) {
+    if (stride < 0 || stride == D) return {float_input(obj, N * D, name, keep, required), D};
+    if (obj.is_none()) {
+        if (required) throw std::invalid_argument(std::string(name) + " is required for this mode");
+        return {nullptr, D};
+    }
+    if (N > 1 && stride > (INT64_MAX - D) / (N - 1))
+        throw std::invalid_argument(std::string(name) + ": (N - 1) * stride + D overflows");
+    const int64_t need = N > 0 && D > 0 ? (N - 1) * stride + D : 0;
+    FloatIn arr = FloatIn::ensure(obj);
+    if (!arr) throw std::invalid_argument(std::string(name) + " must be convertible to a float32 array");
+    if (arr.size() < need)
+        throw std::invalid_argument(std::string(name) + " has " + std::to_string(arr.size()) + " elements, fewer than the " +
+                                    std::to_string(need) + " that N = " + std::to_string(N) + " samples of " +
+                                    std::to_string(D) + " at a stride of " + std::to_string(stride) + " span");
+    keep.push_back(arr);
+    return {arr.data(), stride};
+}
+
 const int64_t* long_input(const py::object& obj, int64_t n, const char* name, std::vector<py::object>& keep) {
     LongIn arr = LongIn::ensure(obj);
     if (!arr) throw std::invalid_argument(std::string(name) + " must be convertible to an int64 array");
@@ -805,19 +1188,20 @@ void fused_step_py(py::object x_t, py::object e1, py::object e2, py::object e3, 
                    py::object out, py::object mu1, py::object mu2, py::object s2, int64_t N, int64_t D, int mode,
                    int64_t t, double a_t, double sigma_t, double c1, double c2, double lam2, bool has_range,
                    double center, double half, double var_cap, double w1, double var_floor, std::vector<double> lrs,
-                   double grad_scale, bool per_pixel, int num_threads, bool adan_fp64) {
+                   double grad_scale, bool per_pixel, int num_threads, bool adan_fp64, int64_t x_stride,
+                   int64_t e1_stride, int64_t e2_stride, int64_t e3_stride) {
     check_sizes(N, D);
     if (mode < kGaussian || mode > kDenoise) throw std::invalid_argument("unknown mode " + std::to_string(mode));
     if (has_range && !(half > 0.0)) throw std::invalid_argument("half must be positive with a data range");
     const int64_t total = N * D;
     std::vector<py::object> keep;
-    StepArgs A{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, NoiseSource{},
+    StepArgs A{{}, {}, {}, {}, nullptr, nullptr, nullptr, nullptr, NoiseSource{},
                mode, Coefs(a_t, sigma_t, c1, c2, lam2, has_range, center, half), var_cap, w1, var_floor,
                AdanConfig{AdanConsts{w1, grad_scale}, {}}};
-    A.x = float_input(x_t, total, "x_t", keep, true);
-    A.e1 = float_input(e1, total, "e1", keep, true);
-    A.e2 = float_input(e2, total, "e2", keep, mode != kDenoise);
-    A.e3 = float_input(e3, total, "e3", keep, mode == kClosed || mode == kAdan);
+    A.x = sample_input(x_t, N, D, x_stride, "x_t", keep, true);
+    A.e1 = sample_input(e1, N, D, e1_stride, "e1", keep, true);
+    A.e2 = sample_input(e2, N, D, e2_stride, "e2", keep, mode != kDenoise);
+    A.e3 = sample_input(e3, N, D, e3_stride, "e3", keep, mode == kClosed || mode == kAdan);
     A.out = float_output(out, total, "out", keep, true);
     A.mu1 = float_output(mu1, total, "mu1", keep, false);
     A.mu2 = float_output(mu2, total, "mu2", keep, false);
@@ -957,6 +1341,11 @@ py::dict build_info() {
     d["isa"] = "generic";
 #endif
     d["block"] = kBlock;
+#ifdef GMS_AVX512
+    d["kernels"] = "avx512";  // the hand-vectorised moments, closed fit, normals and draw
+#else
+    d["kernels"] = "portable";
+#endif
     return d;
 }
 
@@ -971,11 +1360,15 @@ PYBIND11_MODULE(_C, m) {
     m.attr("MODE_DENOISE") = static_cast<int>(gms::kDenoise);
     m.def("fused_step", &gms::fused_step_py,
           "One fused GMS step over flattened float32 [N*D] buffers (see gms_kernels.kernels). "
-          "e2/e3 may be None where the mode does not read them; mu1/mu2/s2 None skips writing them.",
+          "e2/e3 may be None where the mode does not read them; mu1/mu2/s2 None skips writing them. "
+          "x_stride/e1_stride/e2_stride/e3_stride: elements from one sample's start to the next in that "
+          "input (default D: the flat array; e.g. 3 D for a head sliced out of a [N, 3C, ...] output, "
+          "passed as the 1-D span from its first element); out/mu1/mu2/s2 are always flat [N*D].",
           "x_t"_a, "e1"_a, "e2"_a, "e3"_a, "seeds"_a, "indices"_a, "out"_a, "mu1"_a, "mu2"_a, "s2"_a, "N"_a,
           "D"_a, "mode"_a, "t"_a, "a_t"_a, "sigma_t"_a, "c1"_a, "c2"_a, "lam2"_a, "has_range"_a, "center"_a,
           "half"_a, "var_cap"_a, "w1"_a, "var_floor"_a, "lrs"_a, "grad_scale"_a, "per_pixel"_a,
-          "num_threads"_a = 0, "adan_fp64"_a = false);
+          "num_threads"_a = 0, "adan_fp64"_a = false, "x_stride"_a = -1, "e1_stride"_a = -1, "e2_stride"_a = -1,
+          "e3_stride"_a = -1);
     m.def("sample_mixture", &gms::sample_mixture_py,
           "out = (u < w1 ? mu1 : mu2) + sqrt(max(s2, 0)) z with the Philox streams of step t.", "mu1"_a, "mu2"_a,
           "s2"_a, "out"_a, "seeds"_a, "indices"_a, "N"_a, "D"_a, "w1"_a, "t"_a, "per_pixel"_a,

@@ -13,13 +13,40 @@
 //
 // The log and cos of the normal are evaluated here in double precision and rounded once to
 // float32 (so they agree with a correctly rounded logf/cosf), with straight-line code that the
-// compiler can vectorise: no libm call is left in the per-element loops.
+// compiler can vectorise: no libm call is left in the per-element loops. With AVX-512 the normals
+// of a block are drawn by hand-written vector code (normals_block), 16 per iteration; the
+// integers and uniforms stay bit-identical; the normals agree with the scalar form to float32
+// rounding (both evaluate log and cos far below a float32 ulp before the one rounding).
 #pragma once
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #if defined(__AVX512F__) || defined(__AVX2__)
+#if defined(__GNUC__) && !defined(__clang__)
+// (GCC 12 reports the deliberately undefined pass-through operands inside the AVX-512 intrinsics
+// as "may be used uninitialized" wherever they are inlined)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 #include <immintrin.h>
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif
+
+#if defined(__GNUC__)
+#define GMS_ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define GMS_ALWAYS_INLINE inline
+#endif
+
+// The hand-vectorised paths need AVX-512 F/DQ/VL and FMA (Skylake-SP and later); everything
+// else takes the portable loops. GMS_NO_AVX512 forces the portable loops (for checks).
+#if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__AVX512VL__) && defined(__FMA__) && \
+    !defined(GMS_NO_AVX512)
+#define GMS_AVX512 1
 #endif
 
 namespace gms {
@@ -133,6 +160,11 @@ inline void philox_block(int n, const uint32_t* __restrict lo, const uint32_t* _
     }
 }
 
+#if defined(__AVX512F__)
+// the high dword of each 64-bit lane copied into its low dword (vpshufd)
+inline __m512i hi_down(__m512i v) { return _mm512_shuffle_epi32(v, _MM_PERM_DDBB); }
+#endif
+
 // Words 0 and 1 for one key (seed) and the n consecutive counters head | (first + m), m < n
 // (the counters of one sample's elements): no per-element key or counter arrays to fill.
 inline void philox_run(int n, uint64_t seed, uint64_t head, uint64_t first, uint32_t* __restrict w0,
@@ -150,22 +182,46 @@ inline void philox_run(int n, uint64_t seed, uint64_t head, uint64_t first, uint
             round_k0[r] = _mm512_set1_epi64(r0);
             round_k1[r] = _mm512_set1_epi64(r1);
         }
-        for (; i + 8 <= n; i += 8) {
-            const __m512i idx = _mm512_add_epi64(_mm512_set1_epi64(static_cast<long long>(first + i)), iota);
-            __m512i c0 = _mm512_or_si512(idx, vhead);  // low word in the low half (high half: junk)
-            __m512i c1 = _mm512_srli_epi64(c0, 32);
-            __m512i c2 = _mm512_setzero_si512(), c3 = _mm512_setzero_si512();
-            for (int r = 0; r < kPhiloxRounds; ++r) {
-                const __m512i pb = _mm512_mul_epu32(c2, mb);
-                const __m512i pa = _mm512_mul_epu32(c0, ma);
-                c0 = _mm512_ternarylogic_epi64(_mm512_srli_epi64(pb, 32), c1, round_k0[r], 0x96);
-                c2 = _mm512_ternarylogic_epi64(_mm512_srli_epi64(pa, 32), c3, round_k1[r], 0x96);
-                c1 = pb;
-                c3 = pa;
+        // The first round starts from c2 = c3 = 0 (its B product is 0, so c0 <- c1 ^ k0 and
+        // c1 <- 0), and of the last round only words 0 and 1 are kept: 5 of the 60 vector
+        // operations of the ten rounds are left out, with the same results. The high word of a
+        // product is brought down with a dword shuffle (hi_down: the high half keeps a copy,
+        // which is junk like every high half here) rather than a shift: multiplies and shifts
+        // share one execution port on these cores, shuffles use another. W vectors go through
+        // the rounds together, so that their dependency chains (~70 cycles each) overlap.
+        auto rounds = [&](auto w_const, int at) {
+            constexpr int W = decltype(w_const)::value;
+            __m512i c0[W], c1[W], c2[W], c3[W], pa[W], pb[W];
+            for (int j = 0; j < W; ++j) {
+                const __m512i idx = _mm512_add_epi64(_mm512_set1_epi64(static_cast<long long>(first + at + 8 * j)), iota);
+                const __m512i lo_word = _mm512_or_si512(idx, vhead);  // low word in the low half (high half: junk)
+                pa[j] = _mm512_mul_epu32(lo_word, ma);
+                c0[j] = _mm512_xor_si512(hi_down(lo_word), round_k0[0]);
+                c1[j] = _mm512_setzero_si512();
+                c2[j] = _mm512_xor_si512(hi_down(pa[j]), round_k1[0]);
+                c3[j] = pa[j];
             }
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(w0 + i), _mm512_cvtepi64_epi32(c0));
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(w1 + i), _mm512_cvtepi64_epi32(c1));
-        }
+            for (int r = 1; r < kPhiloxRounds - 1; ++r) {
+                for (int j = 0; j < W; ++j) {
+                    pb[j] = _mm512_mul_epu32(c2[j], mb);
+                    pa[j] = _mm512_mul_epu32(c0[j], ma);
+                }
+                for (int j = 0; j < W; ++j) {
+                    c0[j] = _mm512_ternarylogic_epi64(hi_down(pb[j]), c1[j], round_k0[r], 0x96);
+                    c2[j] = _mm512_ternarylogic_epi64(hi_down(pa[j]), c3[j], round_k1[r], 0x96);
+                    c1[j] = pb[j];
+                    c3[j] = pa[j];
+                }
+            }
+            for (int j = 0; j < W; ++j) {
+                pb[j] = _mm512_mul_epu32(c2[j], mb);
+                c0[j] = _mm512_ternarylogic_epi64(hi_down(pb[j]), c1[j], round_k0[kPhiloxRounds - 1], 0x96);
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(w0 + at + 8 * j), _mm512_cvtepi64_epi32(c0[j]));
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(w1 + at + 8 * j), _mm512_cvtepi64_epi32(pb[j]));
+            }
+        };
+        for (; i + 32 <= n; i += 32) rounds(std::integral_constant<int, 4>(), i);
+        for (; i + 8 <= n; i += 8) rounds(std::integral_constant<int, 1>(), i);
     }
 #elif defined(__AVX2__)
     {
@@ -298,6 +354,146 @@ inline float box_muller(uint32_t w0, uint32_t w1) {
     return radius * cos_small(theta);
 }
 
+#ifdef GMS_AVX512
+// ------------------------------------------------------------------------------------------
+// Box-Muller on 16 lanes per vector. The uniforms are formed exactly as uint_to_uniform does (integer ops,
+// one int -> float conversion, one float multiply); log(u1) and cos(theta) are evaluated in
+// double on two halves of 8 lanes and rounded once to float32, then sqrt and the product are
+// the same float32 operations as box_muller.
+
+// The helpers work on K independent vectors at once, statement by statement, so that their
+// dependency chains (the polynomials) interleave in the instruction stream.
+
+// log(m 2^e) for m in [sqrt(1/2), sqrt(2)) given as double: 2 atanh(s) + e ln 2 with
+// s = (m - 1)/(m + 1) (|s| < 0.1716), its reciprocal from vrcp14pd and one Newton step (2^-28)
+// and the odd series to s^11 (relative truncation error < 6e-11): ~1e-8 of a float32 ulp.
+template <int K>
+GMS_ALWAYS_INLINE void log_core(const __m512d* m, const __m512d* e, __m256* out) {
+    const __m512d one = _mm512_set1_pd(1.0);
+    __m512d num[K], den[K], inv[K], s[K], s2[K], p[K];
+    for (int j = 0; j < K; ++j) {
+        den[j] = _mm512_add_pd(m[j], one);
+        num[j] = _mm512_sub_pd(m[j], one);
+        inv[j] = _mm512_rcp14_pd(den[j]);
+    }
+    for (int j = 0; j < K; ++j) inv[j] = _mm512_fmadd_pd(inv[j], _mm512_fnmadd_pd(den[j], inv[j], one), inv[j]);
+    for (int j = 0; j < K; ++j) {
+        s[j] = _mm512_mul_pd(num[j], inv[j]);
+        s2[j] = _mm512_mul_pd(s[j], s[j]);
+        p[j] = _mm512_set1_pd(2.0 / 11.0);
+    }
+    static const double coef[] = {2.0 / 9.0, 2.0 / 7.0, 2.0 / 5.0, 2.0 / 3.0, 2.0};
+    for (double cf : coef)
+        for (int j = 0; j < K; ++j) p[j] = _mm512_fmadd_pd(p[j], s2[j], _mm512_set1_pd(cf));
+    for (int j = 0; j < K; ++j)
+        out[j] = _mm512_cvtpd_ps(_mm512_fmadd_pd(e[j], _mm512_set1_pd(0.69314718055994530942), _mm512_mul_pd(s[j], p[j])));
+}
+
+// cos(theta) for theta in [0, 2 pi] (see cos_small): cos(theta) = -cos(x), x = theta - pi; with
+// y = |x| and z = y (y <= pi/2) or pi - y, one even Taylor polynomial to z^14 (truncation
+// < 7e-11 absolute) and a sign flip.
+template <int K>
+GMS_ALWAYS_INLINE void cos_core(const __m512d* theta, __m256* out) {
+    const __m512d pi_hi = _mm512_set1_pd(3.141592653589793116), pi_lo = _mm512_set1_pd(1.2246467991473532e-16);
+    __m512d z2[K], c[K];
+    __mmask8 far[K];
+    for (int j = 0; j < K; ++j) {
+        const __m512d y = _mm512_abs_pd(_mm512_sub_pd(_mm512_sub_pd(theta[j], pi_hi), pi_lo));
+        far[j] = _mm512_cmp_pd_mask(y, _mm512_set1_pd(1.5707963267948966), _CMP_GT_OQ);
+        const __m512d z = _mm512_mask_blend_pd(far[j], y, _mm512_add_pd(_mm512_sub_pd(pi_hi, y), pi_lo));
+        z2[j] = _mm512_mul_pd(z, z);
+        c[j] = _mm512_set1_pd(-1.0 / 87178291200.0);  // -1/14!
+    }
+    static const double coef[] = {1.0 / 479001600.0, -1.0 / 3628800.0, 1.0 / 40320.0, -1.0 / 720.0, 1.0 / 24.0,
+                                  -0.5, 1.0};
+    for (double cf : coef)
+        for (int j = 0; j < K; ++j) c[j] = _mm512_fmadd_pd(c[j], z2[j], _mm512_set1_pd(cf));
+    for (int j = 0; j < K; ++j)  // -cos z unless far
+        out[j] = _mm512_cvtpd_ps(_mm512_mask_xor_pd(c[j], static_cast<__mmask8>(~far[j]), c[j], _mm512_set1_pd(-0.0)));
+}
+
+// Triton's uint32 -> float32 uniform on 16 lanes (bit-identical to uint_to_uniform)
+inline __m512 uniform16(__m512i w) {
+    const __m512i v = _mm512_xor_si512(w, _mm512_srai_epi32(w, 31));  // ~v where negative
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(v), _mm512_set1_ps(kUniformScale));
+}
+
+inline __m512 join8(__m256 lo, __m256 hi) { return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1); }
+
+// W x 16 normals
+template <int W>
+GMS_ALWAYS_INLINE void box_muller_w(const __m512i* w0, const __m512i* w1, __m512* out) {
+    __m512d md[2 * W], ed[2 * W], td[2 * W];
+    __m256 lg[2 * W], cs[2 * W];
+    for (int j = 0; j < W; ++j) {
+        const __m512 u1 = _mm512_max_ps(uniform16(w0[j]), _mm512_set1_ps(kMinU1));
+        const __m512 theta = _mm512_mul_ps(_mm512_set1_ps(kTwoPi), uniform16(w1[j]));
+        // u1 = m 2^e with m in [sqrt(1/2), sqrt(2)) (as log_positive splits it)
+        const __m512i bits = _mm512_castps_si512(u1);
+        __m512i mbits = _mm512_ternarylogic_epi32(bits, _mm512_set1_epi32(0x007FFFFF), _mm512_set1_epi32(0x3F800000),
+                                                  0xEA);  // (bits & mask) | one
+        const __mmask16 big = _mm512_cmpgt_epu32_mask(mbits, _mm512_set1_epi32(0x3FB504F3));
+        __m512i e = _mm512_sub_epi32(_mm512_srli_epi32(bits, 23), _mm512_set1_epi32(127));
+        e = _mm512_mask_add_epi32(e, big, e, _mm512_set1_epi32(1));
+        mbits = _mm512_mask_sub_epi32(mbits, big, mbits, _mm512_set1_epi32(1 << 23));
+        const __m512 m = _mm512_castsi512_ps(mbits);
+        md[2 * j] = _mm512_cvtps_pd(_mm512_castps512_ps256(m));
+        md[2 * j + 1] = _mm512_cvtps_pd(_mm512_extractf32x8_ps(m, 1));
+        ed[2 * j] = _mm512_cvtepi32_pd(_mm512_castsi512_si256(e));
+        ed[2 * j + 1] = _mm512_cvtepi32_pd(_mm512_extracti32x8_epi32(e, 1));
+        td[2 * j] = _mm512_cvtps_pd(_mm512_castps512_ps256(theta));
+        td[2 * j + 1] = _mm512_cvtps_pd(_mm512_extractf32x8_ps(theta, 1));
+    }
+    log_core<2 * W>(md, ed, lg);
+    cos_core<2 * W>(td, cs);
+    for (int j = 0; j < W; ++j) {
+        const __m512 radius = _mm512_sqrt_ps(_mm512_mul_ps(_mm512_set1_ps(-2.0f), join8(lg[2 * j], lg[2 * j + 1])));
+        out[j] = _mm512_mul_ps(radius, join8(cs[2 * j], cs[2 * j + 1]));
+    }
+}
+
+inline __mmask16 tail_mask16(int left) {
+    return left >= 16 ? __mmask16(0xFFFF) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1u);
+}
+#endif  // GMS_AVX512
+
+// Normals of n word pairs. The AVX-512 path treats a partial last vector with masks, so that an
+// element's normal never depends on its position in the block (or on the block's length).
+inline void normals_block(int n, const uint32_t* __restrict w0, const uint32_t* __restrict w1, float* __restrict z) {
+#ifdef GMS_AVX512
+    constexpr int W = 2;
+    for (int i = 0; i < n; i += 16 * W) {
+        __mmask16 m[W];
+        __m512i a[W], b[W];
+        __m512 r[W];
+        for (int j = 0; j < W; ++j) {
+            m[j] = tail_mask16(n - i - 16 * j);  // (0 past the end: computed on zeros, not stored)
+            a[j] = _mm512_maskz_loadu_epi32(m[j], w0 + i + 16 * j);
+            b[j] = _mm512_maskz_loadu_epi32(m[j], w1 + i + 16 * j);
+        }
+        box_muller_w<W>(a, b, r);
+        for (int j = 0; j < W; ++j) _mm512_mask_storeu_ps(z + i + 16 * j, m[j], r[j]);
+    }
+#else
+#if defined(_OPENMP) || defined(GMS_OPENMP_SIMD)
+#pragma omp simd
+#endif
+    for (int i = 0; i < n; ++i) z[i] = box_muller(w0[i], w1[i]);
+#endif
+}
+
+// Uniforms of n words.
+inline void uniforms_block(int n, const uint32_t* __restrict w, float* __restrict u) {
+#ifdef GMS_AVX512
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 m = tail_mask16(n - i);
+        _mm512_mask_storeu_ps(u + i, m, uniform16(_mm512_maskz_loadu_epi32(m, w + i)));
+    }
+#else
+    for (int i = 0; i < n; ++i) u[i] = uint_to_uniform(w[i]);
+#endif
+}
+
 // Convenience scalar forms (tests, small helpers).
 inline float philox_uniform(uint64_t seed, uint64_t offset) {
     uint32_t w0, w1;
@@ -305,10 +501,12 @@ inline float philox_uniform(uint64_t seed, uint64_t offset) {
     return uint_to_uniform(w0);
 }
 
-inline float philox_normal(uint64_t seed, uint64_t offset) {
+inline float philox_normal(uint64_t seed, uint64_t offset) {  // (the same number as normals_block)
     uint32_t w0, w1;
     philox_two_words(seed, offset, w0, w1);
-    return box_muller(w0, w1);
+    float z;
+    normals_block(1, &w0, &w1, &z);
+    return z;
 }
 
 // The 64-bit counter of (stream, time index, global element index), as random.counter builds it.

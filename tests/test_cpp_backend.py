@@ -386,6 +386,135 @@ def test_results_do_not_depend_on_thread_count_or_batch_composition():
     assert torch.equal(x_s.reshape(-1), torch.from_numpy(one).reshape(N, D)[3:].reshape(-1))
 
 
+# ------------------------------------------------------------------------------------------
+# per-sample strides (heads sliced out of one model output) and caller-provided outputs
+
+# (t, s, solver, options, data range): a mixture step of each fit and select, a general data
+# range, no range, the capped Gaussian last step and the denoised mean
+STRIDED_CASES = [
+    (500, 400, "gms", {}, (-1.0, 1.0)),
+    (500, 400, "gms", {"select": "pixel"}, (0.0, 255.0)),
+    (300, 290, "gms", FITS["adan"], None),
+    (7, 0, "gms", {}, (-1.0, 1.0)),
+    (7, DATA, "gms", {}, (-1.0, 1.0)),
+]
+
+
+def _strided_case(shape, extra_channels, g):
+    """x_t as a channel slice of a wider tensor and a model output [N, 3C + extra, ...] whose first
+    3C channels are the heads: every input is float32 with contiguous samples, none is contiguous."""
+    N, C = shape[0], shape[1]
+    wide = torch.randn(N, 2 * C, *shape[2:], generator=g)
+    x = wide[:, C:]
+    e1, e2, e3 = _heads("random", x.shape, g)
+    out = torch.cat([e1, e2, e3, torch.randn(N, extra_channels, *shape[2:], generator=g)], 1)
+    return x, out, [out[:, i * C:(i + 1) * C] for i in range(3)]
+
+
+def _run_cpp(x, heads, t, s, solver, opts, dr, n_threads=None, monkeypatch=None, **kw):
+    o = resolve_options(SOLVERS[solver], opts)
+    cfg = make_config(solver, SCHED.coefficients(t, s), dr, o, SCHED.T, x.shape[0], x[0].numel())
+    src = SampleNoise.create(17, x.shape[0], first_index=3)
+    if n_threads is not None:
+        monkeypatch.setattr(cpp, "_threads", lambda: n_threads)
+    e2, e3 = (list(heads) + [None, None])[1:3]
+    return cpp.fused_step(x, heads[0], e2, e3, src.seeds, src.indices, cfg, True, **kw)
+
+
+@pytest.mark.parametrize("shape", [(7, 3, 5, 7), (40, 1, 3, 3), (3, 2, 16, 16)])  # D = 105, 9 (< 16), 512
+@pytest.mark.parametrize("case", range(len(STRIDED_CASES)))
+def test_heads_sliced_from_one_model_output_are_read_in_place(shape, case, monkeypatch):
+    t, s, solver, opts, dr = STRIDED_CASES[case]
+    g = torch.Generator().manual_seed(31 + case)
+    x, out, heads = _strided_case(shape, extra_channels=2, g=g)
+    N, D, C = shape[0], x[0].numel(), shape[1]
+    assert not x.is_contiguous() and not any(h.is_contiguous() for h in heads)
+    for t_in, stride in [(x, 2 * D)] + [(h, (3 * C + 2) * D // C) for h in heads]:
+        view, got = cpp._sample_view(t_in, N, D, "input")
+        assert view.data_ptr() == t_in.data_ptr() and got == stride, "not a zero-copy view"
+    # every output element is written (the launcher's buffers start as NaN), the numbers are those
+    # of contiguous copies of the same inputs, whatever the thread count
+    x_s, p = _run_cpp(x, heads, t, s, solver, opts, dr)
+    for v in (x_s, p.mu1, p.mu2, p.s2):
+        assert torch.isfinite(v).all()
+    ref_s, ref_p = _run_cpp(x.contiguous(), [h.contiguous() for h in heads], t, s, solver, opts, dr)
+    assert torch.equal(x_s, ref_s)
+    for a, b in zip((p.mu1, p.mu2, p.s2), (ref_p.mu1, ref_p.mu2, ref_p.s2)):
+        assert torch.equal(a, b)
+    one_s, _ = _run_cpp(x, heads, t, s, solver, opts, dr, n_threads=1, monkeypatch=monkeypatch)
+    two_s, _ = _run_cpp(x, heads, t, s, solver, opts, dr, n_threads=2, monkeypatch=monkeypatch)
+    assert torch.equal(one_s, x_s) and torch.equal(two_s, x_s)
+
+
+def test_sliced_heads_match_the_reference():
+    g = torch.Generator().manual_seed(33)
+    x = torch.randn(5, 6, 5, 7, generator=g)[:, 3:]  # [5, 3, 5, 7], a channel slice
+    out = torch.cat(_oracle_heads(x.contiguous(), 400, g), 1)
+    heads = [out[:, i * 3:(i + 1) * 3] for i in range(3)]
+    for opts in ({}, {"select": "pixel"}, FITS["adan"]):
+        _check_step(x, heads, 400, 350, opts=opts, first=2)
+
+
+def test_extension_takes_per_sample_strides():
+    g = torch.Generator().manual_seed(34)
+    N, D = 6, 300  # blocks straddle samples
+    x = torch.randn(N, D, generator=g)
+    e1, e2, e3 = _heads("random", x.shape, g)
+    o = resolve_options(SOLVERS["gms"], {})
+    cfg = make_config("gms", SCHED.coefficients(400, 380), (-1.0, 1.0), o, SCHED.T, N, D)
+    src = SampleNoise.create(5, N)
+
+    def run(xa, h1, h2, h3, **strides):
+        res = np.full(N * D, np.nan, np.float32)
+        C.fused_step(xa, h1, h2, h3, src.seeds.numpy(), src.indices.numpy(), res, None, None, None, N, D, cfg.mode,
+                     cfg.t, cfg.a_t, cfg.sigma_t, cfg.c1, cfg.c2, cfg.lam2, cfg.has_range, cfg.center, cfg.half,
+                     cfg.var_cap, cfg.w1, cfg.var_floor, list(cfg.lrs), cfg.grad_scale, cfg.per_pixel, 2, **strides)
+        return res
+
+    flat = lambda v: v.reshape(-1).numpy()
+    ref = run(flat(x), flat(e1), flat(e2), flat(e3))
+    assert np.isfinite(ref).all()
+    # the heads interleaved per sample in one buffer [N, 3, D] (stride 3 D), passed from their first element
+    buf = torch.stack([e1, e2, e3], 1).reshape(-1).numpy()
+    got = run(flat(x), buf, buf[D:], buf[2 * D:], e1_stride=3 * D, e2_stride=3 * D, e3_stride=3 * D)
+    assert np.array_equal(got, ref)
+    # stride 0: one sample's heads for every sample
+    rep = lambda h: flat(h[:1].expand(N, D).contiguous())
+    got = run(flat(x), flat(e1[0]), flat(e2[0]), flat(e3[0]), e1_stride=0, e2_stride=0, e3_stride=0)
+    assert np.array_equal(got, run(flat(x), rep(e1), rep(e2), rep(e3)))
+    with pytest.raises(ValueError, match="fewer than"):
+        run(flat(x), buf, buf[D:], buf[2 * D + 1:], e1_stride=3 * D, e2_stride=3 * D, e3_stride=3 * D)
+
+
+def test_out_receives_the_step_in_place():
+    g = torch.Generator().manual_seed(35)
+    x, _, heads = _strided_case((4, 3, 5, 7), extra_channels=0, g=g)
+    x = x.contiguous()
+    for opts in ({}, FITS["adan"]):
+        fresh, fresh_p = _run_cpp(x, heads, 500, 400, "gms", opts, (-1.0, 1.0))
+        buf = torch.full_like(x, float("nan"))
+        x_s, p = _run_cpp(x, heads, 500, 400, "gms", opts, (-1.0, 1.0), out=buf)
+        assert x_s is buf and torch.equal(buf, fresh) and torch.equal(p.mu1, fresh_p.mu1)
+        # the step written over x_t itself
+        x_in = x.clone()
+        x_s, _ = _run_cpp(x_in, heads, 500, 400, "gms", opts, (-1.0, 1.0), out=x_in)
+        assert x_s is x_in and torch.equal(x_in, fresh)
+    # x_t of another dtype: out holds the float32 step, x_s is it in x_t's dtype
+    buf = torch.full_like(x, float("nan"))
+    x_s, _ = _run_cpp(x.double(), heads, 500, 400, "gms", {}, (-1.0, 1.0), out=buf)
+    assert x_s.dtype == torch.float64 and torch.isfinite(buf).all() and torch.equal(x_s, buf.double())
+    e2 = heads[1].contiguous()
+    with pytest.raises(ValueError, match="overlaps e2"):
+        _run_cpp(x, [heads[0], e2, heads[2]], 500, 400, "gms", {}, (-1.0, 1.0), out=e2)
+    with pytest.raises(ValueError, match="overlaps x_t"):
+        wide = torch.zeros(4, 6, 5, 7)
+        _run_cpp(wide[:, :3], heads, 500, 400, "gms", {}, (-1.0, 1.0), out=wide.view(-1)[:x.numel()].view(x.shape))
+    with pytest.raises(ValueError, match="float32"):
+        _run_cpp(x, heads, 500, 400, "gms", {}, (-1.0, 1.0), out=torch.zeros_like(x, dtype=torch.float64))
+    with pytest.raises(ValueError, match="shape"):
+        _run_cpp(x, heads, 500, 400, "gms", {}, (-1.0, 1.0), out=torch.zeros(x.numel()))
+
+
 def test_gk_step_with_the_cpp_backend():
     g = torch.Generator().manual_seed(13)
     x = torch.randn(2, 3, 5, 7, generator=g)

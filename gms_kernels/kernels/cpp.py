@@ -1,9 +1,13 @@
 """Launcher of the C++ fused step (``gms_kernels._C``, csrc/gms_step.cpp) for CPU tensors.
 
-The extension is torch-free: it works on flat float32 buffers. This module upcasts the inputs to
-contiguous float32 (any float dtype, any strides), hands zero-copy numpy views to the extension
-(which releases the GIL and uses OpenMP with ``torch.get_num_threads()`` threads) and returns
-x_s in the dtype and shape of x_t. The extension is imported lazily: without it,
+The extension is torch-free: it works on float32 buffers holding N samples of D elements each,
+sample i starting ``stride`` elements after sample i - 1. This module hands it zero-copy numpy
+views of x_t and the heads wherever that layout fits, i.e. for float32 tensors whose samples are
+each contiguous, whatever the stride between samples (the heads of a [N, 3C, ...] model output
+sliced along channels, ``out[:, C:2C]``, are such views); anything else (other dtypes, other
+strides) is first copied to contiguous float32. The extension releases the GIL and uses OpenMP
+with ``torch.get_num_threads()`` threads; x_s comes back in the dtype and shape of x_t, in a new
+buffer or in the caller's ``out``. The extension is imported lazily: without it,
 :func:`available` is False and the torch reference is used instead.
 """
 from __future__ import annotations
@@ -47,14 +51,61 @@ def _ext_or_raise():
     return ext
 
 
-def _flat_f32(t: torch.Tensor, name: str) -> torch.Tensor:
+def _check_float_cpu(t, name: str) -> None:
     if not torch.is_tensor(t):
         raise TypeError(f"{name} must be a torch tensor, got {type(t).__name__}")
     if t.device.type != "cpu":
         raise ValueError(f"the cpp backend runs on CPU tensors; {name} is on {t.device}")
-    if not (t.is_floating_point()):
+    if not t.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+
+
+def _flat_f32(t: torch.Tensor, name: str) -> torch.Tensor:
+    _check_float_cpu(t, name)
     return t.detach().to(torch.float32).contiguous().reshape(-1)
+
+
+def _samples_contiguous(t: torch.Tensor) -> bool:
+    """Whether the elements of each t[i] are contiguous (dims 1.. in row-major order; any dim-0 stride)."""
+    expected = 1
+    for size, stride in zip(reversed(t.shape[1:]), reversed(t.stride()[1:])):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _sample_view(t: torch.Tensor, n: int, d: int, name: str):
+    """(1-D float32 tensor, stride): t's N samples of D elements, sample i at element i * stride.
+
+    A view of t's own memory (from its first element to the end of its last sample) when t is
+    float32 with each sample contiguous (stride = t.stride(0)); otherwise a contiguous float32
+    copy (stride = D).
+    """
+    _check_float_cpu(t, name)
+    t = t.detach()
+    if (t.dtype == torch.float32 and n > 0 and d > 0 and t.dim() >= 1 and t.shape[0] == n
+            and _samples_contiguous(t)):
+        stride = t.stride(0) if n > 1 else d
+        return t.as_strided(((n - 1) * stride + d,), (1,)), stride
+    return t.to(torch.float32).contiguous().reshape(-1), d
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last) byte addresses of a 1-D unit-stride tensor."""
+    start = t.data_ptr()
+    return start, start + t.numel() * t.element_size()
+
+
+def _check_out(out, x_t: torch.Tensor) -> torch.Tensor:
+    if not torch.is_tensor(out):
+        raise TypeError(f"out must be a torch tensor, got {type(out).__name__}")
+    if out.device.type != "cpu" or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous float32 CPU tensor, got {out.dtype} on {out.device}"
+                         f"{'' if out.is_contiguous() else ' (not contiguous)'}")
+    if tuple(out.shape) != tuple(x_t.shape):
+        raise ValueError(f"out has shape {tuple(out.shape)}, x_t has {tuple(x_t.shape)}")
+    return out.detach().reshape(-1)
 
 
 def _flat_i64(t, n: int, name: str) -> torch.Tensor:
@@ -88,42 +139,65 @@ def _new_buffer(n: int) -> torch.Tensor:
 
 def fused_step(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | None, e3: torch.Tensor | None,
                seeds: torch.Tensor, indices: torch.Tensor, cfg: FusedStepConfig, return_params: bool = False,
-               *, adan_fp64: bool = False):
+               *, adan_fp64: bool = False, out: torch.Tensor | None = None):
     """One fused GMS step (see :mod:`gms_kernels.kernels` for the contract).
 
     Returns ``(x_s, params)``: x_s like x_t (dtype and shape); params a
     :class:`gms_kernels.fit.MixtureParams` of float32 tensors shaped like x_t, or None.
     The ADAN fit runs in float32 (in double for blocks whose values could overflow float32);
     ``adan_fp64=True`` runs it in double everywhere (about 3x slower; for checks).
+
+    x_t and the heads are read in place when they are float32 with each sample contiguous (e.g.
+    channel slices of one model output); other layouts and dtypes are copied first. ``out``: a
+    contiguous float32 tensor shaped like x_t that receives x_s instead of a new buffer (it may be
+    x_t itself, for an in-place step, but must not overlap the heads); x_s is then ``out`` (or,
+    for an x_t of another dtype, ``out`` converted to it).
     """
     from ..fit import MixtureParams
 
     ext = _ext_or_raise()
     n, d = _batch_dims(x_t)
     total = n * d
-    heads = {"e1": e1, "e2": e2, "e3": e3}
-    flat = {"x_t": _flat_f32(x_t, "x_t")}
-    for name, h in heads.items():
+    views = {"x_t": _sample_view(x_t, n, d, "x_t")}
+    for name, h in (("e1", e1), ("e2", e2), ("e3", e3)):
         if h is None:
-            flat[name] = None
+            views[name] = (None, d)
             continue
+        if not torch.is_tensor(h):
+            raise TypeError(f"{name} must be a torch tensor, got {type(h).__name__}")
         if h.numel() != total:
             raise ValueError(f"{name} has {h.numel()} elements, x_t has {total}: heads must be shaped like x_t")
-        flat[name] = _flat_f32(h, name)
+        views[name] = _sample_view(h, n, d, name)
     seeds = _flat_i64(seeds, n, "seeds")
     indices = _flat_i64(indices, n, "indices")
 
-    out = _new_buffer(total)
+    if out is None:
+        x_s = _new_buffer(total)
+    else:
+        x_s = _check_out(out, x_t)
+        if total:
+            lo, hi = _span(x_s)
+            for name in ("e1", "e2", "e3"):
+                v = views[name][0]
+                if v is not None and v.numel() and _span(v)[0] < hi and lo < _span(v)[1]:
+                    raise ValueError(f"out overlaps {name}: the step would overwrite heads it has yet to read")
+            v, stride = views["x_t"]
+            a, b = _span(v)
+            if a < hi and lo < b and not (a == lo and stride == d):
+                raise ValueError("out overlaps x_t without being x_t itself")
     params = [_new_buffer(total) for _ in range(3)] if return_params else [None] * 3
     np_or_none = lambda t: None if t is None else t.numpy()
+    (x_flat, x_stride), (e1_flat, e1_stride), (e2_flat, e2_stride), (e3_flat, e3_stride) = (
+        views[k] for k in ("x_t", "e1", "e2", "e3"))
     ext.fused_step(
-        flat["x_t"].numpy(), flat["e1"].numpy(), np_or_none(flat["e2"]), np_or_none(flat["e3"]),
-        seeds.numpy(), indices.numpy(), out.numpy(), *(np_or_none(p) for p in params),
+        x_flat.numpy(), e1_flat.numpy(), np_or_none(e2_flat), np_or_none(e3_flat),
+        seeds.numpy(), indices.numpy(), x_s.numpy(), *(np_or_none(p) for p in params),
         n, d, int(cfg.mode), int(cfg.t), float(cfg.a_t), float(cfg.sigma_t), float(cfg.c1), float(cfg.c2),
         float(cfg.lam2), bool(cfg.has_range), float(cfg.center), float(cfg.half), float(cfg.var_cap),
         float(cfg.w1), float(cfg.var_floor), [float(lr) for lr in cfg.lrs], float(cfg.grad_scale),
-        bool(cfg.per_pixel), _threads(), bool(adan_fp64))
-    x_s = out.reshape(x_t.shape).to(x_t.dtype)
+        bool(cfg.per_pixel), _threads(), bool(adan_fp64), x_stride, e1_stride, e2_stride, e3_stride)
+    x_s = x_s.reshape(x_t.shape) if out is None else out
+    x_s = x_s.to(x_t.dtype)
     if not return_params:
         return x_s, None
     mu1, mu2, s2 = (p.reshape(x_t.shape) for p in params)
