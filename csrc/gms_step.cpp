@@ -8,10 +8,16 @@
 // Work is split into blocks of kBlock consecutive elements of the flattened [N * D] arrays; blocks
 // are independent (OpenMP parallel for when available) and each keeps its working set (a few
 // dozen arrays of kBlock numbers) in L1. Inner loops are branch-free over structure-of-arrays
-// so that the compiler vectorises them.
+// so that the compiler vectorises them; with AVX-512 the moments, the closed-form fit, the
+// normals and the mixture draw are hand-vectorised instead (namespace v8, philox.h), each
+// element read once from memory and its outputs written once.
+//
+// x_t and the heads are N samples of D float32 each, consecutive samples `stride` elements apart
+// (stride D: flat arrays; 3 D: heads sliced out of one [N, 3C, ...] model output), so that the
+// launcher can pass views instead of copies. Outputs are flat [N * D].
 //
 // Inputs are read completely (per block) before that block's outputs are written, so `out` may
-// alias `x_t` (an in-place step).
+// alias a flat `x_t` (an in-place step).
 
 #ifndef GMS_KERNELS_NO_PYTHON  // (defined by C++-only benchmarks that include this file)
 #include <pybind11/numpy.h>
