@@ -6,7 +6,7 @@ from typing import Any, Callable, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from .model_io import call_model, check_time_input, split_heads
+from .model_io import all_finite, call_model, check_time_input, split_heads
 from .moments import DataRange, check_data_range
 from .random import STREAM_INITIAL, GeneratorLike, SampleNoise
 from .schedule import DATA, Schedule, trajectory as make_trajectory
@@ -17,7 +17,7 @@ Model = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def _check_finite(x: torch.Tensor, what: str) -> None:
-    if not torch.isfinite(x).all():
+    if not all_finite(x):
         raise ValueError(f"{what} has non-finite values (NaN or inf)")
 
 

@@ -179,3 +179,17 @@ def test_other_bad_inputs():
         gk.sample(m, shape=(1, 3, 2, 2), solver="exact", progress=False)
     with pytest.raises(ValueError, match="data_range"):
         gk.sample(m, shape=(1, 3, 2, 2), data_range=(1.0, -1.0), progress=False)
+
+
+def test_all_finite_fast_path_is_exact():
+    from gms_kernels.model_io import all_finite
+
+    big = torch.full((1000,), 3e38)  # finite, but its float32 sum overflows: the exact check decides
+    assert all_finite(big)
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        x = torch.randn(1000)
+        x[17] = bad
+        assert not all_finite(x)
+    x = torch.zeros(4)
+    x[0], x[1] = float("inf"), -float("inf")  # would cancel to NaN, never to a finite number
+    assert not all_finite(x)
