@@ -162,7 +162,15 @@ def check_state_dict(model: nn.Module, state: Mapping[str, Any], source: str, de
     missing, unexpected, shapes = mismatch_report(model, state)
     if not (missing or unexpected or shapes):
         return
-    lines = [f"{source}: the weights do not match {described}:"]
+    hint = suggest() if suggest is not None else None
+    raise ValueError(mismatch_message(f"{source}: the weights do not match {described}:", missing, unexpected,
+                                      shapes, hint or "the file is incomplete, edited, or from a different "
+                                      "network: check the file and the kind (gk.models.load(..., kind=...))"))
+
+
+def mismatch_message(head: str, missing: list, unexpected: list, shapes: list, fix: str) -> str:
+    """The text of a key/shape mismatch: ``shapes`` holds (key, expected shape, found shape)."""
+    lines = [head]
     if missing:
         lines.append(f"  missing keys ({len(missing)}): {_list(missing)}")
     if unexpected:
@@ -171,10 +179,8 @@ def check_state_dict(model: nn.Module, state: Mapping[str, Any], source: str, de
         shown = "; ".join(f"{k}: expected {e}, found {f}" for k, e, f in shapes[:8])
         more = f"; ... ({len(shapes) - 8} more)" if len(shapes) > 8 else ""
         lines.append(f"  wrong shapes ({len(shapes)}): {shown}{more}")
-    hint = suggest() if suggest is not None else None
-    lines.append("  fix: " + (hint or "the file is incomplete, edited, or from a different network: check "
-                              "the file and the kind (gk.models.load(..., kind=...))"))
-    raise ValueError("\n".join(lines))
+    lines.append("  fix: " + fix)
+    return "\n".join(lines)
 
 
 def format_call(name: str, config: Mapping[str, Any]) -> str:

@@ -193,21 +193,19 @@ class IDDPMUNet(nn.Module):
     @classmethod
     def cifar10_cosine(cls, **overrides: Any) -> "IDDPMUNet":
         """improved-diffusion's CIFAR10 model with the cosine schedule (L_hybrid, learned sigma)."""
-        cfg = dict(in_channels=3, model_channels=128, out_channels=6, num_res_blocks=3, attention_resolutions=(2, 4),
-                   dropout=0.3, channel_mult=(1, 2, 2, 2), num_heads=4, num_heads_upsample=-1,
-                   use_scale_shift_norm=True)
-        model = cls(**{**cfg, **overrides})
-        with torch.device("cpu"):  # also when built under a meta-device context
-            model.schedule = Schedule.cosine(4000)
-        return model
+        return cls._preset(dict(attention_resolutions=(2, 4), dropout=0.3, channel_mult=(1, 2, 2, 2)), overrides)
 
     @classmethod
     def imagenet64(cls, **overrides: Any) -> "IDDPMUNet":
         """improved-diffusion's unconditional ImageNet 64x64 model (cosine schedule, learned sigma)."""
-        cfg = dict(in_channels=3, model_channels=128, out_channels=6, num_res_blocks=3, attention_resolutions=(4, 8),
-                   dropout=0.0, channel_mult=(1, 2, 3, 4), num_heads=4, num_heads_upsample=-1,
-                   use_scale_shift_norm=True)
-        model = cls(**{**cfg, **overrides})
+        return cls._preset(dict(attention_resolutions=(4, 8), dropout=0.0, channel_mult=(1, 2, 3, 4)), overrides)
+
+    @classmethod
+    def _preset(cls, cfg: dict, overrides: dict) -> "IDDPMUNet":
+        """The settings both released configs share, then ``cfg``, then the caller's overrides."""
+        base = dict(in_channels=3, model_channels=128, out_channels=6, num_res_blocks=3, num_heads=4,
+                    num_heads_upsample=-1, use_scale_shift_norm=True)
+        model = cls(**{**base, **cfg, **overrides})
         with torch.device("cpu"):  # also when built under a meta-device context
             model.schedule = Schedule.cosine(4000)
         return model

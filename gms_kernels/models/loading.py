@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from ..schedule import Schedule
-from ._common import (check_state_dict, format_call, materialize, meta_model, mismatch_report, read_weights_file,
-                      strip_prefix)
+from ._common import (check_state_dict, format_call, materialize, meta_model, mismatch_message, mismatch_report,
+                      read_weights_file, strip_prefix)
 from .diffusers_unet import DiffusersUNet
 from .iddpm import IDDPMUNet
 from .moment_net import HEADS_FORMAT, NET_FORMAT, MomentNet
@@ -264,17 +264,10 @@ def _load_diffusers(path: str, subfolder: str | None = None, variant: str | None
     missing, unexpected = list(info.get("missing_keys", [])), list(info.get("unexpected_keys", []))
     mismatched = list(info.get("mismatched_keys", []))
     if missing or unexpected or mismatched:
-        lines = [f"{model_dir}: the weights do not match config.json:"]
-        if missing:
-            lines.append(f"  missing keys ({len(missing)}): {', '.join(missing[:8])}")
-        if unexpected:
-            lines.append(f"  unexpected keys ({len(unexpected)}): {', '.join(unexpected[:8])}")
-        if mismatched:
-            lines.append("  wrong shapes: " + "; ".join(f"{k}: expected {list(m)}, found {list(c)}"
-                                                        for k, c, m in mismatched[:8]))
-        lines.append("  fix: the weights file is incomplete or from another model: save it again with "
-                     "save_pretrained, or fix config.json")
-        raise ValueError("\n".join(lines))
+        raise ValueError(mismatch_message(f"{model_dir}: the weights do not match config.json:", missing, unexpected,
+                                          [(k, list(m), list(c)) for k, c, m in mismatched],
+                                          "the weights file is incomplete or from another model: save it again "
+                                          "with save_pretrained, or fix config.json"))
     if schedule is None:
         schedule = _diffusers_schedule(path, subfolder)
     return DiffusersUNet(unet.eval(), schedule=schedule, eps_only=eps_only).eval()
