@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 
 def _oracle(args: argparse.Namespace) -> int:
@@ -224,47 +224,102 @@ def _training_data(spec: str):
     return data.float()
 
 
+def _training_setup(seed: int):
+    """Process group (under torchrun), device and seeded RNG for the train-* commands.
+
+    Returns (started, rank, device). The global RNG is seeded before the network is built, so its
+    initial weights do not depend on the process (DDP also broadcasts rank 0's).
+    """
+    import torch
+
+    from . import distributed
+
+    started = distributed.init_from_env()
+    rank, _ = distributed.world()
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    torch.manual_seed(seed)
+    return started, rank, device
+
+
+def _reseed_per_rank(seed: int, rank: int) -> None:
+    """After the network is built: a distinct global RNG stream per rank (dropout masks)."""
+    import torch
+
+    torch.manual_seed(seed + 1_000_003 * (rank + 1))
+
+
+def _save_output(save: Callable[[Path], None], out: str) -> None:
+    """Rank 0 only: write the final file atomically (temporary file, then rename)."""
+    import os
+
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    save(tmp)
+    os.replace(tmp, path)
+
+
 def _train_backbone(args: argparse.Namespace) -> int:
     import torch
 
     from .models import PytorchDDPMUNet
     from .training import train_backbone
 
-    data = _training_data(args.data)
-    net = PytorchDDPMUNet(T=args.T, ch=args.ch, ch_mult=tuple(args.ch_mult), attn=tuple(args.attn),
-                          num_res_blocks=args.num_res_blocks, dropout=args.dropout, in_channels=data.shape[1])
-    train_backbone(net, data, steps=args.steps, batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer,
-                   ema_decay=args.ema, checkpoint=args.checkpoint, seed=args.seed, progress=not args.quiet)
-    state = {k: v.detach().clone() for k, v in net.state_dict().items()}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"ema_model": state, "net_model": state, "step": args.steps}, args.out)  # pytorch-ddpm layout
-    print(f"wrote {args.out} (load with gk.models.load)")
+    started, rank, device = _training_setup(args.seed)
+    try:
+        data = _training_data(args.data)
+        net = PytorchDDPMUNet(T=args.T, ch=args.ch, ch_mult=tuple(args.ch_mult), attn=tuple(args.attn),
+                              num_res_blocks=args.num_res_blocks, dropout=args.dropout,
+                              in_channels=data.shape[1]).to(device)
+        _reseed_per_rank(args.seed, rank)
+        train_backbone(net, data, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                       optimizer=args.optimizer, ema_decay=args.ema, checkpoint=args.checkpoint, seed=args.seed,
+                       progress=not args.quiet)
+        if rank == 0:
+            state = {k: v.detach().cpu().clone() for k, v in net.state_dict().items()}
+            _save_output(lambda p: torch.save({"ema_model": state, "net_model": state, "step": args.steps}, p),
+                         args.out)  # pytorch-ddpm layout
+            print(f"wrote {args.out} (load with gk.models.load)")
+    finally:
+        if started:
+            torch.distributed.destroy_process_group()
     return 0
 
 
 def _train_heads(args: argparse.Namespace) -> int:
+    import torch
+
     from .models import MomentNet
     from .training import train_heads
 
-    data = _training_data(args.data)
-    net = MomentNet(_load_model(args.model, args.kind), orders=tuple(args.orders), head=args.head)
-    res = train_heads(net, data, steps=args.steps, batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer,
-                      ema_decay=args.ema, checkpoint=args.checkpoint, seed=args.seed, progress=not args.quiet)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    net.save(args.out)
-    last = {k: v for k, v in res.history[-1].items() if k != "step"} if res.history else {}
-    print(f"wrote {args.out} after {res.steps} steps; last losses {last}")
+    started, rank, device = _training_setup(args.seed)
+    try:
+        data = _training_data(args.data)
+        net = MomentNet(_load_model(args.model, args.kind), orders=tuple(args.orders), head=args.head).to(device)
+        _reseed_per_rank(args.seed, rank)
+        res = train_heads(net, data, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                          optimizer=args.optimizer, ema_decay=args.ema, checkpoint=args.checkpoint, seed=args.seed,
+                          progress=not args.quiet)
+        if rank == 0:
+            _save_output(net.save, args.out)
+            last = {k: v for k, v in res.history[-1].items() if k != "step"} if res.history else {}
+            print(f"wrote {args.out} after {res.steps} steps; last losses {last}")
+    finally:
+        if started:
+            torch.distributed.destroy_process_group()
     return 0
 
 
 def _add_training_args(p: argparse.ArgumentParser, out: str, optimizer: str) -> None:
     p.add_argument("--data", default="digits", help="'digits' or a .npy/.pt tensor [N, C, H, W] in [-1, 1]")
     p.add_argument("--steps", type=int, default=2000)
-    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=128,
+                   help="the global batch; under torchrun it is split evenly over the processes (a multiple of N)")
     p.add_argument("--lr", type=float, default=2e-4)
     p.add_argument("--optimizer", choices=["adan", "adam"], default=optimizer)
     p.add_argument("--ema", type=float, default=0.9999)
-    p.add_argument("--checkpoint", default=None, help="resumable training state (written every 500 steps)")
+    p.add_argument("--checkpoint", default=None, help="resumable training state (written every 500 steps; "
+                                                      "under torchrun by rank 0, on a file system all ranks read)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=out)
     p.add_argument("--quiet", action="store_true")
@@ -301,7 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--quiet", action="store_true")
     s.set_defaults(func=_sample)
 
-    tb = sub.add_parser("train-backbone", help="train a small eps UNet (pytorch-ddpm layout) on small data")
+    ddp = "; multi-process (DDP, --batch-size is the global batch): torchrun --nproc_per_node N -m gms_kernels "
+    text = "train a small eps UNet (pytorch-ddpm layout) on small data" + ddp + "train-backbone ..."
+    tb = sub.add_parser("train-backbone", help=text, description=text)
     _add_training_args(tb, "gms_out/backbone.pt", "adam")
     tb.add_argument("--T", type=int, default=1000)
     tb.add_argument("--ch", type=int, default=32)
@@ -311,7 +368,8 @@ def build_parser() -> argparse.ArgumentParser:
     tb.add_argument("--dropout", type=float, default=0.1)
     tb.set_defaults(func=_train_backbone)
 
-    th = sub.add_parser("train-heads", help="train the e2/e3 heads on a frozen backbone (paper Alg. learning)")
+    text = "train the e2/e3 heads on a frozen backbone (paper Alg. learning)" + ddp + "train-heads ..."
+    th = sub.add_parser("train-heads", help=text, description=text)
     _add_training_args(th, "gms_out/moment_net.pt", "adan")
     th.add_argument("--model", required=True, help="the backbone checkpoint (gk.models.load)")
     th.add_argument("--kind", default="auto")

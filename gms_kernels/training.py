@@ -7,6 +7,13 @@
 Both write a checkpoint every ``checkpoint_every`` steps (atomically) and resume from it with
 nothing lost: batches, times and noise come from a generator whose state is checkpointed, so an
 interrupted run continues exactly as the uninterrupted one would have.
+
+Multi-process: when a torch.distributed process group is initialised (``torchrun --nproc_per_node N``,
+then :func:`gms_kernels.distributed.init_from_env`), the module is wrapped in DistributedDataParallel.
+``batch_size`` stays the global batch: every rank draws the same global batch (indices, times, noise)
+from the shared seeded generator and trains on its own contiguous 1/N of the rows, so N processes follow
+the one-process run up to the order of float reductions. Rank 0 alone writes checkpoints and shows the
+progress bar; every rank resumes from the same checkpoint file; logged losses are averaged over ranks.
 """
 from __future__ import annotations
 
@@ -16,9 +23,12 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
+from . import distributed
 from .model_io import time_values
 from .optim import Adan
 from .schedule import Schedule
@@ -71,17 +81,50 @@ def _save_atomically(obj: dict, path: Path) -> None:
     os.replace(tmp, path)
 
 
+def _wrap_ddp(module: nn.Module, device: torch.device) -> DistributedDataParallel:
+    """DDP over the module's trainable parameters (frozen ones, requires_grad=False, are not reduced).
+
+    ``static_graph=True``: the loss uses the same parameters every step, so DDP finds any trainable
+    parameter the loss never reaches on the first step and leaves it out, without a per-step search.
+    Building it broadcasts rank 0's parameters and buffers, so every rank starts from the same weights.
+    """
+    if dist.get_backend() == "nccl" and device.type != "cuda":
+        raise ValueError("the process group uses nccl but the model is on the CPU: move it to this rank's GPU "
+                         "(torch.device('cuda', LOCAL_RANK)) before training")
+    return DistributedDataParallel(module, device_ids=[device] if device.type == "cuda" else None,
+                                   static_graph=True)
+
+
+def _same_on_all_ranks(step: int, device: torch.device, path: Path | None) -> None:
+    """A clear error, raised on every rank, when the ranks resumed from different checkpoints."""
+    both = torch.tensor([step, -step], dtype=torch.int64, device=device)
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)
+    high, low = int(both[0]), -int(both[1])
+    if high != low:
+        raise ValueError(f"the processes resumed from different states of the checkpoint {path} (steps {low} to "
+                         f"{high}): it must be one file that every process can read (a shared file system)")
+
+
 def _loop(module: nn.Module, loss_terms: Callable, data: torch.Tensor, schedule: Schedule, kind: str, *,
           steps: int, batch_size: int, lr: float, optimizer: str, ema_decay: float, grad_clip: float,
           checkpoint: str | Path | None, checkpoint_every: int, seed: int, progress: bool,
           log: Callable[[dict], None] | None) -> TrainResult:
+    """``loss_terms(model, x_t, t, eps)`` -> {name: scalar loss}; ``model`` is the module or its DDP wrapper."""
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
     if not torch.is_tensor(data) or data.dim() < 2 or data.shape[0] < 1:
         raise ValueError("data must be a tensor [N, C, ...] of training examples in the model's data range")
     if not torch.isfinite(data).all():
         raise ValueError("training data has non-finite values")
+    rank, world = distributed.world()
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    if batch_size % world:
+        raise ValueError(f"batch_size {batch_size} is the global batch, split evenly over the {world} processes: "
+                         f"it must be a multiple of {world} (e.g. {max(1, round(batch_size / world)) * world})")
     params = _trainable(module)
+    device = next(iter(params.values())).device
+    model = _wrap_ddp(module, device) if world > 1 else module
     opt = (Adan if optimizer == "adan" else torch.optim.Adam)(params.values(), lr=lr)
     ema = EMA(params, ema_decay)
     gen = torch.Generator().manual_seed(seed)
@@ -97,33 +140,41 @@ def _loop(module: nn.Module, loss_terms: Callable, data: torch.Tensor, schedule:
         ema.load_state_dict(state["ema"])
         gen.set_state(state["rng"])
         result = TrainResult(state["step"], state["history"])
+    if world > 1:
+        _same_on_all_ranks(result.steps, device, path)
 
     def save() -> None:
-        if path is not None:
+        if path is not None and rank == 0:
             _save_atomically({"format": CHECKPOINT_FORMAT, "kind": kind, "step": result.steps,
                               "trainable": {k: p.detach().clone() for k, p in params.items()},
                               "optimizer": opt.state_dict(), "ema": ema.state_dict(), "rng": gen.get_state(),
                               "history": result.history}, path)
 
-    device = next(iter(params.values())).device
-    bar = tqdm(total=steps, initial=result.steps, desc=f"train {kind}", disable=not progress)
+    local = batch_size // world
+    mine = slice(rank * local, (rank + 1) * local)  # this rank's rows of the global batch
+    bar = tqdm(total=steps, initial=result.steps, desc=f"train {kind}", disable=not progress or rank != 0)
     try:
         while result.steps < steps:
-            idx = torch.randint(0, data.shape[0], (batch_size,), generator=gen)
+            # the global batch is drawn on every rank (same generator, same state), each keeps its rows
+            idx = torch.randint(0, data.shape[0], (batch_size,), generator=gen)[mine]
+            t = torch.randint(0, schedule.T, (batch_size,), generator=gen)[mine]
+            eps = torch.randn((batch_size, *data.shape[1:]), generator=gen)[mine].to(device)
             x0 = data[idx].to(device)
-            t = torch.randint(0, schedule.T, (batch_size,), generator=gen)
-            eps = torch.randn(x0.shape, generator=gen).to(device)
             abar = schedule.alphas_cumprod[t].to(device=device, dtype=x0.dtype).reshape(-1, *[1] * (x0.dim() - 1))
             a, sig = abar.sqrt(), (1 - abar).sqrt()
-            losses = loss_terms(a * x0 + sig * eps, t.to(device), eps)
+            losses = loss_terms(model, a * x0 + sig * eps, t.to(device), eps)
             total = sum(losses.values())
             opt.zero_grad(set_to_none=True)
-            total.backward()
+            total.backward()  # under DDP the gradients come back averaged over the ranks
             torch.nn.utils.clip_grad_norm_(list(params.values()), grad_clip)
             opt.step()
             ema.update(params)
             result.steps += 1
-            record = {"step": result.steps, **{k: float(v.detach()) for k, v in losses.items()}}
+            values = torch.stack([v.detach() for v in losses.values()]).to(torch.float64)
+            if world > 1:  # the global-batch losses: the mean of the ranks' equal-sized slice means
+                dist.all_reduce(values)
+                values /= world
+            record = {"step": result.steps, **dict(zip(losses, values.tolist()))}
             result.history.append(record)
             bar.update(1)
             bar.set_postfix({k: f"{v:.4f}" for k, v in record.items() if k != "step"})
@@ -137,6 +188,9 @@ def _loop(module: nn.Module, loss_terms: Callable, data: torch.Tensor, schedule:
     finally:
         bar.close()
     save()
+    if world > 1:
+        del model  # drop DDP's hooks; the caller gets the plain module
+        dist.barrier()  # the final checkpoint is complete before any rank returns (and may read it again)
     with torch.no_grad():  # the trained model is the EMA one
         for k, p in params.items():
             p.copy_(ema.shadow[k])
@@ -162,14 +216,21 @@ def train_heads(net: nn.Module, data: torch.Tensor, schedule: Schedule | None = 
 
     ``net(x_t, t)`` returns [e1, e2, ...] along dim 1; only its trainable parameters (the heads) learn.
     The backbone stays frozen in eval mode. Losses are logged per order as ``mse_e2``, ``mse_e3``.
+    On return ``net`` holds the EMA weights.
+
+    Multi-process (DDP): launch with ``torchrun --nproc_per_node N``, call
+    ``gk.distributed.init_from_env()`` (gloo on CPU, nccl on CUDA; put ``net`` on this rank's GPU), then
+    this function on every rank with the same arguments; ``batch_size`` is the global batch and must be a
+    multiple of N. Rank 0 writes ``checkpoint``; ``log`` is called on every rank with the same
+    (rank-averaged) losses; every rank returns the same weights. ``gms-kernels train-heads`` does all this.
     """
     schedule = schedule or getattr(net, "schedule", None) or Schedule.linear()
     time_input = time_input or getattr(net, "time_input", "index")
     C = data.shape[1]
     net.train()
 
-    def loss_terms(x_t, t, eps):
-        out = net(x_t, time_values(t, schedule.T, time_input))
+    def loss_terms(wrapped, x_t, t, eps):
+        out = wrapped(x_t, time_values(t, schedule.T, time_input))
         orders = out.shape[1] // C
         if orders < 2:
             raise ValueError(f"train_heads needs a network with higher-order heads; it returned {out.shape[1]} "
@@ -186,14 +247,19 @@ def train_backbone(model: nn.Module, data: torch.Tensor, schedule: Schedule | No
                    grad_clip: float = 1.0, checkpoint: str | Path | None = None, checkpoint_every: int = 500,
                    seed: int = 0, time_input: str | None = None, progress: bool = True,
                    log: Callable[[dict], None] | None = None) -> TrainResult:
-    """Train an eps-prediction network (its first C output channels) with the DDPM loss."""
+    """Train an eps-prediction network (its first C output channels) with the DDPM loss.
+
+    Runs multi-process with DDP exactly as :func:`train_heads` does (``torchrun --nproc_per_node N``, then
+    ``gk.distributed.init_from_env()``; ``batch_size`` is the global batch, a multiple of N); the
+    ``gms-kernels train-backbone`` command does this under torchrun.
+    """
     schedule = schedule or getattr(model, "schedule", None) or Schedule.linear()
     time_input = time_input or getattr(model, "time_input", "index")
     C = data.shape[1]
     model.train()
 
-    def loss_terms(x_t, t, eps):
-        return {"mse_e1": (model(x_t, time_values(t, schedule.T, time_input))[:, :C] - eps).pow(2).mean()}
+    def loss_terms(wrapped, x_t, t, eps):
+        return {"mse_e1": (wrapped(x_t, time_values(t, schedule.T, time_input))[:, :C] - eps).pow(2).mean()}
 
     return _loop(model, loss_terms, data, schedule, "backbone", steps=steps, batch_size=batch_size, lr=lr,
                  optimizer=optimizer, ema_decay=ema_decay, grad_clip=grad_clip, checkpoint=checkpoint,

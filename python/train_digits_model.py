@@ -6,6 +6,11 @@ Stage 1 trains the eps backbone (train-backbone), stage 2 freezes it and trains 
 eps^2 and eps^3 (paper Alg. learning). The backbone is rounded to fp16 before stage 2, so the heads
 are trained on exactly the weights that ship; the whole MomentNet is saved (fp16 storage) to
 gms_kernels/assets/digits_gms.pt (< 5 MB). Checkpoints in --work make the run resumable.
+
+    python python/train_digits_model.py --more-head-steps 4000 --head-batch-size 256 --head-lr 5e-4
+
+continues training only the heads of the shipped model (the backbone is untouched) and saves it again.
+The shipped model: 3000 backbone steps, 1200 head steps, then 4000 more head steps at batch 256.
 """
 from __future__ import annotations
 
@@ -15,17 +20,21 @@ from pathlib import Path
 import torch
 
 from gms_kernels.data import digits
-from gms_kernels.embedded import DIGITS_CONFIG, DIGITS_MODEL, build_digits_backbone, save_embedded
+from gms_kernels.embedded import DIGITS_CONFIG, DIGITS_MODEL, build_digits_backbone, default_model, save_embedded
 from gms_kernels.models import MomentNet
 from gms_kernels.training import train_backbone, train_heads
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--backbone-steps", type=int, default=6000)
-    p.add_argument("--head-steps", type=int, default=3000)
+    p.add_argument("--backbone-steps", type=int, default=3000)
+    p.add_argument("--head-steps", type=int, default=1200)
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--more-head-steps", type=int, default=0,
+                   help="only continue training the heads of the model at --out for this many steps")
+    p.add_argument("--head-batch-size", type=int, default=128)
+    p.add_argument("--head-lr", type=float, default=1e-3)
     p.add_argument("--work", default="gms_out/digits_training")
     p.add_argument("--out", default=str(DIGITS_MODEL))
     args = p.parse_args()
@@ -33,6 +42,13 @@ def main() -> None:
     torch.manual_seed(args.seed)
     data, _ = digits("all")
     work = Path(args.work)
+    if args.more_head_steps:
+        net = default_model(args.out)
+        train_heads(net, data, steps=args.more_head_steps, batch_size=args.head_batch_size, lr=args.head_lr,
+                    optimizer="adan", ema_decay=0.999, checkpoint=work / "more_heads.pt", seed=args.seed + 2)
+        size = save_embedded(net.eval(), args.out)
+        print(f"wrote {args.out} ({size / 1e6:.2f} MB)")
+        return
     backbone = build_digits_backbone()
     print(f"backbone {DIGITS_CONFIG}: {sum(p.numel() for p in backbone.parameters()):,} parameters")
     train_backbone(backbone, data, steps=args.backbone_steps, batch_size=args.batch_size, lr=2e-4,
@@ -41,7 +57,7 @@ def main() -> None:
         for prm in backbone.parameters():
             prm.copy_(prm.half().float())
     net = MomentNet(backbone, orders=(2, 3), head="conv")
-    train_heads(net, data, steps=args.head_steps, batch_size=args.batch_size, lr=1e-3, optimizer="adan",
+    train_heads(net, data, steps=args.head_steps, batch_size=args.head_batch_size, lr=args.head_lr, optimizer="adan",
                 ema_decay=0.999, checkpoint=work / "heads.pt", seed=args.seed + 1)
     size = save_embedded(net, args.out)
     print(f"wrote {args.out} ({size / 1e6:.2f} MB)")

@@ -94,3 +94,5 @@ def test_bad_training_arguments():
         train_heads(TinyMomentNet(), _data(), steps=1, optimizer="sgd", progress=False)
     with pytest.raises(ValueError, match="non-finite"):
         train_heads(TinyMomentNet(), torch.full((4, 1), float("nan")), steps=1, progress=False)
+    with pytest.raises(ValueError, match="batch_size must be positive"):
+        train_heads(TinyMomentNet(), _data(), steps=1, batch_size=0, progress=False)
