@@ -26,6 +26,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -993,7 +994,22 @@ struct StepArgs {
     AdanConfig adan;
 };
 
-void fused_block(const StepArgs& A, int64_t e0, int n) {
+// Whether all n values are finite, from the exponent bits (integer work the compiler vectorises
+// without reassociating floats; the values are in L1 already, read next by the moments).
+inline bool all_finite(const float* p, int n) {
+    if (p == nullptr) return true;
+    uint32_t bad = 0;
+    GMS_SIMD
+    for (int i = 0; i < n; ++i) {
+        uint32_t u;
+        std::memcpy(&u, p + i, sizeof u);
+        bad |= static_cast<uint32_t>((u & 0x7f800000u) == 0x7f800000u);
+    }
+    return bad == 0;
+}
+
+// One block of the step; returns false (and writes nothing) when an input it reads is not finite.
+bool fused_block(const StepArgs& A, int64_t e0, int n) {
     alignas(64) float SX[kBlock], S1[kBlock], S2[kBlock], S3[kBlock];  // (used by blocks that straddle samples)
     alignas(64) float Z[kBlock], U[kBlock];
     const bool need_var = A.mode != kDenoise;
@@ -1003,6 +1019,7 @@ void fused_block(const StepArgs& A, int64_t e0, int n) {
     const float* e1 = block_input(A.e1, D, e0, n, S1);
     const float* e2 = need_var ? block_input(A.e2, D, e0, n, S2) : nullptr;
     const float* e3 = need_m3 ? block_input(A.e3, D, e0, n, S3) : nullptr;
+    if (!(all_finite(x, n) && all_finite(e1, n) && all_finite(e2, n) && all_finite(e3, n))) return false;
     float* out = A.out + e0;
     float* mu1 = A.mu1 ? A.mu1 + e0 : nullptr;
     float* mu2 = A.mu2 ? A.mu2 + e0 : nullptr;
@@ -1014,7 +1031,7 @@ void fused_block(const StepArgs& A, int64_t e0, int n) {
     if (A.mode == kClosed) {  // kappa3, fit, float32 parameters and the draw in one loop
         draw_block(A.noise, e0, n, Z, U);
         v8::closed_fit_mix(ClosedConsts(A.w1, A.var_floor), n, M1, VAR, M3, Z, U, out, mu1, mu2, s2);
-        return;
+        return true;
     }
 #endif
     switch (A.mode) {
@@ -1024,7 +1041,7 @@ void fused_block(const StepArgs& A, int64_t e0, int n) {
                 PS[e] = 0.0;
             }
             store_params(n, M1, M1, PS, mu1, mu2, s2);
-            return;
+            return true;
         }
         case kGaussian: {
             draw_block(A.noise, e0, n, Z, nullptr);
@@ -1037,7 +1054,7 @@ void fused_block(const StepArgs& A, int64_t e0, int n) {
                 out[e] = static_cast<float>(M1[e] + std::sqrt(v) * static_cast<double>(Z[e]));
             }
             store_params(n, M1, M1, PS, mu1, mu2, s2);
-            return;
+            return true;
         }
         case kClosed:  // (M3 is overwritten by kappa3)
             kappa3_block<true>(n, M1, VAR, M3, M3);
@@ -1050,6 +1067,7 @@ void fused_block(const StepArgs& A, int64_t e0, int n) {
     draw_block(A.noise, e0, n, Z, U);
     mix_block(n, P1, P2, PS, Z, U, static_cast<float>(A.w1), out);
     store_params(n, P1, P2, PS, mu1, mu2, s2);
+    return true;
 }
 
 struct MixArgs {
@@ -1190,7 +1208,8 @@ void check_sizes(int64_t N, int64_t D) {
     if (D > 0 && N > INT64_MAX / D) throw std::invalid_argument("N * D overflows");
 }
 
-void fused_step_py(py::object x_t, py::object e1, py::object e2, py::object e3, py::object seeds, py::object indices,
+// Returns whether every input the step read was finite (otherwise the output is incomplete).
+bool fused_step_py(py::object x_t, py::object e1, py::object e2, py::object e3, py::object seeds, py::object indices,
                    py::object out, py::object mu1, py::object mu2, py::object s2, int64_t N, int64_t D, int mode,
                    int64_t t, double a_t, double sigma_t, double c1, double c2, double lam2, bool has_range,
                    double center, double half, double var_cap, double w1, double var_floor, std::vector<double> lrs,
@@ -1215,11 +1234,15 @@ void fused_step_py(py::object x_t, py::object e1, py::object e2, py::object e3, 
     A.noise = make_noise(seeds, indices, N, D, t, per_pixel, keep);
     if (mode == kAdan) A.adan.iters = adan_iteration_coefs(lrs);
     A.adan.fp64 = adan_fp64;
-    if (total == 0) return;
+    if (total == 0) return true;
     py::gil_scoped_release release;
     // the ADAN fit is ~100x the work of the other modes per element
     const int64_t min_parallel = mode == kAdan && !lrs.empty() ? 2 * kBlock : 16 * kBlock;
-    for_blocks(total, num_threads, min_parallel, [&](int64_t e0, int n) { fused_block(A, e0, n); });
+    std::atomic<bool> finite{true};
+    for_blocks(total, num_threads, min_parallel, [&](int64_t e0, int n) {
+        if (!fused_block(A, e0, n)) finite.store(false, std::memory_order_relaxed);
+    });
+    return finite.load();
 }
 
 void sample_mixture_py(py::object mu1, py::object mu2, py::object s2, py::object out, py::object seeds,
@@ -1369,7 +1392,8 @@ PYBIND11_MODULE(_C, m) {
           "e2/e3 may be None where the mode does not read them; mu1/mu2/s2 None skips writing them. "
           "x_stride/e1_stride/e2_stride/e3_stride: elements from one sample's start to the next in that "
           "input (default D: the flat array; e.g. 3 D for a head sliced out of a [N, 3C, ...] output, "
-          "passed as the 1-D span from its first element); out/mu1/mu2/s2 are always flat [N*D].",
+          "passed as the 1-D span from its first element); out/mu1/mu2/s2 are always flat [N*D]. "
+          "Returns False when an input it read held a NaN or inf (the outputs are then incomplete).",
           "x_t"_a, "e1"_a, "e2"_a, "e3"_a, "seeds"_a, "indices"_a, "out"_a, "mu1"_a, "mu2"_a, "s2"_a, "N"_a,
           "D"_a, "mode"_a, "t"_a, "a_t"_a, "sigma_t"_a, "c1"_a, "c2"_a, "lam2"_a, "has_range"_a, "center"_a,
           "half"_a, "var_cap"_a, "w1"_a, "var_floor"_a, "lrs"_a, "grad_scale"_a, "per_pixel"_a,

@@ -40,8 +40,11 @@ def call_model(model: Callable, x: torch.Tensor, t: int, T: int, time_input: str
 
 
 def split_heads(output: torch.Tensor, x_t: torch.Tensor, n_heads: int, solver: str,
-                where: str = "") -> list[torch.Tensor]:
-    """The first ``n_heads`` heads [e1, e2, e3][:n_heads] of a concatenated model output (dim 1)."""
+                where: str = "", check_finite: bool = True) -> list[torch.Tensor]:
+    """The first ``n_heads`` heads [e1, e2, e3][:n_heads] of a concatenated model output (dim 1).
+
+    ``check_finite=False`` leaves the NaN/inf check to the caller (:func:`gms_kernels.solvers.solver_step`
+    makes it, inside the fused kernel where there is one)."""
     if output.dim() < 2 or output.shape[0] != x_t.shape[0] or output.shape[2:] != x_t.shape[2:]:
         expected = f"[{x_t.shape[0]}, k*{x_t.shape[1]}" + "".join(f", {d}" for d in x_t.shape[2:]) + "]"
         raise ValueError(f"model output has shape {tuple(output.shape)}, expected {expected} "
@@ -54,10 +57,17 @@ def split_heads(output: torch.Tensor, x_t: torch.Tensor, n_heads: int, solver: s
                          "Concatenate the heads along dim 1 (see gk.models.MomentNet) or pick a solver "
                          "that needs fewer heads (ddpm/ddim: 1, sn-ddpm: 2, gms: 3).")
     heads = [output[:, i * c:(i + 1) * c] for i in range(n_heads)]
-    if all_finite(output[:, :n_heads * c]):
-        return heads
+    if check_finite and not all_finite(output[:, :n_heads * c]):
+        check_inputs_finite(None, heads, where)
+    return heads
+
+
+def check_inputs_finite(x_t: torch.Tensor | None, heads: list[torch.Tensor], where: str = "",
+                        x_name: str = "x_t") -> None:
+    """A ValueError naming the first of x_t and the heads [e1, e2, e3] that has a NaN or inf."""
+    if x_t is not None and not all_finite(x_t):
+        raise ValueError(f"{x_name} {where}has non-finite values (NaN or inf)")
     for i, h in enumerate(heads):
         if not all_finite(h):
             raise ValueError(f"model output {where}has non-finite values (NaN or inf) in head {HEAD_NAMES[i]}; "
                              "check the network's weights, its dtype (fp16 overflow) and its time input")
-    return heads

@@ -6,7 +6,7 @@ from typing import Any, Callable, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from .model_io import all_finite, call_model, check_time_input, split_heads
+from .model_io import call_model, check_inputs_finite, check_time_input, split_heads
 from .moments import DataRange, check_data_range
 from .random import STREAM_INITIAL, GeneratorLike, SampleNoise
 from .schedule import DATA, Schedule, trajectory as make_trajectory
@@ -14,11 +14,6 @@ from .backends import resolve_backend
 from .solvers import StepRandomness, get_solver, resolve_options, solver_step
 
 Model = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def _check_finite(x: torch.Tensor, what: str) -> None:
-    if not all_finite(x):
-        raise ValueError(f"{what} has non-finite values (NaN or inf)")
 
 
 def step(x_t: torch.Tensor, model_output: torch.Tensor | None, t: int, s: int, schedule: Schedule,
@@ -36,14 +31,14 @@ def step(x_t: torch.Tensor, model_output: torch.Tensor | None, t: int, s: int, s
     spec = get_solver(solver)
     data_range = check_data_range(data_range)
     k = schedule.coefficients(t, s)
-    _check_finite(x_t, "x_t")
-    heads = [] if spec.heads == 0 else split_heads(model_output, x_t, spec.heads, solver, f"at t={t} ")
+    where = f"at t={t} "
+    heads = [] if spec.heads == 0 else split_heads(model_output, x_t, spec.heads, solver, where, check_finite=False)
     source = None
     if noise is None or uniform is None:
         source = SampleNoise.create(generator, x_t.shape[0], first_index)
     rand = StepRandomness(source, t, x_t, noise, uniform)
     x_s, info = solver_step(solver, x_t, heads, k, rand, data_range, schedule.T, options,
-                            resolve_backend(backend, x_t.device), return_info)
+                            resolve_backend(backend, x_t.device), return_info, where)
     x_s = x_s.to(x_t.dtype)
     return (x_s, info) if return_info else x_s
 
@@ -96,7 +91,7 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
             raise ValueError(f"shape {tuple(shape)} does not match x_T's shape {tuple(x_T.shape)}")
         if x_T.dim() < 2:
             raise ValueError(f"x_T must be [N, C, ...] with a channel dimension, got shape {tuple(x_T.shape)}")
-        _check_finite(x_T, "x_T")
+        check_inputs_finite(x_T, [], x_name="x_T")
         x = x_T
         noise = SampleNoise.create(generator, x.shape[0], first_index)
 
@@ -104,13 +99,13 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
     for i, t in enumerate(tqdm(ts, desc=f"{solver} K={steps}", disable=not progress, leave=False)):
         s = ts[i + 1] if i + 1 < len(ts) else DATA
         k = schedule.coefficients(t, s)
-        heads = []
+        heads, where = [], f"at step {i} (t={t}) "
         if spec.heads:
             out = call_model(model, x, t, schedule.T, time_input)
-            heads = split_heads(out, x, spec.heads, solver, f"at step {i} (t={t}) ")
+            heads = split_heads(out, x, spec.heads, solver, where, check_finite=False)
         rand = StepRandomness(noise, t, x)
         x_new, info = solver_step(solver, x, heads, k, rand, data_range, schedule.T, solver_options,
-                                  backend, callback is not None)
+                                  backend, callback is not None, where)
         x = x_new.to(x.dtype)
         if callback is not None:
             callback({"step": i, "t": t, "s": s, "x": x, **info})

@@ -14,6 +14,7 @@ import torch
 
 from .fit import DEFAULT_WEIGHTS, PAPER_LR_TABLES, check_weights, fit_adan, fit_closed
 from .mixture import check_select, sample_mixture
+from .model_io import check_inputs_finite
 from .moments import DataRange, TransitionMoments, last_step_variance_cap, transition_moments
 from .random import STREAM_COMPONENT, STREAM_STEP_NOISE, SampleNoise
 from .schedule import DATA, StepCoefficients
@@ -197,25 +198,33 @@ def resolve_options(solver: Solver, options: dict[str, Any]) -> dict[str, Any]:
 
 def solver_step(name: str, x_t: torch.Tensor, heads: list[torch.Tensor], k: StepCoefficients,
                 rand: StepRandomness, data_range: DataRange, T: int, options: dict[str, Any],
-                backend: str = "torch", want_info: bool = True) -> tuple[torch.Tensor, dict]:
+                backend: str = "torch", want_info: bool = True, where: str = "") -> tuple[torch.Tensor, dict]:
     """One step t -> s of solver ``name``; t -> data returns the denoised mean by default.
 
     ``backend`` 'cpp' or 'triton' runs the gms/sn-ddpm steps in one fused kernel that draws the
     same Philox streams (it needs a generator, not explicit noise); everything else, and the
-    'torch' backend, runs the float64 reference below.
+    'torch' backend, runs the float64 reference below. A NaN or inf in x_t or the heads raises a
+    ValueError that names it (``where`` says which step); the C++ kernel checks while it reads.
     """
     solver = get_solver(name)
     o = resolve_options(solver, options)
     if backend != "torch" and rand.shares_streams:
         from .backends import fused_step
-        from .kernels import make_config
+        from .kernels import NonFiniteInput, make_config
 
         cfg = make_config(name, k, data_range, o, T, x_t.shape[0], x_t[0].numel())
         if cfg is not None:
+            if backend != "cpp":
+                check_inputs_finite(x_t, heads, where)
             e2, e3 = (heads + [None, None])[1:3]
             src = rand.source
-            x_s, p = fused_step(backend, x_t, heads[0], e2, e3, src.seeds, src.indices, cfg, want_info)
+            try:
+                x_s, p = fused_step(backend, x_t, heads[0], e2, e3, src.seeds, src.indices, cfg, want_info)
+            except NonFiniteInput:
+                check_inputs_finite(x_t, heads, where)  # names the culprit
+                raise
             return x_s, ({} if p is None else {"mu1": p.mu1, "mu2": p.mu2, "s2": p.s2})
+    check_inputs_finite(x_t, heads, where)
     o.update(data_range=data_range, T=T)
     x_t = x_t.to(torch.float64)
     heads = [h.to(torch.float64) for h in heads]

@@ -74,7 +74,7 @@ def part_b(model, reference, args, cache, out: Path) -> None:
 
     # equal wall time: each baseline gets the steps that cost as much as K GMS steps
     costs = {label: study.step_cost(model, label) for label in (args.equal_time_gms, *BASELINES_EQUAL_TIME)}
-    lines += ["", f"## Equal wall time (paper: same computation cost)", "",
+    lines += ["", "## Equal wall time (paper: same computation cost)", "",
               "Per-step cost at batch 500 (network call + solver step, median of 3 runs of 5 steps, measured in "
               "this run): " + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in costs.items()) + ". Each baseline "
               f"runs the number of steps that costs as much as K steps of {args.equal_time_gms}.", "",
@@ -100,7 +100,7 @@ def part_b(model, reference, args, cache, out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out / "digits_fd.png", dpi=120)
     plt.close(fig)
-    grid_labels = ("ddpm", "sn-ddpm", "ddim", "gms-closed / pixel")
+    grid_labels = ("ddpm", "sn-ddpm", "ddim", "gms-adan / pixel")
     panels = [(f"{label} K=10", study._sample(model, label, 10, 50, args.seed, 50)) for label in grid_labels]
     save_panels(panels, out / "digits_grid.png")
     lines += ["", "Plot: `digits_fd.png`. Samples at K=10 (first 50, same seed): `digits_grid.png`."]
@@ -166,7 +166,7 @@ def part_d(model, reference, args, cache, out: Path) -> None:
     fig.savefig(out / "digits_sdedit.png", dpi=120)
     plt.close(fig)
     panels = [("guides", guides[:10]), ("originals", test[:10])]
-    panels += [(f"{label.split()[0].replace('-closed', '')} {t0}T", edits[(label, t0)]) for label in labels for t0 in t0s]
+    panels += [(f"{label.split()[0].replace('-adan', '')} {t0}T", edits[(label, t0)]) for label in labels for t0 in t0s]
     save_panels(panels, out / "digits_sdedit_examples.png", nrow=1, scale=7)
     lines += ["", "Plot: `digits_sdedit.png`; examples (a column per setting, K=" f"{max(args.sdedit_steps)}): "
               "`digits_sdedit_examples.png`."]
@@ -179,7 +179,7 @@ def main() -> None:
     p.add_argument("--parts", default="bcd", help="any of b, c, d")
     p.add_argument("--samples", type=int, default=1000)
     p.add_argument("--steps", type=int, nargs="+", default=list(study.STEPS))
-    p.add_argument("--equal-time-gms", default="gms-adan / sample", choices=list(study.SOLVER_OPTIONS))
+    p.add_argument("--equal-time-gms", default="gms-adan / pixel", choices=list(study.SOLVER_OPTIONS))
     p.add_argument("--equal-time-steps", type=int, nargs="+", default=[10, 20])
     p.add_argument("--discrepancy-images", type=int, default=500)
     p.add_argument("--sdedit-steps", type=int, nargs="+", default=[50, 100])

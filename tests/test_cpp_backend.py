@@ -17,7 +17,7 @@ import torch
 import gms_kernels as gk
 from gms_kernels import random as rng
 from gms_kernels.fit import MixtureParams, fit_adan, moment_residuals
-from gms_kernels.kernels import MODE_ADAN, MODE_CLOSED, MODE_DENOISE, MODE_GAUSSIAN, make_config
+from gms_kernels.kernels import MODE_ADAN, MODE_CLOSED, MODE_DENOISE, MODE_GAUSSIAN, NonFiniteInput, make_config
 from gms_kernels.mixture import sample_mixture as torch_sample_mixture
 from gms_kernels.moments import TransitionMoments, transition_moments
 from gms_kernels.random import SampleNoise
@@ -524,6 +524,28 @@ def test_gk_step_with_the_cpp_backend():
         ref = gk.step(x, out, 300, 200, SCHED, "gms", generator=3, backend="torch", **opts)
         assert fast.dtype == x.dtype and set(info) == {"mu1", "mu2", "s2"}
         assert (fast.double() - ref.double()).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("fit", list(FITS))
+@pytest.mark.parametrize("where", ["x_t", 0, 1, 2])  # x_t or the head e1 / e2 / e3
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_kernel_reports_a_non_finite_input_and_gk_step_names_it(fit, where, bad):
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 3, 13, 11, generator=g)  # 1287 elements: the bad one sits in a middle block
+    out = torch.cat(_heads("random", x.shape, g), 1)
+    if where == "x_t":
+        x[1, 2, 6, 4] = bad
+    else:
+        out[1, where * 3 + 2, 6, 4] = bad
+    cfg = make_config("gms", SCHED.coefficients(300, 200), (-1.0, 1.0), resolve_options(SOLVERS["gms"], FITS[fit]),
+                      1000, 3, x[0].numel())
+    noise = SampleNoise.create(0, 3)
+    with pytest.raises(NonFiniteInput):
+        cpp.fused_step(x, out[:, :3], out[:, 3:6], out[:, 6:], noise.seeds, noise.indices, cfg)
+    name = "x_t at t=300 has" if where == "x_t" else f"at t=300 has non-finite .* head e{where + 1} "
+    for backend in ("cpp", "torch"):  # the same message from the in-kernel check and the reference's
+        with pytest.raises(ValueError, match=name):
+            gk.step(x, out, 300, 200, SCHED, "gms", generator=0, backend=backend, **FITS[fit])
 
 
 # ------------------------------------------------------------------------------------------

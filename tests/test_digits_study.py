@@ -56,3 +56,13 @@ def test_sdedit_grid_reports_faithfulness_and_realism(model):
     assert set(res) == {("ddim", 0.3, 2), ("ddim", 0.5, 2)}
     assert res[("ddim", 0.3, 2)]["l2"] < res[("ddim", 0.5, 2)]["l2"]  # a later start strays further from the guide
     assert edits[("ddim", 0.3)].shape == (6, 1, 8, 8)
+
+
+def test_main_job_reports_every_solver_and_writes_the_grid(tmp_path):
+    from gms_kernels.experiments.digits_job import JOB_SOLVERS, run_digits_job
+
+    report = run_digits_job(tmp_path, steps=2, n_samples=12, progress=False, log=lambda *_: None)
+    rows = [line for line in report.splitlines() if line.startswith("| ") and "FD-digits" not in line]
+    assert [r.split(" | ")[0][2:] for r in rows] == list(JOB_SOLVERS)
+    assert all(math.isfinite(float(r.split(" | ")[2])) for r in rows)
+    assert (tmp_path / "digits_K2.png").stat().st_size > 0

@@ -37,7 +37,7 @@ SOLVERS: list[tuple[str, str, dict]] = [
     ("gms-closed / pixel", "gms", {"fit": "closed", "select": "pixel"}),
 ]
 SOLVER_OPTIONS = {label: (solver, options) for label, solver, options in SOLVERS}
-SDEDIT_SOLVERS = ("ddim", "sn-ddpm", "gms-closed / pixel")
+SDEDIT_SOLVERS = ("ddim", "sn-ddpm", "gms-adan / pixel")
 
 
 class ResultCache:

@@ -13,12 +13,20 @@ last-step rules of ``solvers.solver_step``). Per element (sample i, element j of
 3. random numbers (``random.py``): z = normal(seeds[i], counter(0, t, indices[i]*D + j));
    u = uniform(seeds[i], counter(1, t, indices[i])) per sample, or
    uniform(seeds[i], counter(1, t, indices[i]*D + j)) per pixel.
+
+A backend may check its inputs while it reads them: it then raises :class:`NonFiniteInput` when
+x_t or a head that the mode reads holds a NaN or inf (the C++ kernel does; Triton's caller checks
+before the launch).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 MODE_GAUSSIAN, MODE_CLOSED, MODE_ADAN, MODE_DENOISE = 0, 1, 2, 3
+
+
+class NonFiniteInput(ValueError):
+    """A fused kernel read a NaN or inf in x_t or a head (its output is then incomplete)."""
 
 
 @dataclass(frozen=True)

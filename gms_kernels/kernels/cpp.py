@@ -154,6 +154,7 @@ def fused_step(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | None, e3:
     for an x_t of another dtype, ``out`` converted to it).
     """
     from ..fit import MixtureParams
+    from . import NonFiniteInput
 
     ext = _ext_or_raise()
     n, d = _batch_dims(x_t)
@@ -189,13 +190,15 @@ def fused_step(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | None, e3:
     np_or_none = lambda t: None if t is None else t.numpy()
     (x_flat, x_stride), (e1_flat, e1_stride), (e2_flat, e2_stride), (e3_flat, e3_stride) = (
         views[k] for k in ("x_t", "e1", "e2", "e3"))
-    ext.fused_step(
+    finite = ext.fused_step(
         x_flat.numpy(), e1_flat.numpy(), np_or_none(e2_flat), np_or_none(e3_flat),
         seeds.numpy(), indices.numpy(), x_s.numpy(), *(np_or_none(p) for p in params),
         n, d, int(cfg.mode), int(cfg.t), float(cfg.a_t), float(cfg.sigma_t), float(cfg.c1), float(cfg.c2),
         float(cfg.lam2), bool(cfg.has_range), float(cfg.center), float(cfg.half), float(cfg.var_cap),
         float(cfg.w1), float(cfg.var_floor), [float(lr) for lr in cfg.lrs], float(cfg.grad_scale),
         bool(cfg.per_pixel), _threads(), bool(adan_fp64), x_stride, e1_stride, e2_stride, e3_stride)
+    if not finite:
+        raise NonFiniteInput("the fused step read a NaN or inf in x_t or a head")
     x_s = x_s.reshape(x_t.shape) if out is None else out
     x_s = x_s.to(x_t.dtype)
     if not return_params:
