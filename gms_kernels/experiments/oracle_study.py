@@ -67,6 +67,28 @@ class StudyResult:
     samples: dict = field(default_factory=dict)  # (dataset, label, K) -> samples kept for plots
 
 
+def fresh_data(oracle: GaussianMixtureOracle, n: int, seed: int = 0) -> torch.Tensor:
+    """The held-out data every run is scored against (a seed apart from the samplers' and training's)."""
+    return oracle.sample_data(n, torch.Generator().manual_seed(seed + 12345))
+
+
+def score_samples(x: torch.Tensor, fresh: torch.Tensor, which: Sequence[str] = tuple(METRICS)) -> dict[str, float]:
+    """The study's metrics of samples ``x`` against fresh data (the KDE at its first KDE_POINTS points)."""
+    fns = {"w1": lambda: metrics.sliced_wasserstein1(x, fresh),
+           "kde": lambda: metrics.kde_log_likelihood(x, fresh[:KDE_POINTS]),
+           "energy": lambda: metrics.energy_distance(x, fresh)}
+    return {m: fns[m]() for m in which}
+
+
+def density_panel(ax, x: torch.Tensor | None, grid: torch.Tensor, density: torch.Tensor, bins: int = 120,
+                  color: str = "tab:blue") -> None:
+    """A histogram of 1-D samples on [-1, 1] (clamped) under the true density curve."""
+    if x is not None:
+        ax.hist(x.flatten().clamp(-1, 1).numpy(), bins=bins, range=(-1, 1), density=True, color=color, alpha=0.6)
+    ax.plot(grid.numpy(), density.numpy(), color="black", lw=1)
+    ax.set_yticks([])
+
+
 def run_study(n_samples: int = 20000, steps: Sequence[int] = DEFAULT_STEPS, datasets: Sequence[str] = tuple(DATASETS),
               seed: int = 0, progress: bool = True, log=print) -> StudyResult:
     schedule = Schedule.linear(1000)
@@ -74,7 +96,7 @@ def run_study(n_samples: int = 20000, steps: Sequence[int] = DEFAULT_STEPS, data
     for name in datasets:
         oracle = DATASETS[name][1](schedule)
         shape = (n_samples, *oracle.data_shape)
-        fresh = oracle.sample_data(n_samples, torch.Generator().manual_seed(seed + 12345))
+        fresh = fresh_data(oracle, n_samples, seed)
         table = out.results.setdefault(name, {})
         for label, solver, options in SOLVER_GRID:
             for K in steps:
@@ -82,8 +104,7 @@ def run_study(n_samples: int = 20000, steps: Sequence[int] = DEFAULT_STEPS, data
                 x = sample(oracle, shape=shape, steps=K, solver=solver, generator=seed, progress=False,
                            data_range=None, dtype=torch.float64, backend="torch", **options)
                 seconds = time.perf_counter() - t0
-                row = {"w1": metrics.sliced_wasserstein1(x, fresh), "kde": metrics.kde_log_likelihood(x, fresh[:KDE_POINTS]),
-                       "energy": metrics.energy_distance(x, fresh), "seconds": seconds}
+                row = {**score_samples(x, fresh), "seconds": seconds}
                 table.setdefault(label, {})[K] = row
                 if name == "1d" and K in PLOT_STEPS:
                     out.samples[(name, label, K)] = x.flatten()
@@ -171,11 +192,7 @@ def plot_fig1(res: StudyResult, path: str | Path, schedule: Schedule | None = No
     for i, K in enumerate(ks):
         for j, lab in enumerate(labels):
             ax = axes[i][j]
-            x = res.samples.get(("1d", lab, K))
-            if x is not None:
-                ax.hist(x.clamp(-1, 1).numpy(), bins=120, range=(-1, 1), density=True, color="tab:blue", alpha=0.6)
-            ax.plot(grid.numpy(), density.numpy(), color="black", lw=1)
-            ax.set_yticks([])
+            density_panel(ax, res.samples.get(("1d", lab, K)), grid, density)
             if i == 0:
                 ax.set_title(lab, fontsize=8)
             if j == 0:
