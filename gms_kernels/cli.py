@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 
 def _oracle(args: argparse.Namespace) -> int:
@@ -248,20 +248,10 @@ def _reseed_per_rank(seed: int, rank: int) -> None:
     torch.manual_seed(seed + 1_000_003 * (rank + 1))
 
 
-def _save_output(save: Callable[[Path], None], out: str) -> None:
-    """Rank 0 only: write the final file atomically (temporary file, then rename)."""
-    import os
-
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    save(tmp)
-    os.replace(tmp, path)
-
-
 def _train_backbone(args: argparse.Namespace) -> int:
     import torch
 
+    from .files import save_atomically
     from .models import PytorchDDPMUNet
     from .training import train_backbone
 
@@ -277,8 +267,7 @@ def _train_backbone(args: argparse.Namespace) -> int:
                        progress=not args.quiet)
         if rank == 0:
             state = {k: v.detach().cpu().clone() for k, v in net.state_dict().items()}
-            _save_output(lambda p: torch.save({"ema_model": state, "net_model": state, "step": args.steps}, p),
-                         args.out)  # pytorch-ddpm layout
+            save_atomically({"ema_model": state, "net_model": state, "step": args.steps}, args.out)  # pytorch-ddpm layout
             print(f"wrote {args.out} (load with gk.models.load)")
     finally:
         if started:
@@ -289,6 +278,7 @@ def _train_backbone(args: argparse.Namespace) -> int:
 def _train_heads(args: argparse.Namespace) -> int:
     import torch
 
+    from .files import write_atomically
     from .models import MomentNet
     from .training import train_heads
 
@@ -301,7 +291,7 @@ def _train_heads(args: argparse.Namespace) -> int:
                           optimizer=args.optimizer, ema_decay=args.ema, checkpoint=args.checkpoint, seed=args.seed,
                           progress=not args.quiet)
         if rank == 0:
-            _save_output(net.save, args.out)
+            write_atomically(args.out, net.save)
             last = {k: v for k, v in res.history[-1].items() if k != "step"} if res.history else {}
             print(f"wrote {args.out} after {res.steps} steps; last losses {last}")
     finally:

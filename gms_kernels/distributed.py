@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
+from .files import save_atomically
 from .sampling import sample
 
 SHARD_FORMAT = "gms_kernels.shard/1"
@@ -101,10 +102,8 @@ def sample_shards(model: Callable, out_dir: str | Path, num_samples: int, sample
             n = min(batch_size, stop - first)
             parts.append(sample(model, shape=(n, *sample_shape), generator=seed, first_index=first,
                                 progress=False, device=device, **sample_kwargs).cpu())
-        path = shard_path(out, k)
-        tmp = path.with_name(path.name + f".tmp{rank}")
-        torch.save({"format": SHARD_FORMAT, "start": start, "stop": stop, "images": torch.cat(parts)}, tmp)
-        os.replace(tmp, path)
+        save_atomically({"format": SHARD_FORMAT, "start": start, "stop": stop, "images": torch.cat(parts)},
+                        shard_path(out, k), tag=str(rank))
     if size > 1:
         dist.barrier()
     return [shard_path(out, k) for k in range(plan.num_shards)]

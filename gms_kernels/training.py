@@ -17,7 +17,6 @@ progress bar; every rank resumes from the same checkpoint file; logged losses ar
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -29,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from . import distributed
+from .files import save_atomically
 from .model_io import time_values
 from .optim import Adan
 from .schedule import Schedule
@@ -72,13 +72,6 @@ def _trainable(module: nn.Module) -> dict[str, nn.Parameter]:
     if not params:
         raise ValueError("the model has no trainable parameters")
     return params
-
-
-def _save_atomically(obj: dict, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
 
 
 def _wrap_ddp(module: nn.Module, device: torch.device) -> DistributedDataParallel:
@@ -145,7 +138,7 @@ def _loop(module: nn.Module, loss_terms: Callable, data: torch.Tensor, schedule:
 
     def save() -> None:
         if path is not None and rank == 0:
-            _save_atomically({"format": CHECKPOINT_FORMAT, "kind": kind, "step": result.steps,
+            save_atomically({"format": CHECKPOINT_FORMAT, "kind": kind, "step": result.steps,
                               "trainable": {k: p.detach().clone() for k, p in params.items()},
                               "optimizer": opt.state_dict(), "ema": ema.state_dict(), "rng": gen.get_state(),
                               "history": result.history}, path)

@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..embedded import DIGITS_SHAPE
+from ..files import write_atomically
 from ..metrics import fd_digits, moment_discrepancy
 from ..sampling import sample
 from ..schedule import DATA, Schedule, trajectory as make_trajectory
@@ -53,10 +54,8 @@ class ResultCache:
         if key not in self.data:
             self.data[key] = compute()
             if self.path is not None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = self.path.with_suffix(".tmp")
-                tmp.write_text(json.dumps(self.data, indent=1))
-                tmp.replace(self.path)
+                text = json.dumps(self.data, indent=1)
+                write_atomically(self.path, lambda tmp: tmp.write_text(text))
         return self.data[key]
 
 

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..files import save_atomically
 from ..oracle import GaussianMixtureOracle
 from ..sampling import sample
 from ..schedule import Schedule
@@ -226,11 +227,8 @@ def train_toy(name: str, cfg: ToyConfig, schedule: Schedule | None = None, cache
     log(f"{name}: trained backbone in {info['backbone_seconds']:.0f}s (mse_e1 {info['loss_e1']:.4f}), heads in "
         f"{info['heads_seconds']:.0f}s (mse_e2 {info['loss_e2']:.4f}, mse_e3 {info['loss_e3']:.4f})")
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        torch.save({"format": CACHE_FORMAT, "config": asdict(cfg), "info": info,
-                    "state_dict": {k: v.detach().clone() for k, v in net.state_dict().items()}}, tmp)
-        os.replace(tmp, path)
+        save_atomically({"format": CACHE_FORMAT, "config": asdict(cfg), "info": info,
+                         "state_dict": {k: v.detach().clone() for k, v in net.state_dict().items()}}, path)
     return Trained(net, {**info, "cached": False})
 
 
