@@ -318,7 +318,8 @@ def _add_training_args(p: argparse.ArgumentParser, out: str, optimizer: str) -> 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gms-kernels", description="Gaussian Mixture Solvers for diffusion models.")
     sub = p.add_subparsers(dest="command")
-    d = sub.add_parser("digits", help="the default job: digits from the embedded model, GMS vs SN-DDPM, grid + table")
+    d = sub.add_parser("digits", help="the default job: digits from the embedded model, GMS and the baselines "
+                                      "at K steps, FD table + grid")
     d.add_argument("--steps", type=int, default=10)
     d.add_argument("--samples", type=int, default=2000)
     d.add_argument("--seed", type=int, default=0)

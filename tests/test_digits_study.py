@@ -34,6 +34,11 @@ def test_batches_do_not_change_the_samples(model):
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+def test_step_costs_time_every_solver(model):
+    costs = study.step_costs(model, ["ddpm", "gms-adan / pixel"], n=4, steps=1, rounds=2)
+    assert set(costs) == {"ddpm", "gms-adan / pixel"} and all(0 < c < 60 for c in costs.values())
+
+
 def test_equal_time_steps_matches_the_budget():
     ks = study.equal_time_steps({"gms": 1.2, "ddpm": 1.0, "ddim": 0.5}, "gms", 10)
     assert ks == {"gms": 10, "ddpm": 12, "ddim": 24}
