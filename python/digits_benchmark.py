@@ -30,7 +30,7 @@ from gms_kernels.images import save_panels  # noqa: E402
 BASELINES_EQUAL_TIME = ("ddpm", "sn-ddpm", "ddim")
 
 
-def header(title: str, args) -> list[str]:
+def header(title: str) -> list[str]:
     cmd = "python python/digits_benchmark.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     return [f"# {title}", "", f"Command: `{cmd.strip()}`", "",
             f"Machine: {cpu_name()}, {torch.get_num_threads()} torch threads, "
@@ -54,7 +54,7 @@ def fmt(v: float) -> str:
 def part_b(model, reference, args, cache, out: Path) -> None:
     res = study.fd_vs_steps(model, reference, steps=args.steps, n_samples=args.samples, seed=args.seed,
                             cache=cache)
-    lines = header("(b) Digits: FD-digits against the number of steps", args)
+    lines = header("(b) Digits: FD-digits against the number of steps")
     lines += [f"{args.samples} samples per cell, seed {args.seed}. `gms-*` rows: GMS with the ADAN fit (25 "
               "iterations, the official parameterisation) or the closed-form fit; `sample` = one component choice "
               "per image (official code), `pixel` = one per pixel. Best per column in bold.", "",
@@ -114,7 +114,7 @@ def part_b(model, reference, args, cache, out: Path) -> None:
 
 def part_c(model, data, args, out: Path) -> None:
     res = study.discrepancy_vs_steps(model, data[:args.discrepancy_images], seed=args.seed)
-    lines = header("(c) Digits: moment discrepancy against the number of steps (paper Fig. 2)", args)
+    lines = header("(c) Digits: moment discrepancy against the number of steps (paper Fig. 2)")
     lines += [f"D_{{s|t}} = ||M3 - (M1^3 + 3 M1 Var)||_2 per image (gk.metrics.moment_discrepancy: the norm of "
               "the central third moment of q(x_s|x_t) from the heads, i.e. how far it is from a Gaussian), for "
               f"x_t ~ q(x_t|x_0) of {min(args.discrepancy_images, data.shape[0])} digits; mean over images, then "
@@ -142,7 +142,7 @@ def part_d(model, reference, args, cache, out: Path) -> None:
     test, _ = digits("test")
     guides = study.strokes(test)
     res, edits = study.sdedit_grid(model, guides, reference, steps=args.sdedit_steps, seed=args.seed, cache=cache)
-    lines = header("(d) SDEdit on digit strokes: faithfulness against realism (paper Fig. 5a)", args)
+    lines = header("(d) SDEdit on digit strokes: faithfulness against realism (paper Fig. 5a)")
     lines += [f"Guides: the {guides.shape[0]} test-split digits turned into strokes (2x2 blocks, 4 grey levels, "
               "`study.strokes`). L2: mean per-image L2 distance to the guide (faithfulness, lower is better); FD: "
               "FD-digits of the edits (realism, lower is better).", "",
