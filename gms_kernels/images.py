@@ -51,3 +51,14 @@ def save_panels(panels: Sequence[tuple[str, torch.Tensor]], path: str | Path, nr
     path.parent.mkdir(parents=True, exist_ok=True)
     canvas.save(path)
     return path
+
+
+def save_figure(fig, path: str | Path, dpi: int = 110) -> Path:
+    """Save a matplotlib figure as a PNG (creating the folder) and close it."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path

@@ -25,7 +25,7 @@ import torch  # noqa: E402
 from gms_kernels.data import digits  # noqa: E402
 from gms_kernels.embedded import DIGITS_MODEL, default_model  # noqa: E402
 from gms_kernels.experiments import digits_study as study  # noqa: E402
-from gms_kernels.images import save_panels  # noqa: E402
+from gms_kernels.images import save_figure, save_panels  # noqa: E402
 
 BASELINES_EQUAL_TIME = ("ddpm", "sn-ddpm", "ddim")
 
@@ -102,8 +102,7 @@ def part_b(model, reference, args, cache, out: Path) -> None:
     ax.set_title("Embedded digits model")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out / "digits_fd.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, out / "digits_fd.png", dpi=120)
     grid_labels = ("ddpm", "sn-ddpm", "ddim", "gms-adan / pixel")
     panels = [(f"{label} K=10", study._sample(model, label, 10, 50, args.seed, 50)) for label in grid_labels]
     save_panels(panels, out / "digits_grid.png")
@@ -131,8 +130,7 @@ def part_c(model, data, args, out: Path) -> None:
     ax.set_ylabel("D_{s|t}")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out / "digits_moment_discrepancy.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, out / "digits_moment_discrepancy.png", dpi=120)
     lines += ["", "Plot: `digits_moment_discrepancy.png`."]
     (out / "digits_moment_discrepancy.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -167,8 +165,7 @@ def part_d(model, reference, args, cache, out: Path) -> None:
         ax.set_title(f"SDEdit, K={k}")
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out / "digits_sdedit.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, out / "digits_sdedit.png", dpi=120)
     panels = [("guides", guides[:10]), ("originals", test[:10])]
     panels += [(f"{label.split()[0].replace('-adan', '')} {t0}T", edits[(label, t0)]) for label in labels for t0 in t0s]
     save_panels(panels, out / "digits_sdedit_examples.png", nrow=1, scale=7)

@@ -14,6 +14,7 @@ from typing import Sequence
 import torch
 
 from .. import metrics
+from ..images import save_figure
 from ..oracle import GaussianMixtureOracle
 from ..sampling import sample
 from ..schedule import Schedule
@@ -200,11 +201,7 @@ def plot_fig1(res: StudyResult, path: str | Path, schedule: Schedule | None = No
     fig.suptitle("Samples (histogram) vs the true density of q(x0) = 0.4 N(-0.4, 0.12^2) + 0.6 N(0.3, 0.05^2)",
                  fontsize=10)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def report(res: StudyResult, command: str) -> str:

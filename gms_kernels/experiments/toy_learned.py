@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..files import save_atomically
+from ..images import save_figure
 from ..oracle import GaussianMixtureOracle
 from ..sampling import sample
 from ..schedule import Schedule
@@ -557,8 +558,4 @@ def plot_fig1(res: ToyResult, path: str | Path) -> Path:
     fig.suptitle(f"Samples at K={PLOT_K} (linear schedule, even trajectory) with heads learned on CPU; "
                  "black: the true density", fontsize=9)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
