@@ -128,14 +128,17 @@ def main() -> None:
         lines += ["", "Flops per element: ADAN's 96 per iteration are counted in csrc/gms_step.cpp; moments (60), "
                   "closed fit (30) and sampling (40) are estimates. The sgemm figure is the practical fp32 "
                   "ceiling of these 2 cores; ADAN's loop also carries 3 sqrt and 3 divides per iteration, "
-                  "and these bound it: one thread runs the loop at 65-90 cycles per 16 elements per iteration "
-                  "(benchmarks/cpp/adan_loop_bench.cpp; the spread is this shared VM), the best runs at the "
-                  "~66 cycles that 3 vsqrtps + 3 vdivps on 512-bit vectors occupy the divide unit for on "
-                  "this Ice Lake-class core, whatever the order of the other ~70 instructions. Replacing them by the 14-bit estimates "
-                  "(vrsqrt14ps, vrcp14ps) plus a Newton step moved the bound to the FMA ports and was not "
-                  "faster (80 cycles); mixing the two, or 2-4-way interleaving, gained under 10%. With both "
-                  "cores busy each runs the loop ~25% slower than alone. The closed form is bound by "
-                  "Philox/Box-Muller and the double-precision moments, not by memory."]
+                  "about 100 vector instructions per 16 elements in all (35 with a memory operand, in the "
+                  "compiled loop). One thread runs the loop at 65-90 cycles "
+                  "per 16 elements per iteration (benchmarks/cpp/adan_loop_bench.cpp; the spread is this "
+                  "shared VM), 1.1-1.5 vector instructions per cycle. Measured alternatives, none faster by "
+                  "more than ~10%: the 14-bit estimates (vrsqrt14ps, vrcp14ps) plus a Newton step instead of "
+                  "sqrt and divide (80 cycles), one shared division for the three parameters (71 vs 71), a "
+                  "two-pass split of gradients and updates, and 2-4-way interleaving of independent vectors. "
+                  "So neither the divide unit nor the FMA ports alone bound it; the long dependency chain "
+                  "from the parameters through the square root and division to their update leaves the core "
+                  "half busy. With both cores busy each runs the loop ~25% slower than alone. The closed form "
+                  "is bound by Philox/Box-Muller and the double-precision moments, not by memory."]
     out = Path(__file__).parent / "results" / "cpu.md"
     out.parent.mkdir(exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
