@@ -32,6 +32,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #ifdef _OPENMP
@@ -647,13 +648,22 @@ GMS_NO_FMA_FN inline void closed_fit_mix(const ClosedConsts& cs, int n, const do
 //                        numerator 3, div 1, update 1 = 18, times 3                      = 54
 //   beta clamp                                                                             =  2
 //   total                                                                                  = 96
-// That is about 70 vector instructions per lane-group with fma (3 sqrt and 3 div among them), and
-// 21 arrays read plus 15 written per iteration (144 bytes per element, all in L1: the block's
-// state is 15 arrays, its constants 6). Measured on the 2-core Xeon (AVX-512) this loop runs at
-// ~0.5 ms per iteration per 307,200 elements on one core (~60 GFLOP/s).
+// In AVX-512 instructions that is about 70 per 16 lanes, 3 square roots and 3 divisions among
+// them. On the 2-core Xeon of benchmarks/results/cpu.md, whose cores have one 512-bit FMA unit,
+// the ~64 other arithmetic instructions need ~64 cycles per 16 lanes, and the square roots and
+// divisions keep the (unpipelined) divider busy for ~60 cycles: the loop is bound by these two
+// units, not by memory (21 arrays read and 15 written per iteration, all in L1).
+//
+// The formulas are written once, over a "pack" P of lanes: T itself in the portable loop (which
+// the compiler vectorises), or one AVX-512 register of 16 floats in the software-pipelined loop
+// below. Each iteration has two stages per pack: adan_gradient_step (residuals, gradients and the
+// moment updates: FMA work) and adan_update (square roots and divisions: divider work).
+//
 // Each array is padded by 64 bytes so that the 21 streams do not all sit at the same offset
-// modulo 4 KiB (which can make the CPU stall loads behind unrelated stores: "4K aliasing").
-constexpr int kAdanStride = kBlock + 64 / 4;
+// modulo 4 KiB (which can make the CPU stall loads behind unrelated stores: "4K aliasing"); the
+// padding also holds the lanes of a last partial AVX-512 register (kept at benign zeros).
+constexpr int kAdanLanes = 16;
+constexpr int kAdanStride = (kBlock + kAdanLanes - 1) / kAdanLanes * kAdanLanes + 64 / 4;
 
 template <typename T>
 struct AdanBlock {
@@ -663,11 +673,11 @@ struct AdanBlock {
     alignas(64) T na[kAdanStride], nb[kAdanStride], nbe[kAdanStride];  // n'
     alignas(64) T ga[kAdanStride], gb[kAdanStride], gbe[kAdanStride];  // previous P
     alignas(64) T M[kAdanStride], M2[kAdanStride], M3x[kAdanStride];   // M1, 2 M1, 3 M1
-    alignas(64) T V[kAdanStride], K3[kAdanStride], SV[kAdanStride];    // Var, kappa3, scale * Var
+    alignas(64) T V[kAdanStride], NK3[kAdanStride], SV[kAdanStride];   // Var, -kappa3, scale * Var
 };
 
 struct AdanIterCoefs {
-    double sm, sv, sn;  // (1-b1) lr/(1-b1^k), (1-b2) lr b2/(1-b2^k), sqrt((1-b3)/(1-b3^k))
+    double sm, sv, sn;  // (1-b1) lr/(1-b1^k), (1-b2) lr b2/(1-b2^k), sqrt((1-b3)/(1-b3^k)); sm > 0
 };
 
 struct AdanConsts {
@@ -680,89 +690,166 @@ inline float adan_eps_over(double c) {
     return static_cast<float>(e < 1e30 ? e : 1e30);
 }
 
-template <typename T, bool FIRST>
-void adan_iteration(AdanBlock<T>& s, int n, const AdanConsts& c, const AdanIterCoefs& it) {
-    const T w1 = static_cast<T>(c.w1), w2 = static_cast<T>(1.0 - c.w1);
-    const T b1 = static_cast<T>(kAdanBeta1), b2 = static_cast<T>(kAdanBeta2), b3 = static_cast<T>(kAdanBeta3);
-    const T eps = static_cast<T>(kAdanEps);
-    const T eps_a = static_cast<T>(adan_eps_over(c.grad_scale * c.w1));
-    const T eps_b = static_cast<T>(adan_eps_over(c.grad_scale * (1.0 - c.w1)));
-    const T lo = static_cast<T>(kAdanBetaLo), hi = static_cast<T>(kAdanBetaHi);
-    const T sm = static_cast<T>(it.sm), sv = static_cast<T>(it.sv), sn = static_cast<T>(it.sn);
-    T* __restrict pa = s.a;
-    T* __restrict pb = s.b;
-    T* __restrict pbe = s.be;
-    T* __restrict ma = s.ma;
-    T* __restrict mb = s.mb;
-    T* __restrict mbe = s.mbe;
-    T* __restrict va = s.va;
-    T* __restrict vb = s.vb;
-    T* __restrict vbe = s.vbe;
-    T* __restrict na = s.na;
-    T* __restrict nb = s.nb;
-    T* __restrict nbe = s.nbe;
-    T* __restrict gpa = s.ga;
-    T* __restrict gpb = s.gb;
-    T* __restrict gpbe = s.gbe;
-    const T* __restrict Mv = s.M;
-    const T* __restrict M2v = s.M2;
-    const T* __restrict M3v = s.M3x;
-    const T* __restrict Vv = s.V;
-    const T* __restrict K3v = s.K3;
-    const T* __restrict SVv = s.SV;
-    GMS_SIMD
-    for (int i = 0; i < n; ++i) {
-        const T M = Mv[i], V = Vv[i];
-        const T a = pa[i], b = pb[i], be = pbe[i];
-        // residuals
-        const T s2 = be * V;
-        const T w1a = w1 * a, w2b = w2 * b;
-        const T r1 = w1a + w2b;
-        const T w1aa = w1a * a, w2bb = w2b * b;
-        const T q = (w1aa + w2bb) + (s2 - V);
-        const T cubic = w1aa * a + w2bb * b;
-        const T r2 = M2v[i] * r1 + q;
-        const T r3 = M3v[i] * (M * r1 + q) + (T(3) * s2 * r1 + (cubic - K3v[i]));
-        // gradients (P for mu1 and mu2, the full gradient for beta)
-        const T t3 = T(3) * r3;
-        const T c0 = r1 + s2 * t3, c1 = r2 + r2;
-        const T mu1 = M + a, mu2 = M + b;
-        const T g_a = c0 + mu1 * (c1 + mu1 * t3);
-        const T g_b = c0 + mu2 * (c1 + mu2 * t3);
-        const T g_be = SVv[i] * (r2 + (M + r1) * t3);
-        // ADAN on the rescaled state (d = 0 at k = 1)
-        const T d_a = FIRST ? T(0) : g_a - gpa[i];
-        const T d_b = FIRST ? T(0) : g_b - gpb[i];
-        const T d_be = FIRST ? T(0) : g_be - gpbe[i];
-        const T m_a = b1 * ma[i] + g_a, m_b = b1 * mb[i] + g_b, m_be = b1 * mbe[i] + g_be;
-        const T v_a = b2 * va[i] + d_a, v_b = b2 * vb[i] + d_b, v_be = b2 * vbe[i] + d_be;
-        const T u_a = g_a + b2 * d_a, u_b = g_b + b2 * d_b, u_be = g_be + b2 * d_be;
-        const T n_a = b3 * na[i] + u_a * u_a;
-        const T n_b = b3 * nb[i] + u_b * u_b;
-        const T n_be = b3 * nbe[i] + u_be * u_be;
-        const T step_a = (sm * m_a + sv * v_a) / (std::sqrt(n_a) * sn + eps_a);
-        const T step_b = (sm * m_b + sv * v_b) / (std::sqrt(n_b) * sn + eps_b);
-        const T step_be = (sm * m_be + sv * v_be) / (std::sqrt(n_be) * sn + eps);
-        T new_be = be - step_be;
-        new_be = new_be > lo ? new_be : lo;  // (maxps / minps)
-        new_be = new_be < hi ? new_be : hi;
-        pa[i] = a - step_a;
-        pb[i] = b - step_b;
-        pbe[i] = new_be;
-        ma[i] = m_a;
-        mb[i] = m_b;
-        mbe[i] = m_be;
-        va[i] = v_a;
-        vb[i] = v_b;
-        vbe[i] = v_be;
-        na[i] = n_a;
-        nb[i] = n_b;
-        nbe[i] = n_be;
-        gpa[i] = g_a;
-        gpb[i] = g_b;
-        gpbe[i] = g_be;
-    }
+// Loads, stores and broadcasts of a pack P of T lanes (P = T: one lane).
+template <typename P, typename T>
+struct Lanes {
+    static GMS_INLINE P load(const T* p) { return *p; }
+    static GMS_INLINE void store(T* p, P v) { *p = v; }
+    static GMS_INLINE P splat(double x) { return static_cast<P>(x); }
+};
+template <typename T>
+GMS_INLINE T pack_div(T x, T d) {
+    return x / d;
 }
+template <typename T>
+GMS_INLINE T pack_sqrt(T x) {
+    return std::sqrt(x);
+}
+template <typename T>
+GMS_INLINE T pack_clamp(T v, T lo, T hi) {
+    v = v > lo ? v : lo;  // (maxps / minps)
+    return v < hi ? v : hi;
+}
+#ifdef GMS_AVX512
+typedef float F16 __attribute__((vector_size(64)));  // = __m512, with GCC's and clang's arithmetic operators
+template <>
+struct Lanes<F16, float> {
+    static GMS_INLINE F16 load(const float* p) { return _mm512_load_ps(p); }
+    static GMS_INLINE void store(float* p, F16 v) { _mm512_store_ps(p, v); }
+    static GMS_INLINE F16 splat(double x) { return _mm512_set1_ps(static_cast<float>(x)); }
+};
+GMS_INLINE F16 pack_sqrt(F16 x) { return _mm512_sqrt_ps(x); }
+// x / d for d > 0 finite, within an ulp or two: the 14-bit reciprocal estimate refined by one
+// Newton step (relative error ~2^-27 before the last rounding). A division would occupy the
+// divider, which the square roots keep busy already; this is FMA-unit work instead.
+GMS_INLINE F16 pack_div(F16 x, F16 d) {
+    const F16 r = _mm512_rcp14_ps(d);
+    return x * _mm512_fmadd_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(1.0f)), r);
+}
+GMS_INLINE F16 pack_clamp(F16 v, F16 lo, F16 hi) { return _mm512_min_ps(_mm512_max_ps(v, lo), hi); }
+#endif
+
+// The scalars of one iteration, broadcast to packs. The step (sm m' + sv v') / (sn sqrt(n') + eps/c)
+// is evaluated divided through by sm, as (m' + rho v') / (sigma sqrt(n') + eps/(c sm)) with
+// rho = sv/sm and sigma = sn/sm: one multiplication fewer per parameter.
+template <typename P>
+struct AdanPacks {
+    P w1, w2, b1, b2, b3, lo, hi, three, rho, sigma, eps_a, eps_b, eps_be;
+};
+
+template <typename P, typename T>
+AdanPacks<P> adan_packs(const AdanConsts& c, const AdanIterCoefs& it) {
+    using L = Lanes<P, T>;
+    const double eps_a = adan_eps_over(c.grad_scale * c.w1), eps_b = adan_eps_over(c.grad_scale * (1.0 - c.w1));
+    return {L::splat(c.w1),          L::splat(1.0 - c.w1),    L::splat(kAdanBeta1),    L::splat(kAdanBeta2),
+            L::splat(kAdanBeta3),    L::splat(kAdanBetaLo),   L::splat(kAdanBetaHi),   L::splat(3.0),
+            L::splat(it.sv / it.sm), L::splat(it.sn / it.sm), L::splat(eps_a / it.sm), L::splat(eps_b / it.sm),
+            L::splat(kAdanEps / it.sm)};
+}
+
+// What the first stage hands to the second, per parameter: the numerator m' + rho v' and n'.
+template <typename P>
+struct AdanNumerator {
+    P num, n;
+};
+template <typename P>
+struct AdanPending {
+    AdanNumerator<P> a, b, be;
+};
+
+// m' <- b1 m' + g, v' <- b2 v' + dg, n' <- b3 n' + (g + b2 dg)^2 for one parameter (its state
+// m, v, n and previous gradient g_prev updated in place). The state starts at zero: the first
+// iteration (FIRST, dg = 0) reads none of it.
+template <bool FIRST, typename P, typename T>
+GMS_INLINE AdanNumerator<P> adan_moments(T* m, T* v, T* n, T* g_prev, P g, const AdanPacks<P>& c) {
+    using L = Lanes<P, T>;
+    P m_new, v_new, u, n_new;
+    if (FIRST) {
+        m_new = g;
+        v_new = L::splat(0.0);
+        u = g;
+        n_new = u * u;
+    } else {
+        const P d = g - L::load(g_prev);
+        m_new = c.b1 * L::load(m) + g;
+        v_new = c.b2 * L::load(v) + d;
+        u = g + c.b2 * d;
+        n_new = c.b3 * L::load(n) + u * u;
+    }
+    L::store(m, m_new);
+    L::store(v, v_new);
+    L::store(n, n_new);
+    L::store(g_prev, g);
+    return {m_new + c.rho * v_new, n_new};
+}
+
+// Stage 1 for the lanes at i: residuals, gradients, moment updates.
+template <bool FIRST, typename P, typename T>
+GMS_INLINE AdanPending<P> adan_gradient_step(AdanBlock<T>& s, int i, const AdanPacks<P>& c) {
+    using L = Lanes<P, T>;
+    const P M = L::load(s.M + i), V = L::load(s.V + i);
+    const P a = L::load(s.a + i), b = L::load(s.b + i), be = L::load(s.be + i);
+    // residuals
+    const P s2 = be * V;
+    const P w1a = c.w1 * a, w2b = c.w2 * b;
+    const P r1 = w1a + w2b;
+    const P w1aa = w1a * a, w2bb = w2b * b;
+    const P q = (w1aa + w2bb) + (s2 - V);
+    const P cubic_k3 = w1aa * a + (w2bb * b + L::load(s.NK3 + i));  // w1 a^3 + w2 b^3 - kappa3
+    const P r2 = L::load(s.M2 + i) * r1 + q;
+    const P r3 = L::load(s.M3x + i) * (M * r1 + q) + (c.three * s2 * r1 + cubic_k3);
+    // gradients (P for mu1 and mu2, the full gradient for beta)
+    const P t3 = c.three * r3;
+    const P c0 = r1 + s2 * t3, c1 = r2 + r2;
+    const P mu1 = M + a, mu2 = M + b;
+    const P g_a = c0 + mu1 * (c1 + mu1 * t3);
+    const P g_b = c0 + mu2 * (c1 + mu2 * t3);
+    const P g_be = L::load(s.SV + i) * (r2 + (M + r1) * t3);
+    return {adan_moments<FIRST>(s.ma + i, s.va + i, s.na + i, s.ga + i, g_a, c),
+            adan_moments<FIRST>(s.mb + i, s.vb + i, s.nb + i, s.gb + i, g_b, c),
+            adan_moments<FIRST>(s.mbe + i, s.vbe + i, s.nbe + i, s.gbe + i, g_be, c)};
+}
+
+// Stage 2 for the lanes at i: p <- p - num / (sigma sqrt(n') + eps/(c sm)), beta clamped to [lo, hi].
+template <typename P, typename T>
+GMS_INLINE void adan_update(AdanBlock<T>& s, int i, const AdanPending<P>& p, const AdanPacks<P>& c) {
+    using L = Lanes<P, T>;
+    L::store(s.a + i, L::load(s.a + i) - pack_div(p.a.num, pack_sqrt(p.a.n) * c.sigma + c.eps_a));
+    L::store(s.b + i, L::load(s.b + i) - pack_div(p.b.num, pack_sqrt(p.b.n) * c.sigma + c.eps_b));
+    const P be = L::load(s.be + i) - pack_div(p.be.num, pack_sqrt(p.be.n) * c.sigma + c.eps_be);
+    L::store(s.be + i, pack_clamp(be, c.lo, c.hi));
+}
+
+// One iteration over lanes [0, n), one lane at a time (the compiler vectorises the loop).
+template <bool FIRST, typename T>
+void adan_iteration(AdanBlock<T>& s, int n, const AdanPacks<T>& packs) {
+    const AdanPacks<T> c = packs;  // (a local copy: the compiler need not reload it after each store)
+    GMS_SIMD
+    for (int i = 0; i < n; ++i) adan_update(s, i, adan_gradient_step<FIRST>(s, i, c), c);
+}
+
+#ifdef GMS_AVX512
+// One iteration over lanes [0, n) rounded up to 16 (n > 0), software-pipelined: the square roots
+// and divisions of the lanes i - 16 are issued after the FMA work of the lanes i, so that the
+// out-of-order core runs the divider alongside the FMA unit instead of one after the other
+// (measured ~15% faster than the vectorised portable loop: benchmarks/cpp/adan_loop_bench.cpp).
+template <bool FIRST>
+void adan_iteration(AdanBlock<float>& s, int n, const AdanPacks<F16>& c) {
+    AdanPending<F16> pending = adan_gradient_step<FIRST>(s, 0, c);
+    int i = kAdanLanes;
+    for (; i < n; i += kAdanLanes) {
+        const AdanPending<F16> next = adan_gradient_step<FIRST>(s, i, c);
+        adan_update(s, i - kAdanLanes, pending, c);
+        pending = next;
+    }
+    adan_update(s, i - kAdanLanes, pending, c);
+}
+template <typename T>
+using AdanPack = typename std::conditional<std::is_same<T, float>::value, F16, T>::type;
+#else
+template <typename T>
+using AdanPack = T;
+#endif
 
 struct AdanConfig {
     AdanConsts consts;
@@ -774,6 +861,7 @@ inline std::vector<AdanIterCoefs> adan_iteration_coefs(const std::vector<double>
     std::vector<AdanIterCoefs> out;
     for (size_t k = 1; k <= lrs.size(); ++k) {
         const double lr = lrs[k - 1], kk = static_cast<double>(k);
+        if (!(lr > 0.0 && lr < 1e30)) throw std::invalid_argument("ADAN learning rates must be positive and finite");
         out.push_back({(1 - kAdanBeta1) * lr / (1 - std::pow(kAdanBeta1, kk)),
                        (1 - kAdanBeta2) * lr * kAdanBeta2 / (1 - std::pow(kAdanBeta2, kk)),
                        std::sqrt((1 - kAdanBeta3) / (1 - std::pow(kAdanBeta3, kk)))});
@@ -781,33 +869,45 @@ inline std::vector<AdanIterCoefs> adan_iteration_coefs(const std::vector<double>
     return out;
 }
 
+// Runs the ADAN fit of cfg on one block of n > 0 elements (state s, n lanes; lanes up to the next
+// multiple of 16 are padding, set to zeros, which the fit keeps at zero).
+template <typename T>
+void adan_run(AdanBlock<T>& s, int n, const AdanConfig& cfg) {
+    using P = AdanPack<T>;
+    for (size_t k = 0; k < cfg.iters.size(); ++k) {
+        const AdanPacks<P> c = adan_packs<P, T>(cfg.consts, cfg.iters[k]);
+        if (k == 0)
+            adan_iteration<true>(s, n, c);
+        else
+            adan_iteration<false>(s, n, c);
+    }
+}
+
 template <typename T>
 void adan_fit_block(const AdanConfig& cfg, int n, const double* __restrict M1, const double* __restrict VAR,
                     const double* __restrict K3, double* __restrict P1, double* __restrict P2,
                     double* __restrict PS) {
+    if (n <= 0) return;
     AdanBlock<T> s;
     const T scale = static_cast<T>(cfg.consts.grad_scale);
-    for (int i = 0; i < n; ++i) {
+    GMS_SIMD
+    for (int i = 0; i < n; ++i) {  // (m', v', n' and the previous gradient are written first)
         s.M[i] = static_cast<T>(M1[i]);
+        s.V[i] = static_cast<T>(VAR[i]);
+        s.NK3[i] = -static_cast<T>(K3[i]);
+        s.b[i] = static_cast<T>((M1[i] - kAdanInitGap) - M1[i]);  // the reference's mu2 = M1 - 1e-3
+    }
+    const int padded = (n + kAdanLanes - 1) / kAdanLanes * kAdanLanes;
+    for (int i = n; i < padded; ++i) s.M[i] = s.V[i] = s.NK3[i] = s.b[i] = T(0);
+    GMS_SIMD
+    for (int i = 0; i < padded; ++i) {
         s.M2[i] = s.M[i] + s.M[i];
         s.M3x[i] = T(3) * s.M[i];
-        s.V[i] = static_cast<T>(VAR[i]);
-        s.K3[i] = static_cast<T>(K3[i]);
         s.SV[i] = scale * s.V[i];
         s.a[i] = T(0);
-        s.b[i] = static_cast<T>((M1[i] - kAdanInitGap) - M1[i]);  // the reference's mu2 = M1 - 1e-3
         s.be[i] = static_cast<T>(kAdanInitBeta);
-        s.ma[i] = s.mb[i] = s.mbe[i] = T(0);
-        s.va[i] = s.vb[i] = s.vbe[i] = T(0);
-        s.na[i] = s.nb[i] = s.nbe[i] = T(0);
-        s.ga[i] = s.gb[i] = s.gbe[i] = T(0);
     }
-    for (size_t k = 0; k < cfg.iters.size(); ++k) {
-        if (k == 0)
-            adan_iteration<T, true>(s, n, cfg.consts, cfg.iters[k]);
-        else
-            adan_iteration<T, false>(s, n, cfg.consts, cfg.iters[k]);
-    }
+    adan_run(s, n, cfg);
     GMS_SIMD
     for (int i = 0; i < n; ++i) {
         P1[i] = M1[i] + static_cast<double>(s.a[i]);
@@ -821,7 +921,7 @@ void adan_fit_block(const AdanConfig& cfg, int n, const double* __restrict M1, c
 // double. The choice is made per element, so that an element's result never depends on its
 // neighbours (a sample does not depend on the batch it is drawn in).
 inline bool adan_needs_double(double m1, double var, double k3) {
-    const bool small = std::fabs(m1) <= 1024.0 && std::fabs(var) <= 1048576.0 && std::fabs(k3) <= 1073741824.0;
+    const bool small = (std::fabs(m1) <= 1024.0) & (std::fabs(var) <= 1048576.0) & (std::fabs(k3) <= 1073741824.0);
     return !small;  // (NaN compares false: not small)
 }
 
@@ -832,10 +932,9 @@ inline void adan_fit(const AdanConfig& cfg, int n, const double* M1, const doubl
         adan_fit_block<double>(cfg, n, M1, VAR, K3, P1, P2, PS);
         return;
     }
-    int wide[kBlock];
-    int n_wide = 0;
-    for (int i = 0; i < n; ++i)
-        if (adan_needs_double(M1[i], VAR[i], K3[i])) wide[n_wide++] = i;
+    int n_wide = 0;  // (counted branch-free first: almost always none)
+    GMS_SIMD
+    for (int i = 0; i < n; ++i) n_wide += adan_needs_double(M1[i], VAR[i], K3[i]);
     if (n_wide == n) {
         adan_fit_block<double>(cfg, n, M1, VAR, K3, P1, P2, PS);
         return;
@@ -843,11 +942,16 @@ inline void adan_fit(const AdanConfig& cfg, int n, const double* M1, const doubl
     adan_fit_block<float>(cfg, n, M1, VAR, K3, P1, P2, PS);
     if (n_wide == 0) return;
     // refit the wide elements in double (gathered, then scattered back)
-    alignas(64) double m1[kBlock], var[kBlock], k3[kBlock], p1[kBlock], p2[kBlock], ps[kBlock];
-    for (int w = 0; w < n_wide; ++w) {
-        m1[w] = M1[wide[w]];
-        var[w] = VAR[wide[w]];
-        k3[w] = K3[wide[w]];
+    int wide[kBlock];
+    alignas(64) double m1[kBlock] = {}, var[kBlock] = {}, k3[kBlock] = {}, p1[kBlock], p2[kBlock], ps[kBlock];
+    n_wide = 0;
+    for (int i = 0; i < n; ++i) {
+        if (!adan_needs_double(M1[i], VAR[i], K3[i])) continue;
+        wide[n_wide] = i;
+        m1[n_wide] = M1[i];
+        var[n_wide] = VAR[i];
+        k3[n_wide] = K3[i];
+        ++n_wide;
     }
     adan_fit_block<double>(cfg, n_wide, m1, var, k3, p1, p2, ps);
     for (int w = 0; w < n_wide; ++w) {

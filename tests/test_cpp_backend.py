@@ -588,6 +588,10 @@ def test_bad_arguments_raise_clear_errors():
         call(mode=9)
     with pytest.raises(ValueError, match="indices"):
         call(indices=np.array([0, 2**40], np.int64))
+    call(mode=MODE_ADAN, lrs=[0.06, 0.03])
+    for bad_lr in (0.0, -0.06, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="learning rates"):
+            call(mode=MODE_ADAN, lrs=[0.06, bad_lr])
     call(mode=MODE_DENOISE, e2=None, e3=None)
     call(mode=MODE_GAUSSIAN, e3=None)
     with pytest.raises(ValueError, match="CPU"):
