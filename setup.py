@@ -151,7 +151,9 @@ setup(
         "safetensors>=0.3",
     ],
     extras_require={
-        "test": ["pytest>=7", "triton>=3.0; platform_system == 'Linux' and platform_machine == 'x86_64'"],
+        # (setuptools and pybind11: tests/test_portable_build.py builds a second, portable extension)
+        "test": ["pytest>=7", "setuptools>=64", "pybind11>=2.10",
+                 "triton>=3.0; platform_system == 'Linux' and platform_machine == 'x86_64'"],
         "bench": ["pytest-benchmark>=4"],
         # FID's InceptionV3; torch-fidelity pulls torchvision, whose PyPI wheels pin a (CUDA) torch: opt in
         "fid": ["torch-fidelity>=0.3"],

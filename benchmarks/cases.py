@@ -51,6 +51,23 @@ def runner(backend: str, fit: str, x_t: torch.Tensor, out: torch.Tensor,
     return lambda: gk.step(x_t, out, t, s, schedule, "gms", generator=0, backend=backend, **FITS[fit])
 
 
+def interleaved_seconds(fns: dict[str, Callable[[], object]], rounds: int, calls: dict[str, int],
+                        warmup: int = 1) -> dict[str, list[float]]:
+    """Wall times of every call of each fn, measured in turns: each round runs every fn ``calls[name]``
+    times, so that a slow phase of a shared machine hits all of them alike."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            for _ in range(calls[name]):
+                t0 = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t0)
+    return times
+
+
 def median_seconds(fn: Callable[[], object], repeats: int = 5, warmup: int = 1, sync=None) -> float:
     for _ in range(warmup):
         fn()
