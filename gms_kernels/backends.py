@@ -6,6 +6,7 @@ variable ``GMS_KERNELS_BACKEND`` overrides the argument (e.g. to force ``torch``
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import warnings
@@ -21,6 +22,7 @@ _FIXES = {
 _warned: set[str] = set()
 
 
+@functools.lru_cache(maxsize=None)
 def _module(name: str):
     return importlib.import_module(f"gms_kernels.kernels.{'cpp' if name == 'cpp' else 'triton_gms'}")
 

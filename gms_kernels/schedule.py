@@ -55,8 +55,9 @@ class Schedule:
             raise ValueError(f"T = {betas.numel()} is too large: at most 65535 time steps are supported")
         self.betas = betas
         self.alphas_cumprod = torch.cumprod(1.0 - betas, dim=0)
-        self._a = self.alphas_cumprod.sqrt()
-        self._sigma = (1.0 - self.alphas_cumprod).sqrt()
+        # a_t and sigma_t as Python floats: a step reads four of them (tensor indexing costs ~us each)
+        self._a = self.alphas_cumprod.sqrt().tolist()
+        self._sigma = (1.0 - self.alphas_cumprod).sqrt().tolist()
 
     # -- constructors -------------------------------------------------------------------------
     @classmethod
@@ -92,12 +93,12 @@ class Schedule:
     def alpha(self, t: int) -> float:
         """a_t = sqrt(abar_t); a = 1 at t = DATA."""
         t = self._check(t)
-        return 1.0 if t == DATA else float(self._a[t])
+        return 1.0 if t == DATA else self._a[t]
 
     def sigma(self, t: int) -> float:
         """sigma_t = sqrt(1 - abar_t); sigma = 0 at t = DATA."""
         t = self._check(t)
-        return 0.0 if t == DATA else float(self._sigma[t])
+        return 0.0 if t == DATA else self._sigma[t]
 
     def coefficients(self, t: int, s: int) -> StepCoefficients:
         """Step quantities of t -> s (s < t) from reference-notes 1 / paper appendix Eq. first."""
