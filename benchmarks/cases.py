@@ -26,14 +26,16 @@ def make_inputs(shape, device="cpu", seed=0):
     return x_t.to(device), out.to(device)
 
 
-def runner(backend: str, fit: str, x_t: torch.Tensor, out: torch.Tensor,
-           schedule: gk.Schedule) -> Callable[[], torch.Tensor]:
-    """A zero-argument callable doing one GMS step with ``backend`` ('reference-loop' = baseline (i))."""
+def runner(backend: str, fit: str, x_t: torch.Tensor, out: torch.Tensor, schedule: gk.Schedule,
+           options: dict | None = None) -> Callable[[], torch.Tensor]:
+    """A zero-argument callable doing one GMS step with ``backend`` ('reference-loop' = baseline (i));
+    ``options``: the fit's options (default FITS[fit])."""
     t, s = STEP
+    options = FITS[fit] if options is None else options
     if backend == "reference-loop":
         k = schedule.coefficients(t, s)
         c = x_t.shape[1]
-        iters = FITS[fit].get("fit_iters", 25)  # no closed form in the official code: compare to its 25-step fit
+        iters = options.get("fit_iters", 25)  # no closed form in the official code: compare to its 25-step fit
         g = torch.Generator(device=x_t.device).manual_seed(0)
         return lambda: reference_step(x_t, out[:, :c], out[:, c:2 * c], out[:, 2 * c:], k, iters, generator=g)
     if backend == "cpp-kernel":  # the fused kernel alone, without gk.step's checks and dispatch
@@ -43,12 +45,12 @@ def runner(backend: str, fit: str, x_t: torch.Tensor, out: torch.Tensor,
 
         k = schedule.coefficients(t, s)
         c, n = x_t.shape[1], x_t.shape[0]
-        cfg = make_config("gms", k, (-1.0, 1.0), resolve_options(SOLVERS["gms"], FITS[fit]), schedule.T, n,
+        cfg = make_config("gms", k, (-1.0, 1.0), resolve_options(SOLVERS["gms"], options), schedule.T, n,
                           x_t[0].numel())
         noise = SampleNoise.create(0, n)
         heads = [out[:, i * c:(i + 1) * c] for i in range(3)]
         return lambda: cpp.fused_step(x_t, *heads, noise.seeds, noise.indices, cfg)
-    return lambda: gk.step(x_t, out, t, s, schedule, "gms", generator=0, backend=backend, **FITS[fit])
+    return lambda: gk.step(x_t, out, t, s, schedule, "gms", generator=0, backend=backend, **options)
 
 
 def interleaved_seconds(fns: dict[str, Callable[[], object]], rounds: int, calls: dict[str, int],

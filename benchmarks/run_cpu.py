@@ -74,8 +74,8 @@ def loop_bounds(ceilings: str, loop: str) -> str:
             f"{100 * max(fma_ns, div_ns) / loop_ns:.0f}% of its throughput bound.")
 
 
-def flops_per_element(fit: str) -> int:
-    iters = FITS[fit].get("fit_iters", 0)
+def flops_per_element(fit: str, options: dict | None = None) -> int:
+    iters = (FITS[fit] if options is None else options).get("fit_iters", 0)
     return FLOPS_MOMENTS + FLOPS_SAMPLING + (FLOPS_CLOSED if fit == "closed" else iters * FLOPS_ADAN_ITER)
 
 
