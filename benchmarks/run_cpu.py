@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -62,7 +63,6 @@ ROOFLINE_NOTES = (
 
 def loop_bounds(ceilings: str, loop: str) -> str:
     """One sentence comparing the measured ADAN loop with its FMA-unit and divider bounds."""
-    import re
     rate = dict(re.findall(r"(vfmadd zmm|vsqrtps zmm) ([\d.]+)", ceilings))
     ms = float(re.search(r"one thread: ([\d.]+) ms", loop).group(1))
     elements, iters = (int(v) for v in re.search(r"ADAN fit, (\d+) elements, (\d+) iterations", loop).groups())

@@ -648,11 +648,10 @@ GMS_NO_FMA_FN inline void closed_fit_mix(const ClosedConsts& cs, int n, const do
 //                        numerator 3, div 1, update 1 = 18, times 3                      = 54
 //   beta clamp                                                                             =  2
 //   total                                                                                  = 96
-// In AVX-512 instructions that is about 70 per 16 lanes, 3 square roots and 3 divisions among
-// them. On the 2-core Xeon of benchmarks/results/cpu.md, whose cores have one 512-bit FMA unit,
-// the ~64 other arithmetic instructions need ~64 cycles per 16 lanes, and the square roots and
-// divisions keep the (unpipelined) divider busy for ~60 cycles: the loop is bound by these two
-// units, not by memory (21 arrays read and 15 written per iteration, all in L1).
+// In AVX-512 instructions that is about 70 per 16 lanes: ~66 on the FMA units (the divisions are
+// reciprocal estimates refined by a Newton step, below) and 3 square roots on the divider, which
+// runs beside them. Memory is not the bound (21 arrays read and 15 written per iteration, all in
+// L1). benchmarks/results/cpu.md measures both units' rates and how close the loop comes.
 //
 // The formulas are written once, over a "pack" P of lanes: T itself in the portable loop (which
 // the compiler vectorises), or one AVX-512 register of 16 floats in the software-pipelined loop
@@ -832,7 +831,8 @@ void adan_iteration(AdanBlock<T>& s, int n, const AdanPacks<T>& packs) {
 // One iteration over lanes [0, n) rounded up to 16 (n > 0), software-pipelined: the square roots
 // and divisions of the lanes i - 16 are issued after the FMA work of the lanes i, so that the
 // out-of-order core runs the divider alongside the FMA unit instead of one after the other
-// (measured ~15% faster than the vectorised portable loop: benchmarks/cpp/adan_loop_bench.cpp).
+// (measured ~17% faster than the portable loop, vectorised by GCC, on the moments of
+// benchmarks/cases.py: benchmarks/cpp/adan_loop_bench.cpp with and without -DGMS_NO_AVX512).
 template <bool FIRST>
 void adan_iteration(AdanBlock<float>& s, int n, const AdanPacks<F16>& c) {
     AdanPending<F16> pending = adan_gradient_step<FIRST>(s, 0, c);
@@ -933,7 +933,6 @@ inline void adan_fit(const AdanConfig& cfg, int n, const double* M1, const doubl
         return;
     }
     int n_wide = 0;  // (counted branch-free first: almost always none)
-    GMS_SIMD
     for (int i = 0; i < n; ++i) n_wide += adan_needs_double(M1[i], VAR[i], K3[i]);
     if (n_wide == n) {
         adan_fit_block<double>(cfg, n, M1, VAR, K3, P1, P2, PS);

@@ -109,8 +109,8 @@ def _check_out(out, x_t: torch.Tensor) -> torch.Tensor:
 
 
 def _flat_i64(t, n: int, name: str) -> torch.Tensor:
-    if torch.is_tensor(t) and t.dtype == torch.int64 and t.device.type == "cpu" and t.dim() == 1 and t.numel() == n \
-            and t.is_contiguous() and not t.requires_grad:
+    if (torch.is_tensor(t) and t.dtype == torch.int64 and t.device.type == "cpu" and t.dim() == 1
+            and t.numel() == n and t.is_contiguous()):
         return t  # (SampleNoise's seeds and indices: already as the extension reads them)
     t = torch.as_tensor(t).detach()
     if t.device.type != "cpu":
