@@ -38,8 +38,9 @@ def runner(backend: str, fit: str, x_t: torch.Tensor, out: torch.Tensor, schedul
         iters = options.get("fit_iters", 25)  # no closed form in the official code: compare to its 25-step fit
         g = torch.Generator(device=x_t.device).manual_seed(0)
         return lambda: reference_step(x_t, out[:, :c], out[:, c:2 * c], out[:, 2 * c:], k, iters, generator=g)
-    if backend == "cpp-kernel":  # the fused kernel alone, without gk.step's checks and dispatch
-        from gms_kernels.kernels import cpp, make_config
+    if backend in ("cpp-kernel", "triton-kernel"):  # the fused kernel alone, without gk.step's checks and dispatch
+        from gms_kernels.backends import _module
+        from gms_kernels.kernels import make_config
         from gms_kernels.random import SampleNoise
         from gms_kernels.solvers import SOLVERS, resolve_options
 
@@ -48,8 +49,10 @@ def runner(backend: str, fit: str, x_t: torch.Tensor, out: torch.Tensor, schedul
         cfg = make_config("gms", k, (-1.0, 1.0), resolve_options(SOLVERS["gms"], options), schedule.T, n,
                           x_t[0].numel())
         noise = SampleNoise.create(0, n)
+        seeds, indices = noise.seeds.to(x_t.device), noise.indices.to(x_t.device)
         heads = [out[:, i * c:(i + 1) * c] for i in range(3)]
-        return lambda: cpp.fused_step(x_t, *heads, noise.seeds, noise.indices, cfg)
+        kernel = _module(backend.split("-")[0]).fused_step
+        return lambda: kernel(x_t, *heads, seeds, indices, cfg)
     return lambda: gk.step(x_t, out, t, s, schedule, "gms", generator=0, backend=backend, **options)
 
 

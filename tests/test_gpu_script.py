@@ -24,7 +24,7 @@ def test_gpu_benchmark_dry_run_writes_its_report(tmp_path):
     for size in ("cifar10-b100", "imagenet64-b100"):
         for fit in ("closed", "adan-25", "adan-70"):
             assert f"| {size} (" in text and f"| {fit} |" in text
-    # every row has the four timings and the overhead column filled in
+    # every row has its timings and overhead columns filled in
     rows = [line for line in text.splitlines() if line.startswith("| cifar10") or line.startswith("| imagenet64")]
     assert len(rows) == 6 + 6 and all("nan" not in r and "n/a" not in r for r in rows)
 
