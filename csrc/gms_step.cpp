@@ -739,11 +739,15 @@ struct AdanPacks {
 template <typename P, typename T>
 AdanPacks<P> adan_packs(const AdanConsts& c, const AdanIterCoefs& it) {
     using L = Lanes<P, T>;
-    const double eps_a = adan_eps_over(c.grad_scale * c.w1), eps_b = adan_eps_over(c.grad_scale * (1.0 - c.w1));
-    return {L::splat(c.w1),          L::splat(1.0 - c.w1),    L::splat(kAdanBeta1),    L::splat(kAdanBeta2),
-            L::splat(kAdanBeta3),    L::splat(kAdanBetaLo),   L::splat(kAdanBetaHi),   L::splat(3.0),
-            L::splat(it.sv / it.sm), L::splat(it.sn / it.sm), L::splat(eps_a / it.sm), L::splat(eps_b / it.sm),
-            L::splat(kAdanEps / it.sm)};
+    // eps / (c sm), capped like adan_eps_over: 1e30 still means "no step", and the denominator
+    // sigma sqrt(n') + eps' (sigma <= 1e11, sqrt(n') <= 2e19) stays finite in float32
+    const auto eps_over_sm = [&](double eps) { return std::min(eps / it.sm, 1e30); };
+    const double eps_a = eps_over_sm(adan_eps_over(c.grad_scale * c.w1));
+    const double eps_b = eps_over_sm(adan_eps_over(c.grad_scale * (1.0 - c.w1)));
+    return {L::splat(c.w1),          L::splat(1.0 - c.w1),    L::splat(kAdanBeta1),  L::splat(kAdanBeta2),
+            L::splat(kAdanBeta3),    L::splat(kAdanBetaLo),   L::splat(kAdanBetaHi), L::splat(3.0),
+            L::splat(it.sv / it.sm), L::splat(it.sn / it.sm), L::splat(eps_a),       L::splat(eps_b),
+            L::splat(eps_over_sm(kAdanEps))};
 }
 
 // What the first stage hands to the second, per parameter: the numerator m' + rho v' and n'.
@@ -861,7 +865,8 @@ inline std::vector<AdanIterCoefs> adan_iteration_coefs(const std::vector<double>
     std::vector<AdanIterCoefs> out;
     for (size_t k = 1; k <= lrs.size(); ++k) {
         const double lr = lrs[k - 1], kk = static_cast<double>(k);
-        if (!(lr > 0.0 && lr < 1e30)) throw std::invalid_argument("ADAN learning rates must be positive and finite");
+        // (fit.LR_RANGE; with sm >= 1e-11 every constant of adan_packs stays finite in float32)
+        if (!(lr >= 1e-10 && lr <= 100.0)) throw std::invalid_argument("ADAN learning rates must lie in [1e-10, 100]");
         out.push_back({(1 - kAdanBeta1) * lr / (1 - std::pow(kAdanBeta1, kk)),
                        (1 - kAdanBeta2) * lr * kAdanBeta2 / (1 - std::pow(kAdanBeta2, kk)),
                        std::sqrt((1 - kAdanBeta3) / (1 - std::pow(kAdanBeta3, kk)))});

@@ -526,6 +526,22 @@ def test_gk_step_with_the_cpp_backend():
         assert (fast.double() - ref.double()).abs().max() < 1e-5
 
 
+@pytest.mark.parametrize("lr", [1e-10, 100.0])
+def test_adan_at_the_extreme_learning_rates_matches_the_reference(lr):
+    # (the float32 kernel divides its step constants by sm ~ lr: they must stay finite)
+    g = torch.Generator().manual_seed(14)
+    x = torch.randn(3, 2, 9, generator=g)
+    out = torch.cat(_heads("random", x.shape, g), 1)
+    opts = dict(fit="adan", fit_iters=5, lr=lr)
+    fast = gk.step(x, out, 300, 200, SCHED, "gms", generator=3, backend="cpp", **opts)
+    ref = gk.step(x, out, 300, 200, SCHED, "gms", generator=3, backend="torch", **opts)
+    assert torch.isfinite(fast).all() and (fast.double() - ref.double()).abs().max() < 1e-3
+    beyond = lr / 10 if lr < 1 else lr * 10
+    for backend in ("cpp", "torch"):
+        with pytest.raises(ValueError, match="lr must be a number in"):
+            gk.step(x, out, 300, 200, SCHED, "gms", generator=3, backend=backend, **dict(opts, lr=beyond))
+
+
 @pytest.mark.parametrize("fit", list(FITS))
 @pytest.mark.parametrize("where", ["x_t", 0, 1, 2])  # x_t or the head e1 / e2 / e3
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
@@ -589,7 +605,8 @@ def test_bad_arguments_raise_clear_errors():
     with pytest.raises(ValueError, match="indices"):
         call(indices=np.array([0, 2**40], np.int64))
     call(mode=MODE_ADAN, lrs=[0.06, 0.03])
-    for bad_lr in (0.0, -0.06, float("nan"), float("inf")):
+    call(mode=MODE_ADAN, lrs=[1e-10, 100.0])
+    for bad_lr in (0.0, -0.06, 1e-11, 101.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="learning rates"):
             call(mode=MODE_ADAN, lrs=[0.06, bad_lr])
     call(mode=MODE_DENOISE, e2=None, e3=None)
