@@ -98,7 +98,7 @@ def adan_learning_rates(iters: int, lr: float | str = 0.06, t: int | None = None
                         T: int | None = None) -> list[float]:
     """Learning rate of each ADAN iteration.
 
-    A number is used as a constant (the official code: 0.06). ``"paper"`` / ``"paper-imagenet64"``
+    A number in ``LR_RANGE`` is used as a constant (the official code: 0.06). ``"paper"`` / ``"paper-imagenet64"``
     give the paper's Tab. optimizer: base = max(high - iota_t*high, low) with
     iota_t = ((T - t)/T)^2, a linear warm-up over 18 iterations, then cosine decay to min lr.
     """
