@@ -39,7 +39,7 @@ def runner(backend: str, fit: str, x_t: torch.Tensor, out: torch.Tensor, schedul
         g = torch.Generator(device=x_t.device).manual_seed(0)
         return lambda: reference_step(x_t, out[:, :c], out[:, c:2 * c], out[:, 2 * c:], k, iters, generator=g)
     if backend in ("cpp-kernel", "triton-kernel"):  # the fused kernel alone, without gk.step's checks and dispatch
-        from gms_kernels.backends import _module
+        from gms_kernels.backends import fused_step
         from gms_kernels.kernels import make_config
         from gms_kernels.random import SampleNoise
         from gms_kernels.solvers import SOLVERS, resolve_options
@@ -51,8 +51,8 @@ def runner(backend: str, fit: str, x_t: torch.Tensor, out: torch.Tensor, schedul
         noise = SampleNoise.create(0, n)
         seeds, indices = noise.seeds.to(x_t.device), noise.indices.to(x_t.device)
         heads = [out[:, i * c:(i + 1) * c] for i in range(3)]
-        kernel = _module(backend.split("-")[0]).fused_step
-        return lambda: kernel(x_t, *heads, seeds, indices, cfg)
+        name = backend.split("-")[0]
+        return lambda: fused_step(name, x_t, *heads, seeds, indices, cfg, False)
     return lambda: gk.step(x_t, out, t, s, schedule, "gms", generator=0, backend=backend, **options)
 
 

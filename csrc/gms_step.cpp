@@ -675,8 +675,12 @@ struct AdanBlock {
     alignas(64) T V[kAdanStride], NK3[kAdanStride], SV[kAdanStride];   // Var, -kappa3, scale * Var
 };
 
+// The constants of iteration k, once per step. The step (sm m' + sv v') / (sn sqrt(n') + eps/c),
+// with sm = (1-b1) lr/(1-b1^k), sv = (1-b2) lr b2/(1-b2^k), sn = sqrt((1-b3)/(1-b3^k)), is
+// evaluated divided through by sm, as (m' + rho v') / (sigma sqrt(n') + eps/(c sm)) with
+// rho = sv/sm and sigma = sn/sm: one multiplication fewer per parameter.
 struct AdanIterCoefs {
-    double sm, sv, sn;  // (1-b1) lr/(1-b1^k), (1-b2) lr b2/(1-b2^k), sqrt((1-b3)/(1-b3^k)); sm > 0
+    double rho, sigma, eps_a, eps_b, eps_be;  // eps_*: eps/(c sm) for mu1, mu2 and beta
 };
 
 struct AdanConsts {
@@ -728,9 +732,7 @@ GMS_INLINE F16 pack_div(F16 x, F16 d) {
 GMS_INLINE F16 pack_clamp(F16 v, F16 lo, F16 hi) { return _mm512_min_ps(_mm512_max_ps(v, lo), hi); }
 #endif
 
-// The scalars of one iteration, broadcast to packs. The step (sm m' + sv v') / (sn sqrt(n') + eps/c)
-// is evaluated divided through by sm, as (m' + rho v') / (sigma sqrt(n') + eps/(c sm)) with
-// rho = sv/sm and sigma = sn/sm: one multiplication fewer per parameter.
+// The scalars of one iteration, broadcast to packs.
 template <typename P>
 struct AdanPacks {
     P w1, w2, b1, b2, b3, lo, hi, three, rho, sigma, eps_a, eps_b, eps_be;
@@ -739,15 +741,10 @@ struct AdanPacks {
 template <typename P, typename T>
 AdanPacks<P> adan_packs(const AdanConsts& c, const AdanIterCoefs& it) {
     using L = Lanes<P, T>;
-    // eps / (c sm), capped like adan_eps_over: 1e30 still means "no step", and the denominator
-    // sigma sqrt(n') + eps' (sigma <= 1e11, sqrt(n') <= 2e19) stays finite in float32
-    const auto eps_over_sm = [&](double eps) { return std::min(eps / it.sm, 1e30); };
-    const double eps_a = eps_over_sm(adan_eps_over(c.grad_scale * c.w1));
-    const double eps_b = eps_over_sm(adan_eps_over(c.grad_scale * (1.0 - c.w1)));
-    return {L::splat(c.w1),          L::splat(1.0 - c.w1),    L::splat(kAdanBeta1),  L::splat(kAdanBeta2),
-            L::splat(kAdanBeta3),    L::splat(kAdanBetaLo),   L::splat(kAdanBetaHi), L::splat(3.0),
-            L::splat(it.sv / it.sm), L::splat(it.sn / it.sm), L::splat(eps_a),       L::splat(eps_b),
-            L::splat(eps_over_sm(kAdanEps))};
+    return {L::splat(c.w1),        L::splat(1.0 - c.w1),  L::splat(kAdanBeta1), L::splat(kAdanBeta2),
+            L::splat(kAdanBeta3),  L::splat(kAdanBetaLo), L::splat(kAdanBetaHi), L::splat(3.0),
+            L::splat(it.rho),      L::splat(it.sigma),    L::splat(it.eps_a),    L::splat(it.eps_b),
+            L::splat(it.eps_be)};
 }
 
 // What the first stage hands to the second, per parameter: the numerator m' + rho v' and n'.
@@ -861,15 +858,20 @@ struct AdanConfig {
     bool fp64 = false;  // run every block in double precision (slower; for checks)
 };
 
-inline std::vector<AdanIterCoefs> adan_iteration_coefs(const std::vector<double>& lrs) {
+inline std::vector<AdanIterCoefs> adan_iteration_coefs(const std::vector<double>& lrs, const AdanConsts& c) {
+    // eps / (c sm), capped like adan_eps_over: 1e30 still means "no step", and the denominator
+    // sigma sqrt(n') + eps' (sigma <= 1e11, sqrt(n') <= 2e19) stays finite in float32
+    const double eps_a = adan_eps_over(c.grad_scale * c.w1), eps_b = adan_eps_over(c.grad_scale * (1.0 - c.w1));
     std::vector<AdanIterCoefs> out;
     for (size_t k = 1; k <= lrs.size(); ++k) {
         const double lr = lrs[k - 1], kk = static_cast<double>(k);
-        // (fit.LR_RANGE; with sm >= 1e-11 every constant of adan_packs stays finite in float32)
+        // (fit.LR_RANGE; with sm >= 1e-11 every constant stays finite in float32)
         if (!(lr >= 1e-10 && lr <= 100.0)) throw std::invalid_argument("ADAN learning rates must lie in [1e-10, 100]");
-        out.push_back({(1 - kAdanBeta1) * lr / (1 - std::pow(kAdanBeta1, kk)),
-                       (1 - kAdanBeta2) * lr * kAdanBeta2 / (1 - std::pow(kAdanBeta2, kk)),
-                       std::sqrt((1 - kAdanBeta3) / (1 - std::pow(kAdanBeta3, kk)))});
+        const double sm = (1 - kAdanBeta1) * lr / (1 - std::pow(kAdanBeta1, kk));
+        const double sv = (1 - kAdanBeta2) * lr * kAdanBeta2 / (1 - std::pow(kAdanBeta2, kk));
+        const double sn = std::sqrt((1 - kAdanBeta3) / (1 - std::pow(kAdanBeta3, kk)));
+        const auto over_sm = [sm](double eps) { return std::min(eps / sm, 1e30); };
+        out.push_back({sv / sm, sn / sm, over_sm(eps_a), over_sm(eps_b), over_sm(kAdanEps)});
     }
     return out;
 }
@@ -1340,7 +1342,7 @@ bool fused_step_py(py::object x_t, py::object e1, py::object e2, py::object e3, 
     A.mu2 = float_output(mu2, total, "mu2", keep, false);
     A.s2 = float_output(s2, total, "s2", keep, false);
     A.noise = make_noise(seeds, indices, N, D, t, per_pixel, keep);
-    if (mode == kAdan) A.adan.iters = adan_iteration_coefs(lrs);
+    if (mode == kAdan) A.adan.iters = adan_iteration_coefs(lrs, A.adan.consts);
     A.adan.fp64 = adan_fp64;
     if (total == 0) return true;
     py::gil_scoped_release release;

@@ -23,10 +23,10 @@ ADAN_EPS = 1e-8
 ADAN_INIT_BETA = 0.998
 ADAN_INIT_GAP = 1e-3
 ADAN_BETA_BOUNDS = (0.1, 1.2)
-# paper Tab. optimizer: (lr high, lr low, min lr, warm-up iterations)
 # The learning rates accepted, by every backend alike: far beyond the paper's 0.04-0.16 either way,
-# and within what the float32 fit of the fused kernels follows (at lr ~1e4 its steps overflow)
+# and within what the float32 fit of the fused kernels follows (it is far off at lr 1e4, NaN at 1e10)
 LR_RANGE = (1e-10, 100.0)
+# paper Tab. optimizer: (lr high, lr low, min lr, warm-up iterations)
 PAPER_LR_TABLES = {"paper": (0.16, 0.12, 0.1, 18), "paper-imagenet64": (0.1, 0.06, 0.04, 18)}
 
 

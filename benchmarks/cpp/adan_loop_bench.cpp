@@ -32,7 +32,8 @@ int main(int argc, char** argv) {
         VAR[i] = 0.1 + 0.5 * uniform(gen);
         M3[i] = M1[i] * M1[i] * M1[i] + 3 * M1[i] * VAR[i] + 0.05 * normal(gen);
     }
-    const AdanConfig cfg{AdanConsts{1.0 / 3.0, 2.0 / 3072.0}, adan_iteration_coefs(std::vector<double>(iters, 0.06))};
+    const AdanConsts consts{1.0 / 3.0, 2.0 / 3072.0};
+    const AdanConfig cfg{consts, adan_iteration_coefs(std::vector<double>(iters, 0.06), consts)};
     double best = 1e30;
     for (int r = 0; r < rounds; ++r) {
         const auto t0 = std::chrono::steady_clock::now();
