@@ -27,11 +27,11 @@ def make_inputs(shape, device="cpu", seed=0):
 
 
 def runner(backend: str, fit: str, x_t: torch.Tensor, out: torch.Tensor, schedule: gk.Schedule,
-           options: dict | None = None) -> Callable[[], torch.Tensor]:
-    """A zero-argument callable doing one GMS step with ``backend`` ('reference-loop' = baseline (i));
-    ``options``: the fit's options (default FITS[fit])."""
+           options: dict | None = None, solver: str = "gms") -> Callable[[], torch.Tensor]:
+    """A zero-argument callable doing one step of ``solver`` with ``backend`` ('reference-loop' =
+    baseline (i), GMS only); ``options``: the fit's options (default FITS[fit]; none for sn-ddpm)."""
     t, s = STEP
-    options = FITS[fit] if options is None else options
+    options = (FITS[fit] if solver == "gms" else {}) if options is None else options
     if backend == "reference-loop":
         k = schedule.coefficients(t, s)
         c = x_t.shape[1]
@@ -46,14 +46,14 @@ def runner(backend: str, fit: str, x_t: torch.Tensor, out: torch.Tensor, schedul
 
         k = schedule.coefficients(t, s)
         c, n = x_t.shape[1], x_t.shape[0]
-        cfg = make_config("gms", k, (-1.0, 1.0), resolve_options(SOLVERS["gms"], options), schedule.T, n,
+        cfg = make_config(solver, k, (-1.0, 1.0), resolve_options(SOLVERS[solver], options), schedule.T, n,
                           x_t[0].numel())
         noise = SampleNoise.create(0, n)
         seeds, indices = noise.seeds.to(x_t.device), noise.indices.to(x_t.device)
         heads = [out[:, i * c:(i + 1) * c] for i in range(3)]
         name = backend.split("-")[0]
         return lambda: fused_step(name, x_t, *heads, seeds, indices, cfg, False)
-    return lambda: gk.step(x_t, out, t, s, schedule, "gms", generator=0, backend=backend, **options)
+    return lambda: gk.step(x_t, out, t, s, schedule, solver, generator=0, backend=backend, **options)
 
 
 def interleaved_seconds(fns: dict[str, Callable[[], object]], rounds: int, calls: dict[str, int],

@@ -46,19 +46,26 @@ ROOFLINE_NOTES = (
     "How the ADAN loop is bound. Per 16 lanes and iteration the compiled loop issues "
     f"{LOOP_FMA_UNIT_INSTRUCTIONS} arithmetic instructions on the two 512-bit FMA units (including three "
     f"vrcp14ps, since the divisions are a reciprocal estimate plus one Newton step) and {LOOP_SQRTS} vsqrtps "
-    "on the divider, which runs beside them. Loads and stores (17 and 15, all in L1) use other ports. So "
-    "the loop cannot beat the larger of the FMA-unit time and the divider time computed above from the "
-    "measured instruction rates. What the rest of the gap is cannot be measured here (the VM exposes no "
-    "hardware counters); the likely cause is latency: the dependency chain of one vector through the "
-    "residuals, gradients, moments, square root and update (~150 cycles) has to overlap with 3-4 other "
-    "vectors in the out-of-order window. Earlier forms of the loop, all measured: the vectorised per-element loop "
-    "with true divisions (the divider then held 3 sqrt + 3 div, about as long as the FMA work); "
-    "register-resident state over all iterations (spills, or a single latency-bound chain); 2-4-way "
-    "interleaving, deeper software pipelining (two vectors of lag), blocks of 128 or 512 elements, and "
-    "rsqrt14 plus Newton instead of vsqrtps: none faster than the loop above, which issues the square roots "
-    "and divisions of vector i-1 after the FMA work of vector i. The closed form and the non-fit part of "
-    "ADAN (about a quarter of the adan-25 step) are bound by the double-precision moments, Philox/Box-Muller "
-    "and the first touch of the inputs in memory."
+    "on the divider, which runs beside them. Loads and stores (17 and 15, all in L1) use other ports. The "
+    "sentence above compares the loop with the larger of the FMA-unit and divider times at the measured "
+    "instruction rates; the loop takes about twice as long. The VM exposes no hardware counters, so the gap "
+    "was narrowed down with throw-away variants of adan_loop_bench.cpp (not kept; one thread, each against "
+    "the unchanged loop in the same minute, single runs vary by about 5%): dropping the 3 square roots, the 3 "
+    "divisions, or both, changed nothing; dropping the 12 stores of the optimizer state made it about 10% "
+    "faster, dropping them and the square roots and divisions about 35%; adding one independent "
+    "Philox4x32-10 vector (8 lanes, about 58 integer vector instructions) per 16 lanes made it slower by that "
+    "code's full stand-alone cost. So the vector ports have no idle cycles to lend (which also rules out "
+    "hiding the normals' Philox work inside the fit): they are busier than the instruction count at the "
+    "FMA rate suggests (square roots and reciprocal estimates are several micro-ops each on these cores, "
+    "and register copies take issue slots), and the state stores add to it. Also measured and not faster: "
+    "two vectors per pack (statement-level interleaving), an array-of-structures layout of the state, true "
+    "divisions for one, two or three of the parameters, -funroll-loops, -mtune=icelake-server, 64-element "
+    "blocks; and earlier: the vectorised per-element loop with true divisions, register-resident state over "
+    "all iterations (spills, or a single latency-bound chain), deeper software pipelining (two vectors of "
+    "lag), blocks of 128 or 512 elements, rsqrt14 plus Newton instead of vsqrtps. The loop kept issues the "
+    "square roots and divisions of vector i-1 after the FMA work of vector i. The part of the step outside "
+    "the fit (moments, normals, mixture draw; measured in the section above) is bound by the "
+    "double-precision moments, Philox/Box-Muller and the first touch of the inputs in memory."
 )
 
 
@@ -150,6 +157,38 @@ def measure(schedule: gk.Schedule, backends: list[str]) -> dict:
     return times
 
 
+# Variants of the 307,200-element step run through the C++ kernel alone, to split the adan-25 step's
+# time: the Gaussian step (sn-ddpm: moments and one normal per element, no fit), the closed form, and
+# ADAN at 1, 5 and 25 iterations (the slope between 5 and 25 is the cost of one iteration).
+BREAKDOWN = {"sn-ddpm": ("sn-ddpm", {}), "closed": ("gms", FITS["closed"]),
+             "adan-1": ("gms", {"fit": "adan", "fit_iters": 1}), "adan-5": ("gms", {"fit": "adan", "fit_iters": 5}),
+             "adan-25": ("gms", FITS["adan-25"])}
+
+
+def breakdown(schedule: gk.Schedule, rounds: int = 20) -> list[str]:
+    """Markdown lines: the kernel-alone time of each BREAKDOWN variant and what follows from them."""
+    x_t, out = make_inputs(SIZES["cifar10-b100"])
+    fns = {name: runner("cpp-kernel", name, x_t, out, schedule, options, solver)
+           for name, (solver, options) in BREAKDOWN.items()}
+    times = interleaved_seconds(fns, rounds, {name: 5 for name in fns})
+    t = {name: [f(v) * 1e3 for _, f in STATS] for name, v in times.items()}
+    per_iter = [(t["adan-25"][i] - t["adan-5"][i]) / 20 for i in range(len(STATS))]
+    rest = [t["adan-25"][i] - 25 * per_iter[i] for i in range(len(STATS))]
+    fmt = lambda v: " / ".join(f"{x:.2f} ms" for x in v)
+    lines = ["## Where the adan-25 step's time goes (C++ kernel alone, 307,200 elements)", "",
+             f"Measured in turns, {rounds} rounds of 5 calls each; fastest / median call.", "",
+             "| variant | what it does | time |", "|---|---|---|"]
+    what = {"sn-ddpm": "moments and one Gaussian draw per element (no fit)",
+            "closed": "moments, closed-form fit, mixture draw", "adan-1": "moments, 1 ADAN iteration, mixture draw",
+            "adan-5": "moments, 5 ADAN iterations, mixture draw", "adan-25": "moments, 25 ADAN iterations, mixture draw"}
+    lines += [f"| {name} | {what[name]} | {fmt(v)} |" for name, v in t.items()]
+    lines += ["", f"- One ADAN iteration ((adan-25 - adan-5) / 20): {fmt(per_iter)}.",
+              f"- Everything but the fit (adan-25 - 25 iterations): {fmt(rest)}, that is "
+              f"{100 * rest[0] / t['adan-25'][0]:.0f}% / {100 * rest[1] / t['adan-25'][1]:.0f}% of adan-25; "
+              f"the Gaussian step alone (moments and normals) takes {fmt(t['sn-ddpm'])}.", ""]
+    return lines
+
+
 def summarise(times: dict) -> dict:
     """{(size, fit): {backend: (fastest, median) seconds}}."""
     return {key: {b: tuple(f(v) for _, f in STATS) for b, v in per.items()} for key, per in times.items()}
@@ -217,6 +256,7 @@ def main() -> None:
                 q = cifar_ratios(summarise(r), i)
                 lines.append(f"| {k + 1} | {stat} | {q['speedup cpp']:.1f}x | {q['speedup cpp-kernel']:.1f}x | "
                              f"{q['closed cpp']:.2f}x | {q['closed cpp-kernel']:.2f}x |")
+        lines += [""] + breakdown(schedule)
         ceilings = run_cpp_bench("vector_ceilings.cpp", ["-O2", "-march=native"])
         loop = run_cpp_bench("adan_loop_bench.cpp", ["-O3", "-march=native", "-mprefer-vector-width=512",
                                                      "-fno-math-errno", "-fno-wrapv", "-fopenmp"], "2.8")
