@@ -160,16 +160,20 @@ def measure(schedule: gk.Schedule, backends: list[str]) -> dict:
 # Variants of the 307,200-element step run through the C++ kernel alone, to split the adan-25 step's
 # time: the Gaussian step (sn-ddpm: moments and one normal per element, no fit), the closed form, and
 # ADAN at 1, 5 and 25 iterations (the slope between 5 and 25 is the cost of one iteration).
-BREAKDOWN = {"sn-ddpm": ("sn-ddpm", {}), "closed": ("gms", FITS["closed"]),
-             "adan-1": ("gms", {"fit": "adan", "fit_iters": 1}), "adan-5": ("gms", {"fit": "adan", "fit_iters": 5}),
-             "adan-25": ("gms", FITS["adan-25"])}
+BREAKDOWN = {  # name: (solver, options, what the kernel does)
+    "sn-ddpm": ("sn-ddpm", {}, "moments and one Gaussian draw per element (no fit)"),
+    "closed": ("gms", FITS["closed"], "moments, closed-form fit, mixture draw"),
+    "adan-1": ("gms", {"fit": "adan", "fit_iters": 1}, "moments, 1 ADAN iteration, mixture draw"),
+    "adan-5": ("gms", {"fit": "adan", "fit_iters": 5}, "moments, 5 ADAN iterations, mixture draw"),
+    "adan-25": ("gms", FITS["adan-25"], "moments, 25 ADAN iterations, mixture draw"),
+}
 
 
 def breakdown(schedule: gk.Schedule, rounds: int = 20) -> list[str]:
     """Markdown lines: the kernel-alone time of each BREAKDOWN variant and what follows from them."""
     x_t, out = make_inputs(SIZES["cifar10-b100"])
     fns = {name: runner("cpp-kernel", name, x_t, out, schedule, options, solver)
-           for name, (solver, options) in BREAKDOWN.items()}
+           for name, (solver, options, _) in BREAKDOWN.items()}
     times = interleaved_seconds(fns, rounds, {name: 5 for name in fns})
     t = {name: [f(v) * 1e3 for _, f in STATS] for name, v in times.items()}
     per_iter = [(t["adan-25"][i] - t["adan-5"][i]) / 20 for i in range(len(STATS))]
@@ -178,14 +182,11 @@ def breakdown(schedule: gk.Schedule, rounds: int = 20) -> list[str]:
     lines = ["## Where the adan-25 step's time goes (C++ kernel alone, 307,200 elements)", "",
              f"Measured in turns, {rounds} rounds of 5 calls each; fastest / median call.", "",
              "| variant | what it does | time |", "|---|---|---|"]
-    what = {"sn-ddpm": "moments and one Gaussian draw per element (no fit)",
-            "closed": "moments, closed-form fit, mixture draw", "adan-1": "moments, 1 ADAN iteration, mixture draw",
-            "adan-5": "moments, 5 ADAN iterations, mixture draw", "adan-25": "moments, 25 ADAN iterations, mixture draw"}
-    lines += [f"| {name} | {what[name]} | {fmt(v)} |" for name, v in t.items()]
+    lines += [f"| {name} | {BREAKDOWN[name][2]} | {fmt(v)} |" for name, v in t.items()]
     lines += ["", f"- One ADAN iteration ((adan-25 - adan-5) / 20): {fmt(per_iter)}.",
               f"- Everything but the fit (adan-25 - 25 iterations): {fmt(rest)}, that is "
               f"{100 * rest[0] / t['adan-25'][0]:.0f}% / {100 * rest[1] / t['adan-25'][1]:.0f}% of adan-25; "
-              f"the Gaussian step alone (moments and normals) takes {fmt(t['sn-ddpm'])}.", ""]
+              f"the Gaussian step alone (moments and normals) takes {fmt(t['sn-ddpm'])}."]
     return lines
 
 
