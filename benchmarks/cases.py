@@ -59,13 +59,17 @@ def runner(backend: str, fit: str, x_t: torch.Tensor, out: torch.Tensor, schedul
 def interleaved_seconds(fns: dict[str, Callable[[], object]], rounds: int, calls: dict[str, int],
                         warmup: int = 1) -> dict[str, list[float]]:
     """Wall times of every call of each fn, measured in turns: each round runs every fn ``calls[name]``
-    times, so that a slow phase of a shared machine hits all of them alike."""
+    times, so that a slow phase of a shared machine hits all of them alike. The order rotates from
+    round to round: the fn that follows a long one (which evicts the caches) starts cold, and that
+    should not always be the same fn."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
+    names = list(fns)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            fn = fns[name]
             for _ in range(calls[name]):
                 t0 = time.perf_counter()
                 fn()

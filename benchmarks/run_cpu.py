@@ -108,7 +108,7 @@ def measured_ceilings() -> tuple[float, float]:
     return gflops, 2 * src.numel() * 4 / sec / 1e9
 
 
-ROUNDS = 7  # interleaved rounds per (size, fit)
+ROUNDS = 8  # interleaved rounds per (size, fit): a multiple of the 4 backends, whose order rotates
 CALLS = {"reference-loop": 1, "torch": 1, "cpp": 5, "cpp-kernel": 5}  # calls per backend and round
 STATS = (("fastest call", min), ("median call", statistics.median))
 
@@ -220,7 +220,8 @@ def main() -> None:
         "",
         "One GMS step t=500 -> s=400 (moments, fit, mixture sampling) on batch-100 inputs. The backends take "
         f"turns: {args.runs} runs of {ROUNDS} rounds per size and fit, each round running (i) and (ii) once and "
-        f"(iii) {CALLS['cpp']} times; the tables pool all runs. This is a "
+        f"(iii) {CALLS['cpp']} times, in an order that rotates from round to round (whichever runs right after "
+        "(i) or (ii) starts with cold caches); the tables pool all runs. This is a "
         "shared 2-vCPU VM whose speed drifts by 30% or more from minute to minute, so both the fastest call "
         "(the least disturbed one) and the median call are given. Ratios are speed-ups over (i) under the "
         "same statistic. The official code has no closed form, so closed-form rows are compared with (i) at "
