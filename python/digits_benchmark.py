@@ -76,7 +76,8 @@ def part_b(model, reference, args, cache, out: Path) -> None:
     costs = study.step_costs(model, (args.equal_time_gms, *BASELINES_EQUAL_TIME))
     lines += ["", "## Equal wall time (paper: same computation cost)", "",
               "Per-step cost at batch 500 (network call + solver step; the solvers take turns for 5 rounds of 5 "
-              "steps and each keeps its fastest round; measured in this run): " + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in costs.items()) + ". Each baseline "
+              "steps and each keeps its fastest round; measured in this run): "
+              + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in costs.items()) + ". Each baseline "
               f"runs the number of steps that costs as much as K steps of {args.equal_time_gms}. With the fused C++ "
               f"step, GMS costs {100 * (costs[args.equal_time_gms] / costs['sn-ddpm'] - 1):+.1f}% per step against "
               "SN-DDPM (same network call, heads included): the budget buys the baselines about the same K. (The "
