@@ -33,7 +33,7 @@ from cases import FITS, SIZES, interleaved_seconds, make_inputs, median_seconds,
 FLOPS_MOMENTS = 60        # x0 moments, clamps, M1/Var/M3, kappa3 (double)
 FLOPS_ADAN_ITER = 96      # residuals 22, gradients 18, three ADAN updates 54, clamp 2 (float)
 FLOPS_CLOSED = 30         # cube root, floor, means (double)
-FLOPS_SAMPLING = 40       # Box-Muller + select (integer Philox work not counted)
+FLOPS_SAMPLING = 30       # half a Box-Muller pair (log, sqrt, cos, sin) + select (integer Philox work not counted)
 
 
 # Instructions per 16 lanes and iteration in the compiled AVX-512 ADAN loop (objdump of the built

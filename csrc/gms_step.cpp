@@ -980,7 +980,7 @@ struct NoiseSource {
 };
 
 inline void draw_block(const NoiseSource& src, int64_t e0, int n, float* __restrict Z, float* __restrict U) {
-    alignas(64) uint32_t w0[kBlock], w1[kBlock], u0[kBlock], u1[kBlock];
+    alignas(64) uint32_t u0[kBlock], u1[kBlock];
     const uint64_t head0 = philox_counter(0, src.t, 0), head1 = philox_counter(1, src.t, 0);
     const bool pixel_u = U != nullptr && src.per_pixel;
     int64_t i = e0 / src.D, j = e0 % src.D;
@@ -990,7 +990,7 @@ inline void draw_block(const NoiseSource& src, int64_t e0, int n, float* __restr
             const int len = static_cast<int>(std::min<int64_t>(n - e, src.D - j));
             const uint64_t seed = static_cast<uint64_t>(src.seeds[i]);
             const uint64_t first = static_cast<uint64_t>(src.indices[i]) * static_cast<uint64_t>(src.D) + j;
-            philox_run(len, seed, head0, first, w0 + e, w1 + e);
+            normals_run(len, seed, head0, first, Z + e);
             if (pixel_u) philox_run(len, seed, head1, first, u0 + e, u1 + e);
             if (U != nullptr && !src.per_pixel) {
                 const float u = philox_uniform(seed, philox_counter(1, src.t, static_cast<uint64_t>(src.indices[i])));
@@ -1001,15 +1001,20 @@ inline void draw_block(const NoiseSource& src, int64_t e0, int n, float* __restr
             ++i;
         }
     } else {
-        // short samples: per-element keys and counters
+        // short samples: per-element keys and counters (each element runs the Philox call of its
+        // group of four and keeps its own pair)
+        alignas(64) uint64_t index[kBlock];
         alignas(64) uint32_t k0[kBlock], k1[kBlock], c0[kBlock], c1[kBlock];
+        alignas(64) uint32_t w0[kBlock], w1[kBlock], w2[kBlock], w3[kBlock];
+        alignas(64) float pairs[2 * kBlock];
         for (int e = 0; e < n; ++e) {
             const uint64_t seed = static_cast<uint64_t>(src.seeds[i]);
-            const uint64_t off = head0 | (static_cast<uint64_t>(src.indices[i]) * static_cast<uint64_t>(src.D) + j);
+            index[e] = static_cast<uint64_t>(src.indices[i]) * static_cast<uint64_t>(src.D) + j;
+            const uint64_t group = normal_group(head0 | index[e]);
             k0[e] = static_cast<uint32_t>(seed);
             k1[e] = static_cast<uint32_t>(seed >> 32);
-            c0[e] = static_cast<uint32_t>(off);
-            c1[e] = static_cast<uint32_t>(off >> 32);
+            c0[e] = static_cast<uint32_t>(group);
+            c1[e] = static_cast<uint32_t>(group >> 32);
             if (U != nullptr && !src.per_pixel)
                 U[e] = philox_uniform(seed, philox_counter(1, src.t, static_cast<uint64_t>(src.indices[i])));
             if (++j == src.D) {
@@ -1017,18 +1022,27 @@ inline void draw_block(const NoiseSource& src, int64_t e0, int n, float* __restr
                 ++i;
             }
         }
-        philox_block(n, c0, c1, k0, k1, w0, w1);
+        philox_block(n, c0, c1, k0, k1, w0, w1, w2, w3);
+        for (int e = 0; e < n; ++e) {  // (w0, w1 <- the element's pair)
+            const bool second_pair = (index[e] >> 1) & 1;
+            w0[e] = second_pair ? w2[e] : w0[e];
+            w1[e] = second_pair ? w3[e] : w1[e];
+        }
+        normal_pairs(n, w0, w1, pairs);
+        for (int e = 0; e < n; ++e) Z[e] = pairs[2 * e + (index[e] & 1)];
         if (pixel_u) {
-            const uint32_t stream1 = 1u << 24;  // stream 1 in the top byte of the counter's high word
-            for (int e = 0; e < n; ++e) c1[e] |= stream1;
+            for (int e = 0; e < n; ++e) {
+                const uint64_t off = head1 | index[e];
+                c0[e] = static_cast<uint32_t>(off);
+                c1[e] = static_cast<uint32_t>(off >> 32);
+            }
             philox_block(n, c0, c1, k0, k1, u0, u1);
         }
     }
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // (masked vector loads read w0/w1 only below n)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // (masked vector loads read u0 only below n)
 #endif
-    normals_block(n, w0, w1, Z);
     if (pixel_u) uniforms_block(n, u0, U);
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
@@ -1521,7 +1535,7 @@ PYBIND11_MODULE(_C, m) {
           "c0"_a, "c1"_a, "c2"_a, "c3"_a, "k0"_a, "k1"_a);
     m.def("uniform", &gms::draw_py<false>, "tl.rand: float32 uniforms (seeds: one or one per offset).", "seeds"_a,
           "offsets"_a);
-    m.def("normal", &gms::draw_py<true>, "tl.randn: float32 normals (seeds: one or one per offset).", "seeds"_a,
+    m.def("normal", &gms::draw_py<true>, "random.normal: float32 normals, four to a Philox call (seeds: one or one per offset).", "seeds"_a,
           "offsets"_a);
     m.def("transition_moments", &gms::moments_py,
           "(M1, Var, M3) in float64 as the fused step computes them (Var/M3 None without e2/e3).", "x_t"_a, "e1"_a,

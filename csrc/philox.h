@@ -8,18 +8,22 @@
 //             (c0, c1, c2, c3) <- (hi(pB) ^ c1 ^ k0, lo(pB), hi(pA) ^ c3 ^ k1, lo(pA))
 //             k0 += 0x9E3779B9, k1 += 0xBB67AE85
 // uniform : bitcast word 0 to int32 v, v <- ~v (= -v - 1) when negative, float(v) * 4.6566127342e-10f
-// normal  : Box-Muller in float32 on words 0 and 1,
-//           u1 = max(u1, 1e-7f), z = sqrtf(-2 * log(u1)) * cos(6.2831855f * u2).
+// normal  : four per Philox call (random.normal): the normal of counter `offset` reads the call of
+//           counter normal_group(offset) (index bits divided by 4); index 4g + 2h + k takes the
+//           Box-Muller pair of words (2h, 2h + 1) and its cosine (k = 0) or sine (k = 1):
+//           u1 = max(u1, 1e-7f), theta = 6.2831855f * u2, z = sqrtf(-2 log(u1)) * cos or sin(theta).
 //
-// The log and cos of the normal are evaluated here in double precision and rounded once to
-// float32 (so they agree with a correctly rounded logf/cosf), with straight-line code that the
+// The log, cos and sin of the normals are evaluated here in double precision and rounded once to
+// float32 (so they agree with correctly rounded logf/cosf/sinf), with straight-line code that the
 // compiler can vectorise: no libm call is left in the per-element loops. With AVX-512 the normals
-// of a block are drawn by hand-written vector code (normals_block, 32 per iteration) that uses
-// shorter polynomials (log to ~4e-9 relative, cos to ~7e-11 absolute, still before the one
-// rounding to float32): the integers and uniforms are bit-identical, the normals agree with the
-// scalar form to 2 float32 ulp (to ~1e-9 absolute where |z| is tiny) and with torch to 2.4e-7.
+// of a block are drawn by hand-written vector code (normal_pairs, 32 pairs per iteration) that
+// uses shorter polynomials (log to ~4e-9 relative, cos and sin to ~7e-10 absolute, still before
+// the one rounding to float32): the integers and uniforms are bit-identical, the normals agree
+// with the scalar form to 2 float32 ulp (to ~1e-9 absolute where |z| is tiny) and with torch to
+// about 2.4e-7.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -92,14 +96,16 @@ inline void philox4x32_10(uint32_t& c0, uint32_t& c1, uint32_t& c2, uint32_t& c3
     }
 }
 
-// Philox4x32-10 of n counters (lo[i], hi[i], 0, 0) with keys (k0[i], k1[i]); writes words 0 and 1.
+// Philox4x32-10 of n counters (lo[i], hi[i], 0, 0) with keys (k0[i], k1[i]); writes words 0 and 1,
+// and words 2 and 3 where w2 and w3 are given.
 // Compilers widen 32x32->64 products to full 64-bit multiplies (slow, several uops), so with
 // AVX-512 / AVX2 the rounds are spelled out with the 32x32->64 instruction (vpmuludq) on 64-bit
 // lanes; each lane keeps its 32-bit word in the low half (the high halves hold junk that never
 // reaches a low half: shifts only move high to low for the fresh products). Same results.
 inline void philox_block(int n, const uint32_t* __restrict lo, const uint32_t* __restrict hi,
                          const uint32_t* __restrict k0, const uint32_t* __restrict k1, uint32_t* __restrict w0,
-                         uint32_t* __restrict w1) {
+                         uint32_t* __restrict w1, uint32_t* __restrict w2 = nullptr,
+                         uint32_t* __restrict w3 = nullptr) {
     int i = 0;
 #if defined(__AVX512F__)
     {
@@ -123,6 +129,10 @@ inline void philox_block(int n, const uint32_t* __restrict lo, const uint32_t* _
             }
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(w0 + i), _mm512_cvtepi64_epi32(c0));
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(w1 + i), _mm512_cvtepi64_epi32(c1));
+            if (w2 != nullptr) {
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(w2 + i), _mm512_cvtepi64_epi32(c2));
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(w3 + i), _mm512_cvtepi64_epi32(c3));
+            }
         }
     }
 #elif defined(__AVX2__)
@@ -150,6 +160,12 @@ inline void philox_block(int n, const uint32_t* __restrict lo, const uint32_t* _
                              _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(c0, pick_low)));
             _mm_storeu_si128(reinterpret_cast<__m128i*>(w1 + i),
                              _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(c1, pick_low)));
+            if (w2 != nullptr) {
+                _mm_storeu_si128(reinterpret_cast<__m128i*>(w2 + i),
+                                 _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(c2, pick_low)));
+                _mm_storeu_si128(reinterpret_cast<__m128i*>(w3 + i),
+                                 _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(c3, pick_low)));
+            }
         }
     }
 #endif
@@ -158,12 +174,68 @@ inline void philox_block(int n, const uint32_t* __restrict lo, const uint32_t* _
         philox4x32_10(c0, c1, c2, c3, k0[i], k1[i]);
         w0[i] = c0;
         w1[i] = c1;
+        if (w2 != nullptr) {
+            w2[i] = c2;
+            w3[i] = c3;
+        }
     }
 }
 
 #if defined(__AVX512F__)
 // the high dword of each 64-bit lane copied into its low dword (vpshufd)
 inline __m512i hi_down(__m512i v) { return _mm512_shuffle_epi32(v, _MM_PERM_DDBB); }
+
+// The round keys of one seed, broadcast to 64-bit lanes.
+struct PhiloxKeys512 {
+    __m512i k0[kPhiloxRounds], k1[kPhiloxRounds];
+    explicit PhiloxKeys512(uint64_t seed) {
+        uint32_t r0 = static_cast<uint32_t>(seed), r1 = static_cast<uint32_t>(seed >> 32);
+        for (int r = 0; r < kPhiloxRounds; ++r, r0 += kPhiloxKeyA, r1 += kPhiloxKeyB) {
+            k0[r] = _mm512_set1_epi64(r0);
+            k1[r] = _mm512_set1_epi64(r1);
+        }
+    }
+};
+
+// Philox4x32-10 of W vectors of 8 consecutive counters head | (first + 8 j + lane), one key.
+// Each 64-bit lane keeps its 32-bit word in the low half (the high halves hold junk that never
+// reaches a low half: only the fresh products' high words are brought down). The first round
+// starts from c2 = c3 = 0 (its B product is 0, so c0 <- c1 ^ k0 and c1 <- 0); of the last round
+// only words 0 and 1 are computed unless ALL_WORDS. The high word of a product is brought down
+// with a dword shuffle (hi_down) rather than a shift: multiplies and shifts share one execution
+// port on these cores, shuffles use another. The W vectors go through the rounds together, so
+// that their dependency chains (~70 cycles each) overlap.
+template <int W, bool ALL_WORDS>
+GMS_ALWAYS_INLINE void philox_rounds_run(const PhiloxKeys512& keys, uint64_t head, uint64_t first, __m512i* c0,
+                                         __m512i* c1, __m512i* c2, __m512i* c3) {
+    const __m512i ma = _mm512_set1_epi64(kPhiloxMulA), mb = _mm512_set1_epi64(kPhiloxMulB);
+    const __m512i iota = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7);
+    __m512i pa[W], pb[W];
+    for (int j = 0; j < W; ++j) {
+        const __m512i idx = _mm512_add_epi64(_mm512_set1_epi64(static_cast<long long>(first + 8 * j)), iota);
+        const __m512i lo_word = _mm512_or_si512(idx, _mm512_set1_epi64(static_cast<long long>(head)));
+        pa[j] = _mm512_mul_epu32(lo_word, ma);
+        c0[j] = _mm512_xor_si512(hi_down(lo_word), keys.k0[0]);
+        c1[j] = _mm512_setzero_si512();
+        c2[j] = _mm512_xor_si512(hi_down(pa[j]), keys.k1[0]);
+        c3[j] = pa[j];
+    }
+    for (int r = 1; r < kPhiloxRounds; ++r) {
+        const bool last = r == kPhiloxRounds - 1;
+        for (int j = 0; j < W; ++j) {
+            pb[j] = _mm512_mul_epu32(c2[j], mb);
+            if (ALL_WORDS || !last) pa[j] = _mm512_mul_epu32(c0[j], ma);
+        }
+        for (int j = 0; j < W; ++j) {
+            c0[j] = _mm512_ternarylogic_epi64(hi_down(pb[j]), c1[j], keys.k0[r], 0x96);  // xor of three
+            c1[j] = pb[j];
+            if (ALL_WORDS || !last) {
+                c2[j] = _mm512_ternarylogic_epi64(hi_down(pa[j]), c3[j], keys.k1[r], 0x96);
+                c3[j] = pa[j];
+            }
+        }
+    }
+}
 #endif
 
 // Words 0 and 1 for one key (seed) and the n consecutive counters head | (first + m), m < n
@@ -174,55 +246,18 @@ inline void philox_run(int n, uint64_t seed, uint64_t head, uint64_t first, uint
     int i = 0;
 #if defined(__AVX512F__)
     {
-        const __m512i ma = _mm512_set1_epi64(kPhiloxMulA), mb = _mm512_set1_epi64(kPhiloxMulB);
-        const __m512i iota = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7);
-        const __m512i vhead = _mm512_set1_epi64(static_cast<long long>(head));
-        __m512i round_k0[kPhiloxRounds], round_k1[kPhiloxRounds];
-        uint32_t r0 = s0, r1 = s1;
-        for (int r = 0; r < kPhiloxRounds; ++r, r0 += kPhiloxKeyA, r1 += kPhiloxKeyB) {
-            round_k0[r] = _mm512_set1_epi64(r0);
-            round_k1[r] = _mm512_set1_epi64(r1);
-        }
-        // The first round starts from c2 = c3 = 0 (its B product is 0, so c0 <- c1 ^ k0 and
-        // c1 <- 0), and of the last round only words 0 and 1 are kept: 5 of the 60 vector
-        // operations of the ten rounds are left out, with the same results. The high word of a
-        // product is brought down with a dword shuffle (hi_down: the high half keeps a copy,
-        // which is junk like every high half here) rather than a shift: multiplies and shifts
-        // share one execution port on these cores, shuffles use another. W vectors go through
-        // the rounds together, so that their dependency chains (~70 cycles each) overlap.
-        auto rounds = [&](auto w_const, int at) {
+        const PhiloxKeys512 keys(seed);
+        auto run = [&](auto w_const, int at) {
             constexpr int W = decltype(w_const)::value;
-            __m512i c0[W], c1[W], c2[W], c3[W], pa[W], pb[W];
+            __m512i c0[W], c1[W], c2[W], c3[W];
+            philox_rounds_run<W, false>(keys, head, first + at, c0, c1, c2, c3);
             for (int j = 0; j < W; ++j) {
-                const __m512i idx = _mm512_add_epi64(_mm512_set1_epi64(static_cast<long long>(first + at + 8 * j)), iota);
-                const __m512i lo_word = _mm512_or_si512(idx, vhead);  // low word in the low half (high half: junk)
-                pa[j] = _mm512_mul_epu32(lo_word, ma);
-                c0[j] = _mm512_xor_si512(hi_down(lo_word), round_k0[0]);
-                c1[j] = _mm512_setzero_si512();
-                c2[j] = _mm512_xor_si512(hi_down(pa[j]), round_k1[0]);
-                c3[j] = pa[j];
-            }
-            for (int r = 1; r < kPhiloxRounds - 1; ++r) {
-                for (int j = 0; j < W; ++j) {
-                    pb[j] = _mm512_mul_epu32(c2[j], mb);
-                    pa[j] = _mm512_mul_epu32(c0[j], ma);
-                }
-                for (int j = 0; j < W; ++j) {
-                    c0[j] = _mm512_ternarylogic_epi64(hi_down(pb[j]), c1[j], round_k0[r], 0x96);
-                    c2[j] = _mm512_ternarylogic_epi64(hi_down(pa[j]), c3[j], round_k1[r], 0x96);
-                    c1[j] = pb[j];
-                    c3[j] = pa[j];
-                }
-            }
-            for (int j = 0; j < W; ++j) {
-                pb[j] = _mm512_mul_epu32(c2[j], mb);
-                c0[j] = _mm512_ternarylogic_epi64(hi_down(pb[j]), c1[j], round_k0[kPhiloxRounds - 1], 0x96);
                 _mm256_storeu_si256(reinterpret_cast<__m256i*>(w0 + at + 8 * j), _mm512_cvtepi64_epi32(c0[j]));
-                _mm256_storeu_si256(reinterpret_cast<__m256i*>(w1 + at + 8 * j), _mm512_cvtepi64_epi32(pb[j]));
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(w1 + at + 8 * j), _mm512_cvtepi64_epi32(c1[j]));
             }
         };
-        for (; i + 32 <= n; i += 32) rounds(std::integral_constant<int, 4>(), i);
-        for (; i + 8 <= n; i += 8) rounds(std::integral_constant<int, 1>(), i);
+        for (; i + 32 <= n; i += 32) run(std::integral_constant<int, 4>(), i);
+        for (; i + 8 <= n; i += 8) run(std::integral_constant<int, 1>(), i);
     }
 #elif defined(__AVX2__)
     {
@@ -262,6 +297,44 @@ inline void philox_run(int n, uint64_t seed, uint64_t head, uint64_t first, uint
         philox4x32_10(c0, c1, c2, c3, s0, s1);
         w0[i] = c0;
         w1[i] = c1;
+    }
+}
+
+// The words of the Box-Muller pairs of n consecutive counters head | (g0 + m), m < n, one key:
+// pair 2m takes words 0 and 1 of counter m, pair 2m + 1 words 2 and 3 (random.normal); A gets
+// each pair's u1 word, B its u2 word. (Without AVX-512 the scalar rounds run: one call per
+// four normals.)
+inline void philox_pairs_run(int n, uint64_t seed, uint64_t head, uint64_t g0, uint32_t* __restrict A,
+                             uint32_t* __restrict B) {
+    int i = 0;
+#if defined(__AVX512F__)
+    {
+        const PhiloxKeys512 keys(seed);
+        const __m512i low = _mm512_set1_epi64(0xFFFFFFFFll);
+        auto run = [&](auto w_const, int at) {
+            constexpr int W = decltype(w_const)::value;
+            __m512i c0[W], c1[W], c2[W], c3[W];
+            philox_rounds_run<W, true>(keys, head, g0 + at, c0, c1, c2, c3);
+            for (int j = 0; j < W; ++j) {  // 64-bit lanes (word 0 | word 2 << 32) store as the pairs (w0, w2)
+                const __m512i a = _mm512_ternarylogic_epi64(c0[j], low, _mm512_slli_epi64(c2[j], 32), 0xEA);
+                const __m512i b = _mm512_ternarylogic_epi64(c1[j], low, _mm512_slli_epi64(c3[j], 32), 0xEA);
+                _mm512_storeu_si512(A + 2 * (at + 8 * j), a);
+                _mm512_storeu_si512(B + 2 * (at + 8 * j), b);
+            }
+        };
+        for (; i + 32 <= n; i += 32) run(std::integral_constant<int, 4>(), i);
+        for (; i + 8 <= n; i += 8) run(std::integral_constant<int, 1>(), i);
+    }
+#endif
+    const uint32_t s0 = static_cast<uint32_t>(seed), s1 = static_cast<uint32_t>(seed >> 32);
+    for (; i < n; ++i) {
+        const uint64_t off = head | (g0 + static_cast<uint64_t>(i));
+        uint32_t c0 = static_cast<uint32_t>(off), c1 = static_cast<uint32_t>(off >> 32), c2 = 0, c3 = 0;
+        philox4x32_10(c0, c1, c2, c3, s0, s1);
+        A[2 * i] = c0;
+        B[2 * i] = c1;
+        A[2 * i + 1] = c2;
+        B[2 * i + 1] = c3;
     }
 }
 
@@ -344,23 +417,55 @@ inline float cos_small(float theta) {
     return static_cast<float>(v);
 }
 
-// tl.randn from the two Philox words (theta = 2 pi u2 lies in [0, 2 pi)).
-inline float box_muller(uint32_t w0, uint32_t w1) {
+// sin of a float theta in [0, 2 pi], computed in double and rounded once: with x, y and z as in
+// cos_small, sin(theta) = -sin(x) = -sign(x) sin(y) and sin(y) = sin(z) (sin(pi - z) = sin z):
+// one odd Taylor polynomial on [0, pi/2] (to z^21, error < 2e-18) and a sign flip.
+inline float sin_small(float theta) {
+    const double pi_hi = 3.141592653589793116, pi_lo = 1.2246467991473532e-16;
+    const double x = (static_cast<double>(theta) - pi_hi) - pi_lo;
+    const double y = x < 0.0 ? -x : x;
+    const bool far = y > 1.5707963267948966;
+    const double z = far ? (pi_hi - y) + pi_lo : y;
+    const double z2 = z * z;
+    double s = 1.0 / 51090942171709440000.0;  // 1/21!
+    s = s * z2 - 1.0 / 121645100408832000.0;    // 1/19!
+    s = s * z2 + 1.0 / 355687428096000.0;
+    s = s * z2 - 1.0 / 1307674368000.0;
+    s = s * z2 + 1.0 / 6227020800.0;
+    s = s * z2 - 1.0 / 39916800.0;
+    s = s * z2 + 1.0 / 362880.0;
+    s = s * z2 - 1.0 / 5040.0;
+    s = s * z2 + 1.0 / 120.0;
+    s = s * z2 - 1.0 / 6.0;
+    s = (s * z2) * z + z;
+    // sin(theta) = x < 0 ? sin z : -sin z, as a sign flip of the bits (see log_positive)
+    uint64_t sb;
+    std::memcpy(&sb, &s, sizeof sb);
+    sb ^= static_cast<uint64_t>(x < 0.0 ? 0 : 1) << 63;
+    double v;
+    std::memcpy(&v, &sb, sizeof v);
+    return static_cast<float>(v);
+}
+
+// The two normals of one Box-Muller pair of words (random.normal): u1 = max(u1, 1e-7f),
+// theta = 2 pi u2 in [0, 2 pi), r = sqrtf(-2 log u1); z[0] = r cos(theta), z[1] = r sin(theta).
+inline void box_muller_pair(uint32_t w0, uint32_t w1, float* z) {
     // u1 = max(u1, 1e-7f); both are non-negative, so their bit patterns order like the values
     const uint32_t u1_bits = float_to_bits(uint_to_uniform(w0)), min_bits = float_to_bits(kMinU1);
     const float u1 = bits_to_float(u1_bits > min_bits ? u1_bits : min_bits);
     const float u2 = uint_to_uniform(w1);
     const float theta = kTwoPi * u2;
     const float radius = __builtin_sqrtf(-2.0f * log_positive(u1));
-    return radius * cos_small(theta);
+    z[0] = radius * cos_small(theta);
+    z[1] = radius * sin_small(theta);
 }
 
 #ifdef GMS_AVX512
 // ------------------------------------------------------------------------------------------
-// Box-Muller on 16 lanes per vector. The uniforms are formed exactly as uint_to_uniform does
-// (integer ops, one int -> float conversion, one float multiply); log(u1) and cos(theta) are
-// evaluated in double on two halves of 8 lanes and rounded once to float32, then sqrt and the
-// product are the same float32 operations as box_muller.
+// Box-Muller on 16 pairs per vector. The uniforms are formed exactly as uint_to_uniform does
+// (integer ops, one int -> float conversion, one float multiply); log(u1), cos(theta) and
+// sin(theta) are evaluated in double on two halves of 8 lanes and rounded once to float32, then
+// sqrt and the products are the same float32 operations as box_muller_pair.
 
 // The helpers work on K independent vectors at once, statement by statement, so that their
 // dependency chains (the polynomials) interleave in the instruction stream.
@@ -390,27 +495,37 @@ GMS_ALWAYS_INLINE void log_core(const __m512d* m, const __m512d* e, __m256* out)
         out[j] = _mm512_cvtpd_ps(_mm512_fmadd_pd(e[j], _mm512_set1_pd(0.69314718055994530942), _mm512_mul_pd(s[j], p[j])));
 }
 
-// cos(theta) for theta in [0, 2 pi] (see cos_small): cos(theta) = -cos(x), x = theta - pi; with
-// y = |x| and z = y (y <= pi/2) or pi - y, one even Taylor polynomial to z^14 (truncation
-// < 7e-11 absolute) and a sign flip.
+// cos(theta) and sin(theta) for theta in [0, 2 pi] (see cos_small and sin_small): with
+// x = theta - pi, y = |x| and z = y (y <= pi/2) or pi - y, one even Taylor polynomial to z^14
+// (truncation < 7e-11 absolute) and one odd one to z^13 (< 7e-10), and sign flips.
 template <int K>
-GMS_ALWAYS_INLINE void cos_core(const __m512d* theta, __m256* out) {
+GMS_ALWAYS_INLINE void sincos_core(const __m512d* theta, __m256* cos_out, __m256* sin_out) {
     const __m512d pi_hi = _mm512_set1_pd(3.141592653589793116), pi_lo = _mm512_set1_pd(1.2246467991473532e-16);
-    __m512d z2[K], c[K];
-    __mmask8 far[K];
+    __m512d z[K], z2[K], c[K], s[K];
+    __mmask8 far[K], x_nonneg[K];
     for (int j = 0; j < K; ++j) {
-        const __m512d y = _mm512_abs_pd(_mm512_sub_pd(_mm512_sub_pd(theta[j], pi_hi), pi_lo));
+        const __m512d x = _mm512_sub_pd(_mm512_sub_pd(theta[j], pi_hi), pi_lo);
+        x_nonneg[j] = _mm512_cmp_pd_mask(x, _mm512_setzero_pd(), _CMP_GE_OQ);
+        const __m512d y = _mm512_abs_pd(x);
         far[j] = _mm512_cmp_pd_mask(y, _mm512_set1_pd(1.5707963267948966), _CMP_GT_OQ);
-        const __m512d z = _mm512_mask_blend_pd(far[j], y, _mm512_add_pd(_mm512_sub_pd(pi_hi, y), pi_lo));
-        z2[j] = _mm512_mul_pd(z, z);
+        z[j] = _mm512_mask_blend_pd(far[j], y, _mm512_add_pd(_mm512_sub_pd(pi_hi, y), pi_lo));
+        z2[j] = _mm512_mul_pd(z[j], z[j]);
         c[j] = _mm512_set1_pd(-1.0 / 87178291200.0);  // -1/14!
+        s[j] = _mm512_set1_pd(1.0 / 6227020800.0);    // 1/13!
     }
-    static const double coef[] = {1.0 / 479001600.0, -1.0 / 3628800.0, 1.0 / 40320.0, -1.0 / 720.0, 1.0 / 24.0,
-                                  -0.5, 1.0};
-    for (double cf : coef)
+    static const double cos_coef[] = {1.0 / 479001600.0, -1.0 / 3628800.0, 1.0 / 40320.0, -1.0 / 720.0,
+                                      1.0 / 24.0,        -0.5,               1.0};
+    static const double sin_coef[] = {-1.0 / 39916800.0, 1.0 / 362880.0, -1.0 / 5040.0, 1.0 / 120.0, -1.0 / 6.0};
+    for (double cf : cos_coef)
         for (int j = 0; j < K; ++j) c[j] = _mm512_fmadd_pd(c[j], z2[j], _mm512_set1_pd(cf));
-    for (int j = 0; j < K; ++j)  // -cos z unless far
-        out[j] = _mm512_cvtpd_ps(_mm512_mask_xor_pd(c[j], static_cast<__mmask8>(~far[j]), c[j], _mm512_set1_pd(-0.0)));
+    for (double cf : sin_coef)
+        for (int j = 0; j < K; ++j) s[j] = _mm512_fmadd_pd(s[j], z2[j], _mm512_set1_pd(cf));
+    for (int j = 0; j < K; ++j) {
+        s[j] = _mm512_fmadd_pd(_mm512_mul_pd(s[j], z2[j]), z[j], z[j]);
+        // cos(theta) = -cos z unless far; sin(theta) = -sin z where x >= 0
+        cos_out[j] = _mm512_cvtpd_ps(_mm512_mask_xor_pd(c[j], static_cast<__mmask8>(~far[j]), c[j], _mm512_set1_pd(-0.0)));
+        sin_out[j] = _mm512_cvtpd_ps(_mm512_mask_xor_pd(s[j], x_nonneg[j], s[j], _mm512_set1_pd(-0.0)));
+    }
 }
 
 // Triton's uint32 -> float32 uniform on 16 lanes (bit-identical to uint_to_uniform)
@@ -421,11 +536,12 @@ inline __m512 uniform16(__m512i w) {
 
 inline __m512 join8(__m256 lo, __m256 hi) { return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1); }
 
-// W x 16 normals
+// The 2 W x 16 normals of W x 16 pairs: out[2 j] and out[2 j + 1] interleave (r cos, r sin) of
+// the pairs of w0[j], w1[j].
 template <int W>
-GMS_ALWAYS_INLINE void box_muller_w(const __m512i* w0, const __m512i* w1, __m512* out) {
+GMS_ALWAYS_INLINE void box_muller_pairs_w(const __m512i* w0, const __m512i* w1, __m512* out) {
     __m512d md[2 * W], ed[2 * W], td[2 * W];
-    __m256 lg[2 * W], cs[2 * W];
+    __m256 lg[2 * W], cs[2 * W], sn[2 * W];
     for (int j = 0; j < W; ++j) {
         const __m512 u1 = _mm512_max_ps(uniform16(w0[j]), _mm512_set1_ps(kMinU1));
         const __m512 theta = _mm512_mul_ps(_mm512_set1_ps(kTwoPi), uniform16(w1[j]));
@@ -446,10 +562,15 @@ GMS_ALWAYS_INLINE void box_muller_w(const __m512i* w0, const __m512i* w1, __m512
         td[2 * j + 1] = _mm512_cvtps_pd(_mm512_extractf32x8_ps(theta, 1));
     }
     log_core<2 * W>(md, ed, lg);
-    cos_core<2 * W>(td, cs);
+    sincos_core<2 * W>(td, cs, sn);
+    const __m512i first8 = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i last8 = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
     for (int j = 0; j < W; ++j) {
         const __m512 radius = _mm512_sqrt_ps(_mm512_mul_ps(_mm512_set1_ps(-2.0f), join8(lg[2 * j], lg[2 * j + 1])));
-        out[j] = _mm512_mul_ps(radius, join8(cs[2 * j], cs[2 * j + 1]));
+        const __m512 r_cos = _mm512_mul_ps(radius, join8(cs[2 * j], cs[2 * j + 1]));
+        const __m512 r_sin = _mm512_mul_ps(radius, join8(sn[2 * j], sn[2 * j + 1]));
+        out[2 * j] = _mm512_permutex2var_ps(r_cos, first8, r_sin);
+        out[2 * j + 1] = _mm512_permutex2var_ps(r_cos, last8, r_sin);
     }
 }
 
@@ -458,29 +579,53 @@ inline __mmask16 tail_mask16(int left) {
 }
 #endif  // GMS_AVX512
 
-// Normals of n word pairs. The AVX-512 path treats a partial last vector with masks, so that an
-// element's normal never depends on its position in the block (or on the block's length).
-inline void normals_block(int n, const uint32_t* __restrict w0, const uint32_t* __restrict w1, float* __restrict z) {
+// The 2 n normals of n pairs of words (u1 words A, u2 words B): z[2 p] = r cos(theta) and
+// z[2 p + 1] = r sin(theta) of pair p. The AVX-512 path treats a partial last vector with masks,
+// so that a normal never depends on its position in the block (or on the block's length).
+inline void normal_pairs(int n, const uint32_t* __restrict A, const uint32_t* __restrict B, float* __restrict z) {
 #ifdef GMS_AVX512
     constexpr int W = 2;
     for (int i = 0; i < n; i += 16 * W) {
-        __mmask16 m[W];
         __m512i a[W], b[W];
-        __m512 r[W];
+        __m512 r[2 * W];
         for (int j = 0; j < W; ++j) {
-            m[j] = tail_mask16(n - i - 16 * j);  // (0 past the end: computed on zeros, not stored)
-            a[j] = _mm512_maskz_loadu_epi32(m[j], w0 + i + 16 * j);
-            b[j] = _mm512_maskz_loadu_epi32(m[j], w1 + i + 16 * j);
+            const __mmask16 m = tail_mask16(n - i - 16 * j);  // (0 past the end: computed on zeros, not stored)
+            a[j] = _mm512_maskz_loadu_epi32(m, A + i + 16 * j);
+            b[j] = _mm512_maskz_loadu_epi32(m, B + i + 16 * j);
         }
-        box_muller_w<W>(a, b, r);
-        for (int j = 0; j < W; ++j) _mm512_mask_storeu_ps(z + i + 16 * j, m[j], r[j]);
+        box_muller_pairs_w<W>(a, b, r);
+        for (int q = 0; q < 2 * W; ++q) _mm512_mask_storeu_ps(z + 2 * i + 16 * q, tail_mask16(2 * (n - i) - 16 * q), r[q]);
     }
 #else
-#if defined(_OPENMP) || defined(GMS_OPENMP_SIMD)
-#pragma omp simd
+    for (int p = 0; p < n; ++p) box_muller_pair(A[p], B[p], z + 2 * p);
 #endif
-    for (int i = 0; i < n; ++i) z[i] = box_muller(w0[i], w1[i]);
-#endif
+}
+
+// The Philox counter whose words hold the normal of counter `offset` (random.normal_group): the
+// index bits (the low 40) divided by 4, the stream and time bits kept.
+inline uint64_t normal_group(uint64_t offset) {
+    constexpr uint64_t index_bits = (uint64_t(1) << 40) - 1;
+    return (offset & ~index_bits) | ((offset & index_bits) >> 2);
+}
+
+// The normals of the n consecutive counters head | (first + m), m < n, for one key: four to a
+// Philox call (philox_pairs_run), in chunks of kChunk calls.
+inline void normals_run(int n, uint64_t seed, uint64_t head, uint64_t first, float* __restrict z) {
+    constexpr int kChunk = 64;
+    alignas(64) uint32_t A[2 * kChunk], B[2 * kChunk];
+    alignas(64) float all[4 * kChunk];
+    uint64_t g = first >> 2;
+    int skip = static_cast<int>(first & 3), done = 0;  // (the first call's normals before `first`)
+    while (done < n) {
+        const int calls = std::min(kChunk, (skip + (n - done) + 3) >> 2);
+        philox_pairs_run(calls, seed, head, g, A, B);
+        normal_pairs(2 * calls, A, B, all);
+        const int take = std::min(4 * calls - skip, n - done);
+        std::memcpy(z + done, all + skip, sizeof(float) * static_cast<size_t>(take));
+        done += take;
+        g += static_cast<uint64_t>(calls);
+        skip = 0;
+    }
 }
 
 // Uniforms of n words.
@@ -502,12 +647,15 @@ inline float philox_uniform(uint64_t seed, uint64_t offset) {
     return uint_to_uniform(w0);
 }
 
-inline float philox_normal(uint64_t seed, uint64_t offset) {  // (the same number as normals_block)
-    uint32_t w0, w1;
-    philox_two_words(seed, offset, w0, w1);
-    float z;
-    normals_block(1, &w0, &w1, &z);
-    return z;
+inline float philox_normal(uint64_t seed, uint64_t offset) {  // (the same number as normals_run)
+    const uint64_t g = normal_group(offset);
+    uint32_t c0 = static_cast<uint32_t>(g), c1 = static_cast<uint32_t>(g >> 32), c2 = 0, c3 = 0;
+    philox4x32_10(c0, c1, c2, c3, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+    const bool second_pair = (offset >> 1) & 1;
+    const uint32_t a = second_pair ? c2 : c0, b = second_pair ? c3 : c1;
+    float z[2];
+    normal_pairs(1, &a, &b, z);
+    return z[offset & 1];
 }
 
 // The 64-bit counter of (stream, time index, global element index), as random.counter builds it.

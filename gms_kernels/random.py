@@ -4,7 +4,8 @@ Philox4x32-10 exactly as Triton implements it, written with int64 torch ops, so 
 reference, the C++ extension and the Triton kernel draw bit-identical integers and uniforms.
 
 Every random number of a sampling run is addressed by (seed, stream, t, index):
-``offset = stream << 56 | t << 40 | index`` is the 64-bit Philox counter and the seed is the key.
+``offset = stream << 56 | t << 40 | index`` is the 64-bit Philox counter of a uniform and the
+seed is the key; normals come four to a Philox call (the counter of index // 4, see ``normal``).
 ``index`` is the *global* sample index (times the per-sample size, plus the element), so sample i
 gets the same numbers whatever batch it is drawn in.
 """
@@ -19,6 +20,10 @@ _MASK32 = 0xFFFFFFFF
 _ROUND_A, _ROUND_B = 0xD2511F53, 0xCD9E8D57
 _KEY_A, _KEY_B = 0x9E3779B9, 0xBB67AE85
 _UNIFORM_SCALE = 4.6566127342e-10  # 2^-31, as Triton writes it
+_MIN_U1 = 1.0e-7  # Box-Muller's u1 is clamped here (tl.randn's bound): |z| <= 5.68
+_TWO_PI = 6.283185307179586
+_GROUP_SHIFT = 2
+NORMALS_PER_CALL = 1 << _GROUP_SHIFT  # normals drawn from one Philox4x32 call (see ``normal``)
 
 # streams (top byte of the 64-bit counter)
 STREAM_STEP_NOISE = 0   # Gaussian noise of a step
@@ -51,12 +56,16 @@ def philox4x32(c0: torch.Tensor, c1: torch.Tensor, c2: torch.Tensor, c3: torch.T
 
 def randint2x(seed: torch.Tensor, offset: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """First two Philox words for key = seed (uint64) and counter = (offset lo, offset hi, 0, 0)."""
+    return randint4x(seed, offset)[:2]
+
+
+def randint4x(seed: torch.Tensor, offset: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The four Philox words for key = seed (uint64) and counter = (offset lo, offset hi, 0, 0)."""
     seed = torch.as_tensor(seed, dtype=torch.int64)
     offset = torch.as_tensor(offset, dtype=torch.int64)
     zero = torch.zeros_like(offset)
-    c0, c1, _, _ = philox4x32(offset & _MASK32, (offset >> 32) & _MASK32, zero, zero,
-                              seed & _MASK32, (seed >> 32) & _MASK32)
-    return c0, c1
+    return philox4x32(offset & _MASK32, (offset >> 32) & _MASK32, zero, zero,
+                      seed & _MASK32, (seed >> 32) & _MASK32)
 
 
 def uint_to_uniform(x: torch.Tensor) -> torch.Tensor:
@@ -71,13 +80,35 @@ def uniform(seed: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
     return uint_to_uniform(randint2x(seed, offset)[0])
 
 
+def normal_group(offset: torch.Tensor) -> torch.Tensor:
+    """The Philox counter that holds the normal of `offset`: its index divided by NORMALS_PER_CALL.
+
+    The stream and time bits stay where ``counter`` puts them, so groups of different streams or
+    times never share a counter.
+    """
+    offset = torch.as_tensor(offset, dtype=torch.int64)
+    return (offset & ~(MAX_INDEX - 1)) | ((offset & (MAX_INDEX - 1)) >> _GROUP_SHIFT)
+
+
 def normal(seed: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
-    """tl.randn(seed, offset): float32 Box-Muller normal from the first two Philox words."""
-    c0, c1 = randint2x(seed, offset)
-    u1 = uint_to_uniform(c0).clamp_min(1.0e-7)
-    u2 = uint_to_uniform(c1)
-    theta = torch.tensor(6.283185307179586, dtype=torch.float32) * u2
-    return torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(theta)
+    """float32 N(0, 1) at (seed, offset): Box-Muller on all four words of one Philox call.
+
+    The four consecutive indices 4g .. 4g+3 share the Philox call of counter ``normal_group``:
+    words (0, 1) give the pair (r cos theta, r sin theta) of indices 4g and 4g+1, words (2, 3) that
+    of 4g+2 and 4g+3, with u1 = max(uniform(first word), 1e-7), u2 = uniform(second word),
+    r = sqrt(-2 ln u1), theta = 2 pi u2 (the float32 operations of ``tl.randn``, which keeps only
+    the cosine of words 0 and 1). One Philox call and one logarithm per two normals instead of one
+    each: the random numbers are a large part of a fused step's cost on CPU.
+    """
+    offset = torch.as_tensor(offset, dtype=torch.int64)
+    words = randint4x(seed, normal_group(offset))
+    second_pair = ((offset >> 1) & 1).bool()
+    w_u1 = torch.where(second_pair, words[2], words[0])
+    w_u2 = torch.where(second_pair, words[3], words[1])
+    u1 = uint_to_uniform(w_u1).clamp_min(_MIN_U1)
+    theta = torch.tensor(_TWO_PI, dtype=torch.float32) * uint_to_uniform(w_u2)
+    radius = torch.sqrt(-2.0 * torch.log(u1))
+    return radius * torch.where((offset & 1).bool(), torch.sin(theta), torch.cos(theta))
 
 
 def counter(stream: int, t: int, index: torch.Tensor) -> torch.Tensor:

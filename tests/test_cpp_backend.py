@@ -567,14 +567,15 @@ def test_kernel_reports_a_non_finite_input_and_gk_step_names_it(fit, where, bad)
 # ------------------------------------------------------------------------------------------
 # sampling primitive, errors
 
+@pytest.mark.parametrize("shape", [(3, 5, 7), (5,), (1,)])  # runs of one key per sample; per-element keys
 @pytest.mark.parametrize("per_pixel", [False, True])
-def test_sample_mixture_matches_torch(per_pixel):
+def test_sample_mixture_matches_torch(per_pixel, shape):
     g = torch.Generator().manual_seed(14)
-    N, shape = 4, (3, 5, 7)
+    N = 4
     mu1 = torch.randn(N, *shape, generator=g)
     mu2 = mu1 - torch.rand(N, *shape, generator=g)
     s2 = torch.rand(N, *shape, generator=g) * 0.1
-    s2[0, 0, 0, 0] = -1e-3  # a negative variance is read as 0
+    s2.view(N, -1)[0, 0] = -1e-3  # a negative variance is read as 0
     params = MixtureParams(mu1, mu2, s2)
     noise = SampleNoise.create(5, N, first_index=2)
     x = cpp.sample_mixture(params, 1 / 3, noise.seeds, noise.indices, t=42, per_pixel=per_pixel)

@@ -56,11 +56,13 @@ def test_sdedit_grid_reports_faithfulness_and_realism(model):
     test = digits("test")[0][:6]
     guides = study.strokes(test)
     assert guides.shape == test.shape and guides.unique().numel() <= 4
-    res, edits = study.sdedit_grid(model, guides, digits("all")[0][:100], labels=["ddim"], t0s=(0.3, 0.5),
+    res, edits = study.sdedit_grid(model, guides, digits("all")[0][:100], labels=["ddim"], t0s=(0.2, 0.5),
                                    steps=(2,), log=None)
-    assert set(res) == {("ddim", 0.3, 2), ("ddim", 0.5, 2)}
-    assert res[("ddim", 0.3, 2)]["l2"] < res[("ddim", 0.5, 2)]["l2"]  # a later start strays further from the guide
-    assert edits[("ddim", 0.3)].shape == (6, 1, 8, 8)
+    assert set(res) == {("ddim", 0.2, 2), ("ddim", 0.5, 2)}
+    # a later start strays further from the guide (L2 levels off from t0 ~ 0.5 on these digits:
+    # 0.3 against 0.5 is within the noise of 6 images, 0.2 against 0.5 about 0.7-1.5 apart over seeds)
+    assert res[("ddim", 0.2, 2)]["l2"] < res[("ddim", 0.5, 2)]["l2"]
+    assert edits[("ddim", 0.2)].shape == (6, 1, 8, 8)
 
 
 def test_main_job_reports_every_solver_and_writes_the_grid(tmp_path):

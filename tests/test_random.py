@@ -1,3 +1,5 @@
+import math
+
 import torch
 
 from gms_kernels import random as rng
@@ -31,6 +33,24 @@ def test_streams_are_uniform_and_normal():
     assert abs(float(u.mean()) - 0.5) < 0.005 and abs(float(u.var()) - 1 / 12) < 0.002
     assert abs(float(z.mean())) < 0.01 and abs(float(z.var()) - 1) < 0.01
     assert abs(float((z**3).mean())) < 0.03 and abs(float((z**4).mean()) - 3) < 0.05
+
+
+def test_normals_come_four_to_a_philox_call():
+    # indices 4g .. 4g+3 are (r cos, r sin) of words (0, 1) and of words (2, 3) of the call at index g
+    first_call, calls, t = 2**37 + 5, 50, 9
+    index = torch.arange(4 * first_call, 4 * (first_call + calls), dtype=torch.int64)
+    seed = torch.full_like(index, 2**40 + 3)
+    z = rng.normal(seed, rng.counter(rng.STREAM_INITIAL, t, index)).double().view(calls, 4)
+    call_counter = rng.counter(rng.STREAM_INITIAL, t, torch.arange(first_call, first_call + calls))
+    assert torch.equal(rng.normal_group(rng.counter(rng.STREAM_INITIAL, t, index))[::4], call_counter)
+    words = rng.randint4x(seed[::4], call_counter)
+    for pair in (0, 1):
+        u1 = rng.uint_to_uniform(words[2 * pair]).double().clamp_min(1e-7)
+        theta = 2 * math.pi * rng.uint_to_uniform(words[2 * pair + 1]).double()
+        radius = (-2 * u1.log()).sqrt()
+        # (float32 against float64 formulas: theta's rounding moves z by up to ~4e-6)
+        torch.testing.assert_close(z[:, 2 * pair], radius * theta.cos(), rtol=0, atol=1e-5)
+        torch.testing.assert_close(z[:, 2 * pair + 1], radius * theta.sin(), rtol=0, atol=1e-5)
 
 
 def test_sample_noise_addresses_are_batch_independent():

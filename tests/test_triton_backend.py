@@ -430,7 +430,7 @@ def test_in_kernel_streams_match_random_py():
     d = math.prod(shape)
     elem = indices[:, None] * d + torch.arange(d)
     key = seeds[:, None].expand_as(elem)
-    w0, w1 = rng.randint2x(key, rng.counter(rng.STREAM_STEP_NOISE, t, elem))
+    w0, w1 = rng.randint2x(key, rng.normal_group(rng.counter(rng.STREAM_STEP_NOISE, t, elem)))
     for per_pixel in (False, True):
         got = tg._draw_streams(seeds.to(DEVICE), indices.to(DEVICE), t, (n, *shape), per_pixel, DEVICE)
         got = {k: v.cpu() for k, v in got.items()}

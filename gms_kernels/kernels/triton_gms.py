@@ -18,7 +18,9 @@ Contract: ``gms_kernels.kernels`` (``fused_step`` and :class:`FusedStepConfig`);
 * x_s = M1 + offset + sqrt(s2) z is assembled in fp64 and rounded once to x_t's dtype (via fp32
   for 16-bit outputs);
 * the random numbers are Philox4x32-10 written out in the kernel: the same words as ``random.py``
-  (and ``tl.randint``), the uniform and Box-Muller exactly as ``tl.rand`` / ``tl.randn``.
+  (and ``tl.randint``), the uniform exactly as ``tl.rand``, and the normals as ``random.normal``:
+  Box-Muller on all four words of the call of counter index // 4 (each element runs that call and
+  keeps its own word pair, and the cosine or the sine).
 
 The kernel uses only builtins of ``triton.language`` (no ``@triton.jit`` library functions such as
 ``tl.zeros`` or ``tl.rand``), so CPU tensors run through the interpreter whatever
@@ -160,7 +162,7 @@ if triton is not None:
         k0 = seed.to(tl.uint32)
         k1 = (seed >> 32).to(tl.uint32)
         elem = gidx * D + j
-        off_z = tl.load(BASES) | elem
+        off_z = tl.load(BASES) | (elem >> 2)  # random.normal: four normals to a Philox call
         if PER_PIXEL:
             off_u = tl.load(BASES + 1) | elem
         else:
@@ -189,12 +191,15 @@ if triton is not None:
         # uint32 -> [0, 1): bitcast to int32, fold negatives, times 2^-31 (tl.rand's rule)
         v = ua.to(tl.int32, bitcast=True)
         u = tl.where(v < 0, ~v, v).to(tl.float32) * 4.6566127342e-10
-        v = za.to(tl.int32, bitcast=True)
+        second_pair = ((elem >> 1) & 1) == 1  # words (2, 3) rather than (0, 1)
+        v = tl.where(second_pair, zc, za).to(tl.int32, bitcast=True)
         u1 = tl.where(v < 0, ~v, v).to(tl.float32) * 4.6566127342e-10
-        v = zb.to(tl.int32, bitcast=True)
+        v = tl.where(second_pair, zd, zb).to(tl.int32, bitcast=True)
         u2 = tl.where(v < 0, ~v, v).to(tl.float32) * 4.6566127342e-10
         u1 = tl.maximum(1.0e-7, u1)
-        z = tl.sqrt(-2.0 * tl.log(u1)) * tl.cos(6.283185307179586 * u2)  # tl.randn's Box-Muller
+        theta = 6.283185307179586 * u2
+        # Box-Muller: the cosine for even elements, the sine for odd ones
+        z = tl.sqrt(-2.0 * tl.log(u1)) * tl.where((elem & 1) == 1, tl.sin(theta), tl.cos(theta))
         z64 = z.to(tl.float64)
 
         if MODE == -1:  # MODE_DEBUG_RNG
@@ -510,8 +515,9 @@ def fused_step(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | None, e3:
 
 def _draw_streams(seeds: torch.Tensor, indices: torch.Tensor, t: int, shape, per_pixel: bool,
                   device="cpu") -> dict[str, torch.Tensor]:
-    """Test hook: the kernel's own random numbers for a batch of ``shape`` = (N, ...): the first two
-    Philox words of the noise stream (w0, w1 as int64 holding uint32), z and the component uniform u."""
+    """Test hook: the kernel's own random numbers for a batch of ``shape`` = (N, ...): words 0 and 1
+    of each element's Philox call in the noise stream (that of its index // 4; as int64 holding
+    uint32), z and the component uniform u."""
     x = torch.zeros(shape, dtype=torch.float32, device=device)
     cfg = FusedStepConfig(mode=MODE_DEBUG_RNG, t=t, a_t=1.0, sigma_t=0.0, c1=0.0, c2=1.0, lam2=0.0,
                           per_pixel=per_pixel)
