@@ -23,6 +23,9 @@ _UNIFORM_SCALE = 4.6566127342e-10  # 2^-31, as Triton writes it
 _MIN_U1 = 1.0e-7  # Box-Muller's u1 is clamped here (tl.randn's bound): |z| <= 5.68
 _TWO_PI = 6.283185307179586
 _GROUP_SHIFT = 2
+# Bumped whenever the numbers drawn for a given (seed, stream, t, index) change, so that caches of
+# sampled results can tell (2: normals four to a Philox call; 1: one, tl.randn's).
+STREAM_VERSION = 2
 NORMALS_PER_CALL = 1 << _GROUP_SHIFT  # normals drawn from one Philox4x32 call (see ``normal``)
 
 # streams (top byte of the 64-bit counter)

@@ -25,6 +25,7 @@ import torch  # noqa: E402
 from gms_kernels.data import digits  # noqa: E402
 from gms_kernels.embedded import DIGITS_MODEL, default_model  # noqa: E402
 from gms_kernels.experiments import digits_study as study  # noqa: E402
+from gms_kernels.random import STREAM_VERSION  # noqa: E402
 from gms_kernels.images import save_figure, save_panels  # noqa: E402
 
 BASELINES_EQUAL_TIME = ("ddpm", "sn-ddpm", "ddim")
@@ -186,7 +187,8 @@ def main() -> None:
     p.add_argument("--discrepancy-images", type=int, default=500)
     p.add_argument("--sdedit-steps", type=int, nargs="+", default=[50, 100])
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cache", default=None, help="default: gms_out/digits_study-<model file hash>.json")
+    p.add_argument("--cache", default=None,
+                   help="default: gms_out/digits_study-<model file hash>-rng<random-stream version>.json")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = p.parse_args()
     out = Path(args.out)
@@ -194,7 +196,7 @@ def main() -> None:
     model = default_model()
     reference, _ = digits("all")
     digest = hashlib.sha256(DIGITS_MODEL.read_bytes()).hexdigest()[:12]
-    cache = study.ResultCache(args.cache or f"gms_out/digits_study-{digest}.json")
+    cache = study.ResultCache(args.cache or f"gms_out/digits_study-{digest}-rng{STREAM_VERSION}.json")
     if "c" in args.parts:
         part_c(model, reference, args, out)
     if "b" in args.parts:
