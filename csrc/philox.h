@@ -338,8 +338,8 @@ inline void philox_pairs_run(int n, uint64_t seed, uint64_t head, uint64_t g0, u
     }
 }
 
-// The first two words for key = seed and counter = (offset lo, offset hi, 0, 0): what
-// tl.rand / tl.randn consume.
+// The first two words for key = seed and counter = (offset lo, offset hi, 0, 0) (tl.rand reads
+// the first).
 inline void philox_two_words(uint64_t seed, uint64_t offset, uint32_t& w0, uint32_t& w1) {
     uint32_t c0 = static_cast<uint32_t>(offset), c1 = static_cast<uint32_t>(offset >> 32), c2 = 0, c3 = 0;
     philox4x32_10(c0, c1, c2, c3, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
