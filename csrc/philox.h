@@ -385,66 +385,61 @@ inline float log_positive(float x) {
     return static_cast<float>(static_cast<double>(e) * ln2 + s * p);
 }
 
-// cos of a float theta in [0, 2 pi], computed in double and rounded once.
-// cos(theta) = -cos(x) with x = theta - pi in [-pi, pi]; with y = |x|, cos x = cos y for
-// y <= pi/2 and -cos(pi - y) above, so one even polynomial on [0, pi/2] does (Taylor to y^22,
-// error < 2e-17). pi is split in two parts so that pi - y keeps its absolute accuracy.
-inline float cos_small(float theta) {
+// A float theta in [0, 2 pi] as x = theta - pi in [-pi, pi] and z = |x| folded into [0, pi/2]
+// (far: z = pi - |x|). pi is split in two parts so that x and pi - |x| keep their absolute
+// accuracy. Then cos(theta) = -cos(x) = (far ? cos z : -cos z) and
+// sin(theta) = -sin(x) = (x < 0 ? sin z : -sin z).
+struct FoldedAngle {
+    double x, z;
+    bool far;
+};
+inline FoldedAngle fold_angle(float theta) {
     const double pi_hi = 3.141592653589793116, pi_lo = 1.2246467991473532e-16;  // pi = hi + lo
     const double x = (static_cast<double>(theta) - pi_hi) - pi_lo;
     const double y = x < 0.0 ? -x : x;
     const bool far = y > 1.5707963267948966;
-    const double z = far ? (pi_hi - y) + pi_lo : y;
-    const double z2 = z * z;
-    double c = -1.0 / 1124000727777607680000.0;  // -1/22!
-    c = c * z2 + 1.0 / 2432902008176640000.0;      // 1/20!
-    c = c * z2 - 1.0 / 6402373705728000.0;
-    c = c * z2 + 1.0 / 20922789888000.0;
-    c = c * z2 - 1.0 / 87178291200.0;
-    c = c * z2 + 1.0 / 479001600.0;
-    c = c * z2 - 1.0 / 3628800.0;
-    c = c * z2 + 1.0 / 40320.0;
-    c = c * z2 - 1.0 / 720.0;
-    c = c * z2 + 1.0 / 24.0;
-    c = c * z2 - 0.5;
-    c = c * z2 + 1.0;
-    // cos(theta) = far ? cos z : -cos z, as a sign flip of the bits (see log_positive)
-    uint64_t cb;
-    std::memcpy(&cb, &c, sizeof cb);
-    cb ^= static_cast<uint64_t>(far ? 0 : 1) << 63;
-    double v;
-    std::memcpy(&v, &cb, sizeof v);
+    return {x, far ? (pi_hi - y) + pi_lo : y, far};
+}
+
+// v rounded to float, its sign flipped where `flip` (on the bits: see log_positive).
+inline float with_sign_flip(double v, bool flip) {
+    uint64_t b;
+    std::memcpy(&b, &v, sizeof b);
+    b ^= static_cast<uint64_t>(flip ? 1 : 0) << 63;
+    std::memcpy(&v, &b, sizeof v);
     return static_cast<float>(v);
 }
 
-// sin of a float theta in [0, 2 pi], computed in double and rounded once: with x, y and z as in
-// cos_small, sin(theta) = -sin(x) = -sign(x) sin(y) and sin(y) = sin(z) (sin(pi - z) = sin z):
-// one odd Taylor polynomial on [0, pi/2] (to z^21, error < 2e-18) and a sign flip.
+// c[0] z2^(N-1) + ... + c[N-1] by Horner's rule.
+template <size_t N>
+inline double horner(double z2, const double (&c)[N]) {
+    double p = c[0];
+    for (size_t i = 1; i < N; ++i) p = p * z2 + c[i];
+    return p;
+}
+
+// cos and sin of a float theta in [0, 2 pi], each computed in double and rounded once: even and
+// odd Taylor polynomials on [0, pi/2] (cos to z^22, sin to z^21: errors below 2e-17).
+inline float cos_small(float theta) {
+    static const double taylor[] = {-1.0 / 1124000727777607680000.0, 1.0 / 2432902008176640000.0,
+                                    -1.0 / 6402373705728000.0,       1.0 / 20922789888000.0,
+                                    -1.0 / 87178291200.0,            1.0 / 479001600.0,
+                                    -1.0 / 3628800.0,                1.0 / 40320.0,
+                                    -1.0 / 720.0,                    1.0 / 24.0,
+                                    -0.5,                            1.0};  // -1/22!, 1/20!, ..., 1
+    const FoldedAngle a = fold_angle(theta);
+    return with_sign_flip(horner(a.z * a.z, taylor), !a.far);
+}
+
 inline float sin_small(float theta) {
-    const double pi_hi = 3.141592653589793116, pi_lo = 1.2246467991473532e-16;
-    const double x = (static_cast<double>(theta) - pi_hi) - pi_lo;
-    const double y = x < 0.0 ? -x : x;
-    const bool far = y > 1.5707963267948966;
-    const double z = far ? (pi_hi - y) + pi_lo : y;
-    const double z2 = z * z;
-    double s = 1.0 / 51090942171709440000.0;  // 1/21!
-    s = s * z2 - 1.0 / 121645100408832000.0;    // 1/19!
-    s = s * z2 + 1.0 / 355687428096000.0;
-    s = s * z2 - 1.0 / 1307674368000.0;
-    s = s * z2 + 1.0 / 6227020800.0;
-    s = s * z2 - 1.0 / 39916800.0;
-    s = s * z2 + 1.0 / 362880.0;
-    s = s * z2 - 1.0 / 5040.0;
-    s = s * z2 + 1.0 / 120.0;
-    s = s * z2 - 1.0 / 6.0;
-    s = (s * z2) * z + z;
-    // sin(theta) = x < 0 ? sin z : -sin z, as a sign flip of the bits (see log_positive)
-    uint64_t sb;
-    std::memcpy(&sb, &s, sizeof sb);
-    sb ^= static_cast<uint64_t>(x < 0.0 ? 0 : 1) << 63;
-    double v;
-    std::memcpy(&v, &sb, sizeof v);
-    return static_cast<float>(v);
+    static const double taylor[] = {1.0 / 51090942171709440000.0, -1.0 / 121645100408832000.0,
+                                    1.0 / 355687428096000.0,      -1.0 / 1307674368000.0,
+                                    1.0 / 6227020800.0,           -1.0 / 39916800.0,
+                                    1.0 / 362880.0,               -1.0 / 5040.0,
+                                    1.0 / 120.0,                  -1.0 / 6.0};  // 1/21!, ..., -1/3!
+    const FoldedAngle a = fold_angle(theta);
+    const double z2 = a.z * a.z;
+    return with_sign_flip((horner(z2, taylor) * z2) * a.z + a.z, !(a.x < 0.0));
 }
 
 // The two normals of one Box-Muller pair of words (random.normal): u1 = max(u1, 1e-7f),
@@ -495,7 +490,7 @@ GMS_ALWAYS_INLINE void log_core(const __m512d* m, const __m512d* e, __m256* out)
         out[j] = _mm512_cvtpd_ps(_mm512_fmadd_pd(e[j], _mm512_set1_pd(0.69314718055994530942), _mm512_mul_pd(s[j], p[j])));
 }
 
-// cos(theta) and sin(theta) for theta in [0, 2 pi] (see cos_small and sin_small): with
+// cos(theta) and sin(theta) for theta in [0, 2 pi] (see fold_angle): with
 // x = theta - pi, y = |x| and z = y (y <= pi/2) or pi - y, one even Taylor polynomial to z^14
 // (truncation < 7e-11 absolute) and one odd one to z^13 (< 7e-10), and sign flips.
 template <int K>
