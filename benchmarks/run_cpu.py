@@ -280,8 +280,9 @@ def main() -> None:
             gb = 20 * n / t["cpp-kernel"][0] / 1e9
             lines.append(f"| {n:,} | {fit} | {f} | {gf:.1f} | {100 * gf / gflops_peak:.0f}% | {gb:.2f} | "
                          f"{100 * gb / gbs_peak:.0f}% |")
-        lines += ["", "Flops per element: ADAN's 96 per iteration are counted in csrc/gms_step.cpp; moments "
-                  "(60), closed fit (30) and sampling (40) are estimates.", ""]
+        lines += ["", f"Flops per element: ADAN's {FLOPS_ADAN_ITER} per iteration are counted in csrc/gms_step.cpp; "
+                  f"moments ({FLOPS_MOMENTS}), closed fit ({FLOPS_CLOSED}) and sampling ({FLOPS_SAMPLING}) are "
+                  "estimates.", ""]
         if ceilings and loop:
             lines += ["Instruction-level view of the ADAN loop, one thread, same run:", "",
                       f"- `benchmarks/cpp/vector_ceilings.cpp`: {ceilings}",
