@@ -1535,7 +1535,8 @@ PYBIND11_MODULE(_C, m) {
           "c0"_a, "c1"_a, "c2"_a, "c3"_a, "k0"_a, "k1"_a);
     m.def("uniform", &gms::draw_py<false>, "tl.rand: float32 uniforms (seeds: one or one per offset).", "seeds"_a,
           "offsets"_a);
-    m.def("normal", &gms::draw_py<true>, "random.normal: float32 normals, four to a Philox call (seeds: one or one per offset).", "seeds"_a,
+    m.def("normal", &gms::draw_py<true>,
+          "random.normal: float32 normals, four to a Philox call (seeds: one or one per offset).", "seeds"_a,
           "offsets"_a);
     m.def("transition_moments", &gms::moments_py,
           "(M1, Var, M3) in float64 as the fused step computes them (Var/M3 None without e2/e3).", "x_t"_a, "e1"_a,
