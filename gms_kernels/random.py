@@ -22,11 +22,10 @@ _KEY_A, _KEY_B = 0x9E3779B9, 0xBB67AE85
 _UNIFORM_SCALE = 4.6566127342e-10  # 2^-31, as Triton writes it
 _MIN_U1 = 1.0e-7  # Box-Muller's u1 is clamped here (tl.randn's bound): |z| <= 5.68
 _TWO_PI = 6.283185307179586
-_GROUP_SHIFT = 2
+_GROUP_SHIFT = 2  # normals come four to a Philox call (see ``normal``): index >> 2 picks the call
 # Bumped whenever the numbers drawn for a given (seed, stream, t, index) change, so that caches of
 # sampled results can tell (2: normals four to a Philox call; 1: one, tl.randn's).
 STREAM_VERSION = 2
-NORMALS_PER_CALL = 1 << _GROUP_SHIFT  # normals drawn from one Philox4x32 call (see ``normal``)
 
 # streams (top byte of the 64-bit counter)
 STREAM_STEP_NOISE = 0   # Gaussian noise of a step
@@ -84,7 +83,7 @@ def uniform(seed: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
 
 
 def normal_group(offset: torch.Tensor) -> torch.Tensor:
-    """The Philox counter that holds the normal of `offset`: its index divided by NORMALS_PER_CALL.
+    """The Philox counter that holds the normal of `offset`: its index divided by 4.
 
     The stream and time bits stay where ``counter`` puts them, so groups of different streams or
     times never share a counter.
