@@ -39,7 +39,8 @@ def step(x_t: torch.Tensor, model_output: torch.Tensor | None, t: int, s: int, s
     rand = StepRandomness(source, t, x_t, noise, uniform)
     x_s, info = solver_step(solver, x_t, heads, k, rand, data_range, schedule.T, options,
                             resolve_backend(backend, x_t.device), return_info, where)
-    x_s = x_s.to(x_t.dtype)
+    if x_s.dtype != x_t.dtype:
+        x_s = x_s.to(x_t.dtype)
     return (x_s, info) if return_info else x_s
 
 

@@ -58,6 +58,7 @@ class Schedule:
         # a_t and sigma_t as Python floats: a step reads four of them (tensor indexing costs ~us each)
         self._a = self.alphas_cumprod.sqrt().tolist()
         self._sigma = (1.0 - self.alphas_cumprod).sqrt().tolist()
+        self._coefficients: dict[tuple[int, int], StepCoefficients] = {}  # (frozen values, so shareable)
 
     # -- constructors -------------------------------------------------------------------------
     @classmethod
@@ -102,6 +103,10 @@ class Schedule:
 
     def coefficients(self, t: int, s: int) -> StepCoefficients:
         """Step quantities of t -> s (s < t) from reference-notes 1 / paper appendix Eq. first."""
+        t, s = int(t), int(s)
+        cached = self._coefficients.get((t, s))
+        if cached is not None:
+            return cached
         t, s = self._check(t), self._check(s)
         if t == DATA:
             raise ValueError("t must be a time index in [0, T); -1 (data) is only valid for s")
@@ -110,12 +115,14 @@ class Schedule:
         a_t, sig_t, a_s, sig_s = self.alpha(t), self.sigma(t), self.alpha(s), self.sigma(s)
         a_ts = a_t / a_s
         beta_ts = sig_t**2 - a_ts**2 * sig_s**2
-        return StepCoefficients(
+        k = StepCoefficients(
             t=t, s=s, a_t=a_t, sigma_t=sig_t, a_s=a_s, sigma_s=sig_s, a_ts=a_ts, beta_ts=beta_ts,
             c1=a_ts * sig_s**2 / sig_t**2,
             c2=a_s * beta_ts / sig_t**2,
             lam2=sig_s**2 * beta_ts / sig_t**2,
         )
+        self._coefficients[(t, s)] = k
+        return k
 
     def add_noise(self, x0: torch.Tensor, noise: torch.Tensor, t: int) -> torch.Tensor:
         """x_t = a_t x_0 + sigma_t eps (paper Eq. forward)."""

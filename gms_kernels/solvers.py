@@ -212,7 +212,7 @@ def solver_step(name: str, x_t: torch.Tensor, heads: list[torch.Tensor], k: Step
         from .backends import fused_step
         from .kernels import NonFiniteInput, make_config
 
-        cfg = make_config(name, k, data_range, o, T, x_t.shape[0], x_t[0].numel())
+        cfg = make_config(name, k, data_range, o, T, x_t.shape[0], math.prod(x_t.shape[1:]))
         if cfg is not None:
             if backend != "cpp":
                 check_inputs_finite(x_t, heads, where)

@@ -22,6 +22,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..fit import adan_learning_rates
+from ..moments import last_step_variance_cap
+from ..schedule import DATA
+
 MODE_GAUSSIAN, MODE_CLOSED, MODE_ADAN, MODE_DENOISE = 0, 1, 2, 3
 
 
@@ -57,10 +61,6 @@ FUSABLE_SOLVERS = ("gms", "sn-ddpm")
 def make_config(solver: str, k, data_range, o: dict, T: int, batch: int, per_sample: int) -> FusedStepConfig | None:
     """The fused-step config equivalent to ``solver_step(solver, ...)`` with resolved options ``o``;
     None when the step is not one the fused kernels do."""
-    from ..fit import adan_learning_rates
-    from ..moments import last_step_variance_cap
-    from ..schedule import DATA
-
     if solver not in FUSABLE_SOLVERS:
         return None
     common = dict(t=k.t, a_t=k.a_t, sigma_t=k.sigma_t, c1=k.c1, c2=k.c2, lam2=k.lam2,

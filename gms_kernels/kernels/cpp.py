@@ -16,7 +16,8 @@ import importlib
 
 import torch
 
-from . import FusedStepConfig
+from ..fit import MixtureParams
+from . import FusedStepConfig, NonFiniteInput
 
 _ext = None
 _import_error: Exception | None = None
@@ -54,7 +55,7 @@ def _ext_or_raise():
 def _check_float_cpu(t, name: str) -> None:
     if not torch.is_tensor(t):
         raise TypeError(f"{name} must be a torch tensor, got {type(t).__name__}")
-    if t.device.type != "cpu":
+    if not t.is_cpu:
         raise ValueError(f"the cpp backend runs on CPU tensors; {name} is on {t.device}")
     if not t.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
@@ -83,7 +84,8 @@ def _sample_view(t: torch.Tensor, n: int, d: int, name: str):
     copy (stride = D).
     """
     _check_float_cpu(t, name)
-    t = t.detach()
+    if t.requires_grad:
+        t = t.detach()
     if (t.dtype == torch.float32 and n > 0 and d > 0 and t.dim() >= 1 and t.shape[0] == n
             and _samples_contiguous(t)):
         stride = t.stride(0) if n > 1 else d
@@ -109,7 +111,7 @@ def _check_out(out, x_t: torch.Tensor) -> torch.Tensor:
 
 
 def _flat_i64(t, n: int, name: str) -> torch.Tensor:
-    if (torch.is_tensor(t) and t.dtype == torch.int64 and t.device.type == "cpu" and t.dim() == 1
+    if (torch.is_tensor(t) and t.dtype == torch.int64 and t.is_cpu and t.dim() == 1
             and t.numel() == n and t.is_contiguous()):
         return t  # (SampleNoise's seeds and indices: already as the extension reads them)
     t = torch.as_tensor(t).detach()
@@ -156,22 +158,20 @@ def fused_step(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | None, e3:
     x_t itself, for an in-place step, but must not overlap the heads); x_s is then ``out`` (or,
     for an x_t of another dtype, ``out`` converted to it).
     """
-    from ..fit import MixtureParams
-    from . import NonFiniteInput
-
     ext = _ext_or_raise()
     n, d = _batch_dims(x_t)
     total = n * d
-    views = {"x_t": _sample_view(x_t, n, d, "x_t")}
+    x_view, x_stride = _sample_view(x_t, n, d, "x_t")
+    heads = []  # (view or None, stride) of e1, e2, e3
     for name, h in (("e1", e1), ("e2", e2), ("e3", e3)):
         if h is None:
-            views[name] = (None, d)
+            heads.append((None, d))
             continue
         if not torch.is_tensor(h):
             raise TypeError(f"{name} must be a torch tensor, got {type(h).__name__}")
         if h.numel() != total:
             raise ValueError(f"{name} has {h.numel()} elements, x_t has {total}: heads must be shaped like x_t")
-        views[name] = _sample_view(h, n, d, name)
+        heads.append(_sample_view(h, n, d, name))
     seeds = _flat_i64(seeds, n, "seeds")
     indices = _flat_i64(indices, n, "indices")
 
@@ -181,32 +181,30 @@ def fused_step(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | None, e3:
         x_s = _check_out(out, x_t)
         if total:
             lo, hi = _span(x_s)
-            for name in ("e1", "e2", "e3"):
-                v = views[name][0]
+            for name, (v, _) in zip(("e1", "e2", "e3"), heads):
                 if v is not None and v.numel() and _span(v)[0] < hi and lo < _span(v)[1]:
                     raise ValueError(f"out overlaps {name}: the step would overwrite heads it has yet to read")
-            v, stride = views["x_t"]
-            a, b = _span(v)
-            if a < hi and lo < b and not (a == lo and stride == d):
+            a, b = _span(x_view)
+            if a < hi and lo < b and not (a == lo and x_stride == d):
                 raise ValueError("out overlaps x_t without being x_t itself")
-    params = [_new_buffer(total) for _ in range(3)] if return_params else [None] * 3
-    np_or_none = lambda t: None if t is None else t.numpy()
-    (x_flat, x_stride), (e1_flat, e1_stride), (e2_flat, e2_stride), (e3_flat, e3_stride) = (
-        views[k] for k in ("x_t", "e1", "e2", "e3"))
+    params = (_new_buffer(total), _new_buffer(total), _new_buffer(total)) if return_params else None
+    (e1_view, e1_stride), (e2_view, e2_stride), (e3_view, e3_stride) = heads
     finite = ext.fused_step(
-        x_flat.numpy(), e1_flat.numpy(), np_or_none(e2_flat), np_or_none(e3_flat),
-        seeds.numpy(), indices.numpy(), x_s.numpy(), *(np_or_none(p) for p in params),
+        x_view.numpy(), e1_view.numpy(), None if e2_view is None else e2_view.numpy(),
+        None if e3_view is None else e3_view.numpy(), seeds.numpy(), indices.numpy(), x_s.numpy(),
+        *((None, None, None) if params is None else (p.numpy() for p in params)),
         n, d, int(cfg.mode), int(cfg.t), float(cfg.a_t), float(cfg.sigma_t), float(cfg.c1), float(cfg.c2),
         float(cfg.lam2), bool(cfg.has_range), float(cfg.center), float(cfg.half), float(cfg.var_cap),
-        float(cfg.w1), float(cfg.var_floor), [float(lr) for lr in cfg.lrs], float(cfg.grad_scale),
+        float(cfg.w1), float(cfg.var_floor), cfg.lrs, float(cfg.grad_scale),
         bool(cfg.per_pixel), _threads(), bool(adan_fp64), x_stride, e1_stride, e2_stride, e3_stride)
     if not finite:
         raise NonFiniteInput("the fused step read a NaN or inf in x_t or a head")
-    x_s = x_s.reshape(x_t.shape) if out is None else out
-    x_s = x_s.to(x_t.dtype)
+    x_s = x_s.view(x_t.shape) if out is None else out
+    if x_t.dtype != torch.float32:
+        x_s = x_s.to(x_t.dtype)
     if not return_params:
         return x_s, None
-    mu1, mu2, s2 = (p.reshape(x_t.shape) for p in params)
+    mu1, mu2, s2 = (p.view(x_t.shape) for p in params)
     return x_s, MixtureParams(mu1, mu2, s2)
 
 
