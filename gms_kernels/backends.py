@@ -36,9 +36,10 @@ def backend_available(name: str) -> bool:
 
 def resolve_backend(backend: str | None, device: torch.device | str) -> str:
     """The backend that will run, after the environment override and availability checks."""
-    requested = os.environ.get(ENV_VAR) or backend or "auto"
+    forced = os.environ.get(ENV_VAR)
+    requested = forced or backend or "auto"
     if requested not in BACKENDS:
-        source = f"environment variable {ENV_VAR}" if os.environ.get(ENV_VAR) else "backend"
+        source = f"environment variable {ENV_VAR}" if forced else "backend"
         raise ValueError(f"unknown {source} {requested!r}; valid: {', '.join(BACKENDS)}")
     device = torch.device(device)
     if requested == "torch":

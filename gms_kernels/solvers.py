@@ -12,11 +12,13 @@ from typing import Any, Callable
 
 import torch
 
+from .backends import fused_step
 from .fit import DEFAULT_WEIGHTS, PAPER_LR_TABLES, check_weights, fit_adan, fit_closed
 from .mixture import check_select, sample_mixture
 from .model_io import check_inputs_finite
 from .moments import DataRange, TransitionMoments, last_step_variance_cap, transition_moments
 from .random import STREAM_COMPONENT, STREAM_STEP_NOISE, SampleNoise
+from .kernels import NonFiniteInput, make_config
 from .schedule import DATA, StepCoefficients
 
 FITS = ("closed", "adan")
@@ -209,9 +211,6 @@ def solver_step(name: str, x_t: torch.Tensor, heads: list[torch.Tensor], k: Step
     solver = get_solver(name)
     o = resolve_options(solver, options)
     if backend != "torch" and rand.shares_streams:
-        from .backends import fused_step
-        from .kernels import NonFiniteInput, make_config
-
         cfg = make_config(name, k, data_range, o, T, x_t.shape[0], math.prod(x_t.shape[1:]))
         if cfg is not None:
             if backend != "cpp":
