@@ -52,6 +52,20 @@ def test_step_coefficients_reject_bad_times():
         s.coefficients(100, 5)
 
 
+def test_step_coefficients_are_memoised_by_integer_times():
+    s = gk.Schedule.linear(100)
+    k = s.coefficients(50, 20)
+    # the same pair, however the times are spelt, gives the same (frozen) values
+    assert s.coefficients(50, 20) is k
+    assert s.coefficients(torch.tensor(50), torch.tensor(20)) is k
+    assert s.coefficients(50, 20) == gk.Schedule.linear(100).coefficients(50, 20)
+    # a cached pair does not let a bad one through
+    with pytest.raises(ValueError, match="s < t"):
+        s.coefficients(20, 50)
+    with pytest.raises(ValueError, match="out of range"):
+        s.coefficients(50, -2)
+
+
 def test_trajectories_hand_values():
     assert gk.trajectory(1000, 10) == [999, 899, 799, 699, 599, 499, 399, 299, 199, 99, 0]
     assert gk.trajectory(1000, 4) == [999, 749, 499, 249, 0]
