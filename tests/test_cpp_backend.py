@@ -545,14 +545,16 @@ def test_adan_at_the_extreme_learning_rates_matches_the_reference(lr):
 @pytest.mark.parametrize("fit", list(FITS))
 @pytest.mark.parametrize("where", ["x_t", 0, 1, 2])  # x_t or the head e1 / e2 / e3
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
-def test_kernel_reports_a_non_finite_input_and_gk_step_names_it(fit, where, bad):
+@pytest.mark.parametrize("pixel", [(1, 2, 6, 4), (2, 2, 12, 10)])  # in a middle block; the very last element
+def test_kernel_reports_a_non_finite_input_and_gk_step_names_it(fit, where, bad, pixel):
     g = torch.Generator().manual_seed(5)
-    x = torch.randn(3, 3, 13, 11, generator=g)  # 1287 elements: the bad one sits in a middle block
+    x = torch.randn(3, 3, 13, 11, generator=g)  # 1287 elements: the last sits in a partial vector of the last block
     out = torch.cat(_heads("random", x.shape, g), 1)
+    i, c, h, w = pixel
     if where == "x_t":
-        x[1, 2, 6, 4] = bad
+        x[i, c, h, w] = bad
     else:
-        out[1, where * 3 + 2, 6, 4] = bad
+        out[i, where * 3 + c, h, w] = bad
     cfg = make_config("gms", SCHED.coefficients(300, 200), (-1.0, 1.0), resolve_options(SOLVERS["gms"], FITS[fit]),
                       1000, 3, x[0].numel())
     noise = SampleNoise.create(0, 3)
