@@ -14,11 +14,11 @@ import torch
 
 from .backends import fused_step
 from .fit import DEFAULT_WEIGHTS, PAPER_LR_TABLES, check_weights, fit_adan, fit_closed
+from .kernels import NonFiniteInput, make_config
 from .mixture import check_select, sample_mixture
 from .model_io import check_inputs_finite
 from .moments import DataRange, TransitionMoments, last_step_variance_cap, transition_moments
 from .random import STREAM_COMPONENT, STREAM_STEP_NOISE, SampleNoise
-from .kernels import NonFiniteInput, make_config
 from .schedule import DATA, StepCoefficients
 
 FITS = ("closed", "adan")
