@@ -206,15 +206,13 @@ def solver_step(name: str, x_t: torch.Tensor, heads: list[torch.Tensor], k: Step
     ``backend`` 'cpp' or 'triton' runs the gms/sn-ddpm steps in one fused kernel that draws the
     same Philox streams (it needs a generator, not explicit noise); everything else, and the
     'torch' backend, runs the float64 reference below. A NaN or inf in x_t or the heads raises a
-    ValueError that names it (``where`` says which step); the C++ kernel checks while it reads.
+    ValueError that names it (``where`` says which step); the fused kernels check while they read.
     """
     solver = get_solver(name)
     o = resolve_options(solver, options)
     if backend != "torch" and rand.shares_streams:
         cfg = make_config(name, k, data_range, o, T, x_t.shape[0], math.prod(x_t.shape[1:]))
         if cfg is not None:
-            if backend != "cpp":
-                check_inputs_finite(x_t, heads, where)
             e2, e3 = (heads + [None, None])[1:3]
             src = rand.source
             try:

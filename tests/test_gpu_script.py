@@ -20,13 +20,14 @@ def test_gpu_benchmark_dry_run_writes_its_report(tmp_path):
     reports = list(tmp_path.glob("gpu-cpu-smoke-*.md"))
     assert len(reports) == 1
     text = reports[0].read_text()
-    assert "not a measurement" in text and "One network call" in text
+    assert "not a measurement" in text and "One network call" in text and "## In a sampling loop" in text
+    assert "| gk.step (all of it) |" in text
     for size in ("cifar10-b100", "imagenet64-b100"):
         for fit in ("closed", "adan-25", "adan-70"):
             assert f"| {size} (" in text and f"| {fit} |" in text
     # every row has its timings and overhead columns filled in
     rows = [line for line in text.splitlines() if line.startswith("| cifar10") or line.startswith("| imagenet64")]
-    assert len(rows) == 6 + 6 and all("nan" not in r and "n/a" not in r for r in rows)
+    assert len(rows) == 6 + 4 + 6 + 4 and all("nan" not in r and "n/a" not in r for r in rows)
 
 
 def test_gpu_runner_script_is_valid_bash():

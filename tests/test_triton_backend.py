@@ -31,7 +31,8 @@ import pytest  # noqa: E402
 
 import gms_kernels as gk  # noqa: E402
 from gms_kernels import random as rng  # noqa: E402
-from gms_kernels.kernels import MODE_ADAN, MODE_CLOSED, MODE_DENOISE, MODE_GAUSSIAN, make_config  # noqa: E402
+from gms_kernels.kernels import (MODE_ADAN, MODE_CLOSED, MODE_DENOISE, MODE_GAUSSIAN,  # noqa: E402
+                                 NonFiniteInput, make_config)
 from gms_kernels.schedule import DATA  # noqa: E402
 from gms_kernels.solvers import SOLVERS, resolve_options  # noqa: E402
 
@@ -113,8 +114,12 @@ def make_inputs(shape, t, kind="mixed", seed=0):
 
 
 def reference_step(x_t, out, t, s, solver, seed, data_range, first_index=0, **opts):
+    """The fp64 torch reference, on the CPU whatever the kernel's device: torch's CUDA kernels may
+    contract multiply-adds, and where moments cancel to rounding noise (tiny variances) that noise
+    decides the fit, so only the CPU's IEEE operations are the reference the kernel reproduces."""
     kw = {"backend": "torch"} if "backend" in inspect.signature(gk.step).parameters else {}
-    return gk.step(x_t.double(), out.double(), t, s, SCHEDULE, solver, generator=seed, data_range=data_range,
+    x_t, out = x_t.double().cpu(), out.double().cpu()
+    return gk.step(x_t, out, t, s, SCHEDULE, solver, generator=seed, data_range=data_range,
                    first_index=first_index, return_info=True, **kw, **opts)
 
 
@@ -490,8 +495,60 @@ def test_cpu_tensors_run_whatever_the_import_order():
         "    cfg = make_config('gms', sch.coefficients(50, s), (-1.0, 1.0), o, sch.T, 2, 9)\n"
         "    xs, p = tg.fused_step(x, e, e + 1, e, src.seeds, src.indices, cfg, return_params=True)\n"
         "    assert torch.isfinite(xs).all() and torch.isfinite(p.s2).all(), opts\n"
+        "x[1, 0, 2, 2] = float('nan')\n"
+        "try:\n"
+        "    tg.fused_step(x, e, e + 1, e, src.seeds, src.indices, cfg)\n"
+        "    raise SystemExit('a NaN in x_t was not reported')\n"
+        "except gk.kernels.NonFiniteInput:\n"
+        "    pass\n"
         "print('ok')\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's numpy
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.parametrize("fit", ["closed", "adan"])
+@pytest.mark.parametrize("where", ["x_t", 0, 1, 2])  # x_t or the head e1 / e2 / e3
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("pixel", [(1, 2, 6, 4), (2, 2, 12, 10)])  # in a middle block; the very last element
+def test_kernel_reports_a_non_finite_input_and_gk_step_names_it(monkeypatch, fit, where, bad, pixel):
+    if not _CUDA:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")  # lets gk.step pick the triton backend for CPU tensors
+    t, s = 300, 200
+    x_t, out = make_inputs((3, 3, 13, 11), t, "mixed", seed=41)  # 1287 elements: a partial last block
+    x_t, out = x_t.float(), out.float()
+    i, c, h, w = pixel
+    if where == "x_t":
+        x_t[i, c, h, w] = bad
+    else:
+        out[i, where * 3 + c, h, w] = bad
+    x_t, out = x_t.to(DEVICE), out.to(DEVICE)
+    opts = {"fit": fit, "fit_iters": 3}
+    with pytest.raises(NonFiniteInput):
+        run_kernel(x_t, out, t, s, "gms", 0, (-1.0, 1.0), **opts)
+    name = "x_t at t=300 has" if where == "x_t" else f"at t=300 has non-finite .* head e{where + 1} "
+    with pytest.raises(ValueError, match=name):
+        gk.step(x_t, out, t, s, SCHEDULE, "gms", generator=0, backend="triton", **opts)
+
+
+def test_heads_a_mode_does_not_read_are_not_checked(monkeypatch):
+    """sn-ddpm reads e1 and e2: a NaN in e3 is not its input (nor the unread heads of the last step)."""
+    if not _CUDA:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    t, s = 300, 200
+    x_t, out = make_inputs((2, 3, 5, 7), t, "mixed", seed=42)
+    x_t, out = x_t.float().to(DEVICE), out.float().to(DEVICE)
+    out[:, 6:] = float("nan")
+    x_s = gk.step(x_t, out[:, :6], t, s, SCHEDULE, "sn-ddpm", generator=0, backend="triton")
+    assert torch.isfinite(x_s).all()
+    x_s = gk.step(x_t, out, t, DATA, SCHEDULE, "gms", generator=0, backend="triton")  # the denoised mean
+    assert torch.isfinite(x_s).all()
+    o = resolve_options(SOLVERS["sn-ddpm"], {})
+    cfg = make_config("sn-ddpm", SCHEDULE.coefficients(t, s), (-1.0, 1.0), o, SCHEDULE.T, 2, 105)
+    src = rng.SampleNoise.create(0, 2)
+    e1, e2, e3 = out.split(3, dim=1)
+    x_s, _ = tg.fused_step(x_t, e1, e2, e3, src.seeds, src.indices, cfg)
+    assert torch.isfinite(x_s).all()

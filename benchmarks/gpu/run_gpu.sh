@@ -2,13 +2,22 @@
 # One command for a lent H100/H200: the GPU tests on real Triton (not the interpreter), then the GPU
 # benchmarks. Results go to $OUT (the device tool's folder) or benchmarks/results/.
 #   bash benchmarks/gpu/run_gpu.sh
+# Runs from the source tree (no install: the GPU machine's image has torch and triton but cannot
+# fetch packages); the tests that need a GPU are the Triton backend's and the dispatch's.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-export PYTHONPATH="$PWD:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$PWD:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET
 out="${OUT:-benchmarks/results}"
 mkdir -p "$out"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu-smi.txt"
-python3 -m pytest -q -p no:cacheprovider tests/test_triton_backend.py tests/test_backends.py tests/test_solvers.py \
-  2>&1 | tail -25 | tee "$out/gpu-tests.txt"
-python3 benchmarks/gpu/bench_gpu.py --out "$out"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$out/gpu-smi.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+# pytest-xdist spreads the kernel compilations (one per specialisation) over the CPU cores
+workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8" || echo "")
+start=$SECONDS
+timeout 200 python3 -m pytest -q -p no:cacheprovider $workers tests/test_triton_backend.py tests/test_backends.py \
+  > "$out/gpu-tests.txt" 2>&1
+echo "tests: exit $? after $((SECONDS - start)) s"; tail -30 "$out/gpu-tests.txt"
+start=$SECONDS
+timeout 300 python3 benchmarks/gpu/bench_gpu.py --out "$out" 2>&1 | tee "$out/gpu-bench-log.txt"
+echo "benchmarks: exit $? after $((SECONDS - start)) s"

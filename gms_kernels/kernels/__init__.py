@@ -14,9 +14,8 @@ last-step rules of ``solvers.solver_step``). Per element (sample i, element j of
    u = uniform(seeds[i], counter(1, t, indices[i])) per sample, or
    uniform(seeds[i], counter(1, t, indices[i]*D + j)) per pixel.
 
-A backend may check its inputs while it reads them: it then raises :class:`NonFiniteInput` when
-x_t or a head that the mode reads holds a NaN or inf (the C++ kernel does; Triton's caller checks
-before the launch).
+Both kernels check their inputs while they read them: they raise :class:`NonFiniteInput` when
+x_t or a head that the mode reads holds a NaN or inf, and the caller then names the culprit.
 """
 from __future__ import annotations
 

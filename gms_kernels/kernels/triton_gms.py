@@ -35,7 +35,7 @@ import torch
 
 from ..fit import ADAN_BETA_BOUNDS, ADAN_BETAS, ADAN_EPS, ADAN_INIT_BETA, ADAN_INIT_GAP, MixtureParams
 from ..random import MAX_INDEX, STREAM_COMPONENT, STREAM_STEP_NOISE, counter
-from . import MODE_ADAN, MODE_CLOSED, MODE_DENOISE, MODE_GAUSSIAN, FusedStepConfig
+from . import MODE_ADAN, MODE_CLOSED, MODE_DENOISE, MODE_GAUSSIAN, FusedStepConfig, NonFiniteInput
 
 try:
     import triton
@@ -142,7 +142,7 @@ if triton is not None:
     ADAN_BETA_HI = tl.constexpr(ADAN_BETA_BOUNDS[1])
 
     @triton.jit
-    def _gms_step_kernel(X, E1, E2, E3, SEEDS, IDX, OUT, MU1, MU2, S2, SCAL, ADAN, BASES,
+    def _gms_step_kernel(X, E1, E2, E3, SEEDS, IDX, OUT, MU1, MU2, S2, SCAL, ADAN, BASES, NONFINITE,
                          total, D, sx, se1, se2, se3,
                          MODE: tl.constexpr, NEED_VAR: tl.constexpr, NEED_M3: tl.constexpr,
                          HAS_RANGE: tl.constexpr, PER_PIXEL: tl.constexpr,
@@ -211,12 +211,15 @@ if triton is not None:
             # ---- moments of q(x0|x_t) in fp64 (moments.x0_moments, same operations, same order)
             x = tl.load(X + i * sx + j, mask=mask, other=0.0).to(tl.float64)
             e1 = tl.load(E1 + i * se1 + j, mask=mask, other=0.0).to(tl.float64)
+            finite = (tl.abs(x) < float("inf")) & (tl.abs(e1) < float("inf"))  # False for NaN too
             mean = (x - tl.load(SCAL + S_SIGMA_T) * e1) / tl.load(SCAL + S_A_T)
             if NEED_VAR:  # every mode but DENOISE
                 e2 = tl.load(E2 + i * se2 + j, mask=mask, other=0.0).to(tl.float64)
+                finite = finite & (tl.abs(e2) < float("inf"))
                 var = tl.load(SCAL + S_RR) * (e2 - e1 * e1)
             if NEED_M3:  # CLOSED / ADAN
                 e3 = tl.load(E3 + i * se3 + j, mask=mask, other=0.0).to(tl.float64)
+                finite = finite & (tl.abs(e3) < float("inf"))
                 xx = x * x
                 m2 = xx - tl.load(SCAL + S_TWO_SIGMA) * x * e1 + tl.load(SCAL + S_SIGMA_SQ) * e2
                 m2 = m2 / tl.load(SCAL + S_A_SQ)
@@ -392,6 +395,9 @@ if triton is not None:
                 tl.store(MU1 + e, (m1 + off1).to(tl.float32), mask=mask)
                 tl.store(MU2 + e, (m1 + off2).to(tl.float32), mask=mask)
                 tl.store(S2 + e, s2out, mask=mask)
+            # one flag for the whole launch, written only by the elements that read a NaN or inf
+            # (no tl.max: library functions fail in the interpreter when triton was imported without it)
+            tl.atomic_max(NONFINITE + e * 0, 1, mask=mask & ~finite, sem="relaxed")
 
 
 def _is_interpreted(fn) -> bool:
@@ -450,9 +456,12 @@ def _rows(t: torch.Tensor, like: torch.Tensor, d: int, name: str) -> tuple[torch
 
 def fused_step(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | None, e3: torch.Tensor | None,
                seeds: torch.Tensor, indices: torch.Tensor, cfg: FusedStepConfig,
-               return_params: bool = False) -> tuple[torch.Tensor, MixtureParams | None]:
+               return_params: bool = False, check_finite: bool = True) -> tuple[torch.Tensor, MixtureParams | None]:
     """One fused GMS step (see ``gms_kernels.kernels``): x_s in x_t's dtype, and the fitted
     (mu1, mu2, s2) as fp32 tensors shaped like x_t when ``return_params``.
+
+    The kernel flags a NaN or inf it reads in x_t or a head; with ``check_finite`` the launcher then
+    raises :class:`NonFiniteInput`, at the cost of one host sync (``False``: no sync, no check).
 
     GAUSSIAN steps return mu1 = mu2 = M1 and s2 = the variance drawn with; DENOISE returns
     mu1 = mu2 = M1 and s2 = 0.
@@ -492,8 +501,11 @@ def fused_step(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | None, e3:
     params = MixtureParams(*(_new_output(x_t.shape, torch.float32, device) for _ in range(3))) if want else None
     if total == 0:
         return out, params
-    seeds = seeds.to(device=device, dtype=torch.int64).reshape(-1).contiguous()
-    indices = indices.to(device=device, dtype=torch.int64).reshape(-1).contiguous()
+    if seeds.device != device or indices.device != device:  # one host-to-device copy for both
+        both = torch.stack([seeds.reshape(-1).to(torch.int64), indices.reshape(-1).to(torch.int64)])
+        seeds, indices = both.to(device)
+    seeds = seeds.to(torch.int64).reshape(-1).contiguous()
+    indices = indices.to(torch.int64).reshape(-1).contiguous()
     x, sx = _rows(x_t, x_t, d, "x_t")
     rows = [_rows(h, x_t, d, f"e{k + 1}") if k < needs else (x, sx) for k, h in enumerate(heads)]  # (x: unread)
     scal, adan, bases = _device_tables(cfg, str(device))
@@ -503,13 +515,16 @@ def fused_step(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | None, e3:
         launch, (block, warps) = _launch_interpreted, (INTERPRETER_BLOCK, 4)
     else:
         launch, (block, warps) = _launch_compiled, GPU_CONFIGS[mode]
+    nonfinite = torch.zeros(1, dtype=torch.int32, device=device)
     launch((triton.cdiv(total, block),),
-           x, rows[0][0], rows[1][0], rows[2][0], seeds, indices, out, mu1, mu2, s2, scal, adan, bases,
+           x, rows[0][0], rows[1][0], rows[2][0], seeds, indices, out, mu1, mu2, s2, scal, adan, bases, nonfinite,
            total, d, sx, rows[0][1], rows[1][1], rows[2][1],
            MODE=mode, NEED_VAR=needs >= 2, NEED_M3=needs >= 3, HAS_RANGE=bool(cfg.has_range),
            PER_PIXEL=bool(cfg.per_pixel), WRITE_PARAMS=bool(return_params),
            ITERS=len(cfg.lrs) if mode == MODE_ADAN else 0, ADAN_DTYPE=tl.float64 if ADAN_FP64 else tl.float32,
            OUT_FP64=out.dtype == torch.float64, BLOCK=block, num_warps=warps, enable_fp_fusion=FP_FUSION)
+    if check_finite and mode != MODE_DEBUG_RNG and nonfinite.item():  # (the step's one host sync)
+        raise NonFiniteInput("the fused step read a NaN or inf in x_t or a head")
     return out, params
 
 
