@@ -51,8 +51,12 @@ def runner(backend: str, fit: str, x_t: torch.Tensor, out: torch.Tensor, schedul
         noise = SampleNoise.create(0, n)
         seeds, indices = noise.seeds.to(x_t.device), noise.indices.to(x_t.device)
         heads = [out[:, i * c:(i + 1) * c] for i in range(3)]
-        name = backend.split("-")[0]
-        return lambda: fused_step(name, x_t, *heads, seeds, indices, cfg, False)
+        if backend == "triton-kernel":  # the finite flag left unread: a read syncs, which a CUDA graph cannot hold
+            from gms_kernels.kernels import triton_gms
+
+            flag = torch.zeros(1, dtype=torch.int32, device=x_t.device)
+            return lambda: triton_gms.fused_step(x_t, *heads, seeds, indices, cfg, nonfinite_flag=flag)
+        return lambda: fused_step("cpp", x_t, *heads, seeds, indices, cfg, False)
     return lambda: gk.step(x_t, out, t, s, schedule, solver, generator=0, backend=backend, **options)
 
 

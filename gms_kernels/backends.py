@@ -62,6 +62,12 @@ def resolve_backend(backend: str | None, device: torch.device | str) -> str:
     return requested
 
 
-def fused_step(backend: str, x_t, e1, e2, e3, seeds, indices, cfg, return_params: bool):
-    """Run the fused step of ``backend`` ('cpp' or 'triton'); returns (x_s, MixtureParams | None)."""
+def fused_step(backend: str, x_t, e1, e2, e3, seeds, indices, cfg, return_params: bool, nonfinite_flag=None):
+    """Run the fused step of ``backend`` ('cpp' or 'triton'); returns (x_s, MixtureParams | None).
+
+    ``nonfinite_flag`` (triton): a device int32[1] the kernel sets on a NaN/inf input, read later by
+    the caller instead of a sync now. The C++ kernel always reports at once (it costs it nothing)."""
+    if backend == "triton":
+        return _module(backend).fused_step(x_t, e1, e2, e3, seeds, indices, cfg, return_params=return_params,
+                                           nonfinite_flag=nonfinite_flag)
     return _module(backend).fused_step(x_t, e1, e2, e3, seeds, indices, cfg, return_params=return_params)

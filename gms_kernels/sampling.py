@@ -97,6 +97,8 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
         noise = SampleNoise.create(generator, x.shape[0], first_index)
 
     backend = resolve_backend(backend, x.device)
+    defer_check = backend == "triton" and callback is None  # a callback sees x at once: check at once
+    pending = None
     for i, t in enumerate(tqdm(ts, desc=f"{solver} K={steps}", disable=not progress, leave=False)):
         s = ts[i + 1] if i + 1 < len(ts) else DATA
         k = schedule.coefficients(t, s)
@@ -104,13 +106,34 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
         if spec.heads:
             out = call_model(model, x, t, schedule.T, time_input)
             heads = split_heads(out, x, spec.heads, solver, where, check_finite=False)
+        if pending is not None:
+            pending.raise_if_set()
+        pending = _DeferredFiniteCheck(x, heads, where) if defer_check else None
         rand = StepRandomness(noise, t, x)
         x_new, info = solver_step(solver, x, heads, k, rand, data_range, schedule.T, solver_options,
-                                  backend, callback is not None, where)
+                                  backend, callback is not None, where, None if pending is None else pending.flag)
         x = x_new.to(x.dtype)
         if callback is not None:
             callback({"step": i, "t": t, "s": s, "x": x, **info})
+    if pending is not None:
+        pending.raise_if_set()
     return x
+
+
+class _DeferredFiniteCheck:
+    """The Triton kernel's NaN/inf flag for one step of a sampling loop, read only once the next
+    network call is queued: the read then finds the step's kernel done, and the device never idles
+    while the host catches up (an immediate read costs a sync per step). The step's inputs are
+    kept to name the culprit."""
+
+    def __init__(self, x_t: torch.Tensor, heads: list[torch.Tensor], where: str):
+        self.flag = torch.zeros(1, dtype=torch.int32, device=x_t.device)
+        self.x_t, self.heads, self.where = x_t, heads, where
+
+    def raise_if_set(self) -> None:
+        if self.flag.item():
+            check_inputs_finite(self.x_t, self.heads, self.where)  # names it, unless the model reused its buffer
+            raise ValueError(f"x_t or the model output {self.where}has non-finite values (NaN or inf)")
 
 
 @torch.no_grad()

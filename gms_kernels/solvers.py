@@ -200,13 +200,15 @@ def resolve_options(solver: Solver, options: dict[str, Any]) -> dict[str, Any]:
 
 def solver_step(name: str, x_t: torch.Tensor, heads: list[torch.Tensor], k: StepCoefficients,
                 rand: StepRandomness, data_range: DataRange, T: int, options: dict[str, Any],
-                backend: str = "torch", want_info: bool = True, where: str = "") -> tuple[torch.Tensor, dict]:
+                backend: str = "torch", want_info: bool = True, where: str = "",
+                nonfinite_flag: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """One step t -> s of solver ``name``; t -> data returns the denoised mean by default.
 
     ``backend`` 'cpp' or 'triton' runs the gms/sn-ddpm steps in one fused kernel that draws the
     same Philox streams (it needs a generator, not explicit noise); everything else, and the
     'torch' backend, runs the float64 reference below. A NaN or inf in x_t or the heads raises a
     ValueError that names it (``where`` says which step); the fused kernels check while they read.
+    With ``nonfinite_flag`` the Triton kernel only sets that flag, for the caller to read later.
     """
     solver = get_solver(name)
     o = resolve_options(solver, options)
@@ -216,7 +218,8 @@ def solver_step(name: str, x_t: torch.Tensor, heads: list[torch.Tensor], k: Step
             e2, e3 = (heads + [None, None])[1:3]
             src = rand.source
             try:
-                x_s, p = fused_step(backend, x_t, heads[0], e2, e3, src.seeds, src.indices, cfg, want_info)
+                x_s, p = fused_step(backend, x_t, heads[0], e2, e3, src.seeds, src.indices, cfg, want_info,
+                                    nonfinite_flag)
             except NonFiniteInput:
                 check_inputs_finite(x_t, heads, where)  # names the culprit
                 raise

@@ -552,3 +552,38 @@ def test_heads_a_mode_does_not_read_are_not_checked(monkeypatch):
     e1, e2, e3 = out.split(3, dim=1)
     x_s, _ = tg.fused_step(x_t, e1, e2, e3, src.seeds, src.indices, cfg)
     assert torch.isfinite(x_s).all()
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's numpy
+# a middle step; the last (5 steps make 6 calls; its flag is read after the loop; it reads e1 only)
+@pytest.mark.parametrize("bad_call, head", [(2, 1), (5, 0)])
+def test_sample_reports_a_non_finite_model_output_one_network_call_later(monkeypatch, bad_call, head):
+    """gk.sample reads a step's NaN/inf flag once the next network call is queued (no sync per step);
+    with a callback, which sees x at once, it reads it at once."""
+    if not _CUDA:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    calls = []
+
+    def model(x, t):
+        calls.append(int(t[0]))
+        out = torch.cat([0.1 * x, torch.ones_like(x), torch.zeros_like(x)], 1)
+        if len(calls) == bad_call + 1:
+            out[:, 3 * head + 1] = float("nan")  # channel 1 of the head
+        return out
+
+    x_T = torch.randn(2, 3, 4, 4, generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    name = rf"at step {bad_call} \(t=\d+\) has non-finite .* head e{head + 1} "
+    with pytest.raises(ValueError, match=name):
+        gk.sample(model, x_T=x_T, steps=5, schedule=SCHEDULE, generator=0, progress=False, backend="triton")
+    assert len(calls) == min(bad_call + 2, len(gk.trajectory(SCHEDULE, 5, "even")))
+    calls.clear()
+    with pytest.raises(ValueError, match=name):
+        gk.sample(model, x_T=x_T, steps=5, schedule=SCHEDULE, generator=0, progress=False, backend="triton",
+                  callback=lambda info: None)
+    assert len(calls) == bad_call + 1
+    calls.clear()
+    good = lambda x, t: torch.cat([0.1 * x, torch.ones_like(x), torch.zeros_like(x)], 1)
+    a = gk.sample(good, x_T=x_T, steps=5, schedule=SCHEDULE, generator=0, progress=False, backend="triton")
+    b = gk.sample(good, x_T=x_T, steps=5, schedule=SCHEDULE, generator=0, progress=False, backend="triton",
+                  callback=lambda info: None)
+    assert torch.isfinite(a).all() and torch.equal(a, b)

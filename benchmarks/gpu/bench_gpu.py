@@ -183,6 +183,8 @@ def network_call_seconds(env: Setup, nets) -> dict[str, dict[str, float]]:
     """One forward pass of each backbone in fp32 (torch's default TF32 settings) and under bf16 autocast."""
     out = {}
     for size, (net, x, t) in nets.items():
+        for _ in range(0 if env.smoke else 10):  # the card's clocks up from idle
+            net(x, t)
         out[size] = {"fp32": env.per_call_seconds(lambda: net(x, t), calls=3, repeats=5)}
         with torch.autocast(env.device, dtype=torch.bfloat16):
             out[size]["bf16"] = env.per_call_seconds(lambda: net(x, t), calls=3, repeats=5)
@@ -191,21 +193,44 @@ def network_call_seconds(env: Setup, nets) -> dict[str, dict[str, float]]:
 
 @torch.no_grad()
 def loop_overhead(env: Setup, nets, schedule: gk.Schedule) -> list[str]:
-    """What gk.step adds to a sampling loop: per iteration, (network call + gk.step) - (network call),
-    fp32 network, 10 iterations back to back (median of 3), as a fraction of the network call."""
+    """What GMS adds to a sampling loop (gk.sample with 10 steps: 11 network calls) with an fp32
+    backbone whose heads are its eps and fixed e2, e3: (a) the model and gk.step by hand (gk.step
+    reads the finite flag at once: a sync per step), (b) gk.sample (reads each step's flag after the
+    next network call is queued), against (c) the model calls alone. In turns, 5 of each; medians;
+    per network call."""
     rows = []
-    for size, (net, x, t) in nets.items():
-        x_t, out = make_inputs(env.sizes[size], env.device)
-        alone = env.per_call_seconds(lambda: net(x, t), calls=10, repeats=3)
+    steps = 2 if env.smoke else 10
+    calls = len(gk.trajectory(schedule, steps, "even"))  # network calls of gk.sample (steps + 1: the last goes to data)
+    for size, (net, x, _) in nets.items():
+        x_t, out = make_inputs(env.sizes[size][:1] + x.shape[1:] if env.smoke else env.sizes[size], env.device)
+        c = x_t.shape[1]
+        time_input = getattr(net, "time_input", "index")
+        model = lambda x_in, t_in: torch.cat([net(x_in, t_in), out[:, c:]], 1)
+        t_in = torch.full((x_t.shape[0],), 500, device=env.device)
+        t_in = t_in if time_input != "scaled" else t_in.float() * 1000 / schedule.T
         for fit in ("closed", "adan-25"):
-            step = runner("triton", fit, x_t, out, schedule, env.fits[fit])
+            options = env.fits[fit]
 
-            def both():
-                net(x, t)
-                step()
-            total = env.per_call_seconds(both, calls=10, repeats=3)
-            rows.append(f"| {size} | {fit} | {alone * 1e3:.2f} ms | {total * 1e3:.2f} ms | "
-                        f"{(total - alone) * 1e6:.0f} us | {100 * (total - alone) / alone:.2f}% |")
+            def alone():
+                for _ in range(calls):
+                    model(x_t, t_in)
+
+            def by_hand():
+                for _ in range(calls):
+                    gk.step(x_t, model(x_t, t_in), *STEP, schedule, "gms", generator=0, backend="triton", **options)
+
+            def sampled():
+                gk.sample(model, x_T=x_t, steps=steps, schedule=schedule, generator=0, progress=False,
+                          time_input=time_input, backend="triton", **options)
+            fns = {"alone": alone, "by hand": by_hand, "gk.sample": sampled}
+            times = {name: [] for name in fns}
+            for _ in range(1 if env.smoke else 5):  # in turns, so that clock changes hit all alike
+                for name, fn in fns.items():
+                    times[name].append(env.per_call_seconds(fn, calls=1, repeats=1) / calls)
+            base, hand, full = (statistics.median(times[name]) for name in fns)
+            rows.append(f"| {size} | {fit} | {base * 1e3:.2f} ms | {hand * 1e3:.2f} ms: +{(hand - base) * 1e6:.0f} us "
+                        f"({100 * (hand - base) / base:.2f}%) | {full * 1e3:.2f} ms: +{(full - base) * 1e6:.0f} us "
+                        f"({100 * (full - base) / base:.2f}%) |")
             print(rows[-1], flush=True)
     return rows
 
@@ -219,14 +244,15 @@ def step_breakdown(env: Setup, schedule: gk.Schedule) -> list[str]:
                       resolve_options(SOLVERS["gms"], FITS["closed"]), schedule.T, n, x_t[0].numel())
     noise = SampleNoise.create(0, n)
     seeds, indices = noise.seeds.to(env.device), noise.indices.to(env.device)
+    flag = torch.zeros(1, dtype=torch.int32, device=env.device)
     parts = {
         "gk.step (all of it)": runner("triton", "closed", x_t, out, schedule),
         "launcher + kernel + finite flag read (one sync)": lambda: tg.fused_step(
             x_t, *heads, seeds, indices, cfg),
-        "launcher + kernel, no finite check (no sync)": lambda: tg.fused_step(
-            x_t, *heads, seeds, indices, cfg, check_finite=False),
-        "launcher + kernel, seeds and indices copied from the host": lambda: tg.fused_step(
-            x_t, *heads, noise.seeds, noise.indices, cfg, check_finite=False),
+        "launcher + kernel, flag left unread (no sync)": lambda: tg.fused_step(
+            x_t, *heads, seeds, indices, cfg, nonfinite_flag=flag),
+        "launcher + kernel, flag unread, seeds and indices copied from the host": lambda: tg.fused_step(
+            x_t, *heads, noise.seeds, noise.indices, cfg, nonfinite_flag=flag),
         "SampleNoise.create (host only)": lambda: SampleNoise.create(0, n),
         "separate finite check of x_t and 3 heads (4 reductions, 4 syncs)": lambda: check_inputs_finite(x_t, heads),
     }
@@ -325,10 +351,12 @@ def main() -> None:
              + ", ".join(f"{k}: {v['fp32'] * 1e3:.2f} ms fp32, {v['bf16'] * 1e3:.2f} ms bf16 autocast"
                          for k, v in nets.items()) + ".", "",
              "## In a sampling loop", "",
-             "Per iteration, one fp32 network call then gk.step (triton), 10 iterations back to back, "
-             "against the network call alone (median of 3 each):", "",
-             "| size | fit | network alone | network + gk.step | added | added / network call |",
-             "|---|---|---|---|---|---|", *loop, "",
+             "`gk.sample` with 10 steps (11 network calls: the last step goes to data) and an fp32 backbone "
+             "whose output is its eps and fixed e2, e3 heads (one `torch.cat`); per network call: the model alone; the model and `gk.step` by hand (gk.step reads the kernel's NaN/inf "
+             "flag at once: one sync per step); `gk.sample` (reads each step's flag once the next network "
+             "call is queued, so the device does not wait on the host). 5 of each, in turns; medians.", "",
+             "| size | fit | model alone | model + gk.step (added, share) | gk.sample (added, share) |",
+             "|---|---|---|---|---|", *loop, "",
              "## Where gk.step's time goes (cifar10-b100, closed, calls back to back)", "",
              "| part | per call |", "|---|---|", *breakdown, "",
              "## Against the card's measured ceilings", "",

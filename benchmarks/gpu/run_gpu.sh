@@ -21,3 +21,6 @@ echo "tests: exit $? after $((SECONDS - start)) s"; tail -30 "$out/gpu-tests.txt
 start=$SECONDS
 timeout 300 python3 benchmarks/gpu/bench_gpu.py --out "$out" 2>&1 | tee "$out/gpu-bench-log.txt"
 echo "benchmarks: exit $? after $((SECONDS - start)) s"
+# a diagnostic of gk.step's host time (cProfile + torch.profiler), to $OUT/gpu-profile.txt
+timeout 120 python3 benchmarks/gpu/profile_step.py > "$out/gpu-profile.txt" 2>&1
+echo "profile: exit $?"; head -40 "$out/gpu-profile.txt"

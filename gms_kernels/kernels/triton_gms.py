@@ -456,12 +456,15 @@ def _rows(t: torch.Tensor, like: torch.Tensor, d: int, name: str) -> tuple[torch
 
 def fused_step(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | None, e3: torch.Tensor | None,
                seeds: torch.Tensor, indices: torch.Tensor, cfg: FusedStepConfig,
-               return_params: bool = False, check_finite: bool = True) -> tuple[torch.Tensor, MixtureParams | None]:
+               return_params: bool = False, nonfinite_flag: torch.Tensor | None = None,
+               ) -> tuple[torch.Tensor, MixtureParams | None]:
     """One fused GMS step (see ``gms_kernels.kernels``): x_s in x_t's dtype, and the fitted
     (mu1, mu2, s2) as fp32 tensors shaped like x_t when ``return_params``.
 
-    The kernel flags a NaN or inf it reads in x_t or a head; with ``check_finite`` the launcher then
-    raises :class:`NonFiniteInput`, at the cost of one host sync (``False``: no sync, no check).
+    The kernel flags a NaN or inf it reads in x_t or a head. Without ``nonfinite_flag`` the launcher
+    reads its own flag and raises :class:`NonFiniteInput`, at the cost of one host sync; with one (an
+    int32 tensor of one element on x_t's device) the kernel sets it to 1 and the caller reads it when
+    it likes (no sync here, so a sampling loop keeps the device busy).
 
     GAUSSIAN steps return mu1 = mu2 = M1 and s2 = the variance drawn with; DENOISE returns
     mu1 = mu2 = M1 and s2 = 0.
@@ -502,10 +505,9 @@ def fused_step(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | None, e3:
     if total == 0:
         return out, params
     if seeds.device != device or indices.device != device:  # one host-to-device copy for both
-        both = torch.stack([seeds.reshape(-1).to(torch.int64), indices.reshape(-1).to(torch.int64)])
-        seeds, indices = both.to(device)
-    seeds = seeds.to(torch.int64).reshape(-1).contiguous()
-    indices = indices.to(torch.int64).reshape(-1).contiguous()
+        seeds, indices = torch.stack([seeds.reshape(-1).long(), indices.reshape(-1).long()]).to(device)
+    if seeds.dtype != torch.int64 or indices.dtype != torch.int64 or not (seeds.is_contiguous() and indices.is_contiguous()):
+        seeds, indices = seeds.reshape(-1).long().contiguous(), indices.reshape(-1).long().contiguous()
     x, sx = _rows(x_t, x_t, d, "x_t")
     rows = [_rows(h, x_t, d, f"e{k + 1}") if k < needs else (x, sx) for k, h in enumerate(heads)]  # (x: unread)
     scal, adan, bases = _device_tables(cfg, str(device))
@@ -515,7 +517,7 @@ def fused_step(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | None, e3:
         launch, (block, warps) = _launch_interpreted, (INTERPRETER_BLOCK, 4)
     else:
         launch, (block, warps) = _launch_compiled, GPU_CONFIGS[mode]
-    nonfinite = torch.zeros(1, dtype=torch.int32, device=device)
+    nonfinite = torch.zeros(1, dtype=torch.int32, device=device) if nonfinite_flag is None else nonfinite_flag
     launch((triton.cdiv(total, block),),
            x, rows[0][0], rows[1][0], rows[2][0], seeds, indices, out, mu1, mu2, s2, scal, adan, bases, nonfinite,
            total, d, sx, rows[0][1], rows[1][1], rows[2][1],
@@ -523,7 +525,7 @@ def fused_step(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | None, e3:
            PER_PIXEL=bool(cfg.per_pixel), WRITE_PARAMS=bool(return_params),
            ITERS=len(cfg.lrs) if mode == MODE_ADAN else 0, ADAN_DTYPE=tl.float64 if ADAN_FP64 else tl.float32,
            OUT_FP64=out.dtype == torch.float64, BLOCK=block, num_warps=warps, enable_fp_fusion=FP_FUSION)
-    if check_finite and mode != MODE_DEBUG_RNG and nonfinite.item():  # (the step's one host sync)
+    if nonfinite_flag is None and mode != MODE_DEBUG_RNG and nonfinite.item():  # (the step's one host sync)
         raise NonFiniteInput("the fused step read a NaN or inf in x_t or a head")
     return out, params
 
