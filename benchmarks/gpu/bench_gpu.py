@@ -196,7 +196,7 @@ def loop_overhead(env: Setup, nets, schedule: gk.Schedule) -> list[str]:
     """What GMS adds to a sampling loop (gk.sample with 10 steps: 11 network calls) with an fp32
     backbone whose heads are its eps and fixed e2, e3: (a) the model and gk.step by hand (gk.step
     reads the finite flag at once: a sync per step), (b) gk.sample (reads each step's flag after the
-    next network call is queued), against (c) the model calls alone. In turns, 5 of each; medians;
+    next network call is queued), against (c) the model calls alone. In turns, 7 of each; medians;
     per network call."""
     rows = []
     steps = 2 if env.smoke else 10
@@ -224,13 +224,13 @@ def loop_overhead(env: Setup, nets, schedule: gk.Schedule) -> list[str]:
                           time_input=time_input, backend="triton", **options)
             fns = {"alone": alone, "by hand": by_hand, "gk.sample": sampled}
             times = {name: [] for name in fns}
-            for _ in range(1 if env.smoke else 5):  # in turns, so that clock changes hit all alike
+            for _ in range(1 if env.smoke else 7):  # in turns, so that clock changes hit all alike
                 for name, fn in fns.items():
                     times[name].append(env.per_call_seconds(fn, calls=1, repeats=1) / calls)
             base, hand, full = (statistics.median(times[name]) for name in fns)
-            rows.append(f"| {size} | {fit} | {base * 1e3:.2f} ms | {hand * 1e3:.2f} ms: +{(hand - base) * 1e6:.0f} us "
-                        f"({100 * (hand - base) / base:.2f}%) | {full * 1e3:.2f} ms: +{(full - base) * 1e6:.0f} us "
-                        f"({100 * (full - base) / base:.2f}%) |")
+            rows.append(f"| {size} | {fit} | {base * 1e3:.2f} ms | {hand * 1e3:.2f} ms: {(hand - base) * 1e6:+.0f} us "
+                        f"({100 * (hand - base) / base:+.2f}%) | {full * 1e3:.2f} ms: {(full - base) * 1e6:+.0f} us "
+                        f"({100 * (full - base) / base:+.2f}%) |")
             print(rows[-1], flush=True)
     return rows
 
@@ -354,7 +354,7 @@ def main() -> None:
              "`gk.sample` with 10 steps (11 network calls: the last step goes to data) and an fp32 backbone "
              "whose output is its eps and fixed e2, e3 heads (one `torch.cat`); per network call: the model alone; the model and `gk.step` by hand (gk.step reads the kernel's NaN/inf "
              "flag at once: one sync per step); `gk.sample` (reads each step's flag once the next network "
-             "call is queued, so the device does not wait on the host). 5 of each, in turns; medians.", "",
+             "call is queued, so the device does not wait on the host). 7 of each, in turns; medians.", "",
              "| size | fit | model alone | model + gk.step (added, share) | gk.sample (added, share) |",
              "|---|---|---|---|---|", *loop, "",
              "## Where gk.step's time goes (cifar10-b100, closed, calls back to back)", "",
