@@ -11,7 +11,7 @@ gets the same numbers whatever batch it is drawn in.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
@@ -135,6 +135,7 @@ class SampleNoise:
 
     seeds: torch.Tensor
     indices: torch.Tensor
+    _on_device: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def create(cls, generator: GeneratorLike, batch: int, first_index: int = 0) -> "SampleNoise":
@@ -162,10 +163,24 @@ class SampleNoise:
     def __len__(self) -> int:
         return self.seeds.numel()
 
-    def _element_offsets(self, stream: int, t: int, per_sample: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(seeds, indices) on ``device``, copied once and kept: a copy from pageable host memory
+        waits for the device's queue to drain, which a sampling loop should pay once, not per step."""
+        if self.seeds.device == device:
+            return self.seeds, self.indices
+        key = str(device)
+        if key not in self._on_device:
+            self._on_device[key] = tuple(torch.stack([self.seeds, self.indices]).to(device))
+        return self._on_device[key]
+
+    def check_capacity(self, per_sample: int) -> None:
+        """Every element's counter fits: (largest index + 1) * per_sample <= 2^40."""
         top = int(self.indices.max()) + 1 if len(self) else 0
         if top * per_sample > MAX_INDEX:
             raise ValueError("too many elements for the random-number counter (at most 2^40 per stream)")
+
+    def _element_offsets(self, stream: int, t: int, per_sample: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self.check_capacity(per_sample)
         index = self.indices[:, None] * per_sample + torch.arange(per_sample, dtype=torch.int64)
         return self.seeds[:, None].expand_as(index), counter(stream, t, index)
 

@@ -112,6 +112,8 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
         rand = StepRandomness(noise, t, x)
         x_new, info = solver_step(solver, x, heads, k, rand, data_range, schedule.T, solver_options,
                                   backend, callback is not None, where, None if pending is None else pending.flag)
+        if pending is not None:
+            pending.launched()
         x = x_new.to(x.dtype)
         if callback is not None:
             callback({"step": i, "t": t, "s": s, "x": x, **info})
@@ -123,15 +125,32 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
 class _DeferredFiniteCheck:
     """The Triton kernel's NaN/inf flag for one step of a sampling loop, read only once the next
     network call is queued: the read then finds the step's kernel done, and the device never idles
-    while the host catches up (an immediate read costs a sync per step). The step's inputs are
-    kept to name the culprit."""
+    while the host catches up (an immediate read costs a sync per step). On CUDA the flag travels
+    to pinned host memory behind the kernel and an event marks its arrival, since ``.item()`` would
+    wait for the whole queue, the next network call included. The step's inputs are kept to name
+    the culprit."""
 
     def __init__(self, x_t: torch.Tensor, heads: list[torch.Tensor], where: str):
         self.flag = torch.zeros(1, dtype=torch.int32, device=x_t.device)
         self.x_t, self.heads, self.where = x_t, heads, where
+        self._host: torch.Tensor | None = None
+        self._arrived = None
+
+    def launched(self) -> None:
+        """Call right after the step's kernel is queued."""
+        if self.flag.is_cuda:
+            self._host = torch.empty(1, dtype=torch.int32, pin_memory=True)
+            self._host.copy_(self.flag, non_blocking=True)
+            self._arrived = torch.cuda.Event()
+            self._arrived.record()
 
     def raise_if_set(self) -> None:
-        if self.flag.item():
+        if self._arrived is not None:
+            self._arrived.synchronize()  # this step's kernel and the copy, not what was queued after
+            value = int(self._host[0])
+        else:
+            value = int(self.flag.item())
+        if value:
             check_inputs_finite(self.x_t, self.heads, self.where)  # names it, unless the model reused its buffer
             raise ValueError(f"x_t or the model output {self.where}has non-finite values (NaN or inf)")
 

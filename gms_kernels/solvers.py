@@ -217,9 +217,12 @@ def solver_step(name: str, x_t: torch.Tensor, heads: list[torch.Tensor], k: Step
         if cfg is not None:
             e2, e3 = (heads + [None, None])[1:3]
             src = rand.source
+            seeds, indices = src.seeds, src.indices
+            if x_t.device != seeds.device:  # (the launcher checks the counter range only on host tensors)
+                src.check_capacity(math.prod(x_t.shape[1:]))
+                seeds, indices = src.on(x_t.device)
             try:
-                x_s, p = fused_step(backend, x_t, heads[0], e2, e3, src.seeds, src.indices, cfg, want_info,
-                                    nonfinite_flag)
+                x_s, p = fused_step(backend, x_t, heads[0], e2, e3, seeds, indices, cfg, want_info, nonfinite_flag)
             except NonFiniteInput:
                 check_inputs_finite(x_t, heads, where)  # names the culprit
                 raise

@@ -1,5 +1,6 @@
 import math
 
+import pytest
 import torch
 
 from gms_kernels import random as rng
@@ -60,3 +61,16 @@ def test_sample_noise_addresses_are_batch_independent():
     torch.testing.assert_close(a.uniform(1, 7)[3:], b.uniform(1, 7), rtol=0, atol=0)
     assert not torch.equal(a.normal(0, 7, (2, 3)), a.normal(0, 8, (2, 3)))  # another t, other numbers
     assert not torch.equal(a.uniform(1, 7, (2, 3)).flatten(), a.normal(1, 7, (2, 3)).flatten())
+
+
+def test_sample_noise_copies_to_a_device_once():
+    """A sampling loop reuses one SampleNoise: its (seeds, indices) go to the device once."""
+    src = rng.SampleNoise.create(7, 3, first_index=5)
+    assert src.on(torch.device("cpu")) == (src.seeds, src.indices)
+    first = src.on(torch.device("meta"))
+    assert first[0].device.type == "meta" and first[0].shape == (3,) and first[1].dtype == torch.int64
+    again = src.on(torch.device("meta"))
+    assert again[0] is first[0] and again[1] is first[1]
+    src.check_capacity(2**40 // 8)
+    with pytest.raises(ValueError, match="random-number counter"):
+        src.check_capacity(2**40 // 8 + 1)
