@@ -21,6 +21,10 @@ echo "tests: exit $? after $((SECONDS - start)) s"; tail -30 "$out/gpu-tests.txt
 start=$SECONDS
 timeout 300 python3 benchmarks/gpu/bench_gpu.py --out "$out" 2>&1 | tee "$out/gpu-bench-log.txt"
 echo "benchmarks: exit $? after $((SECONDS - start)) s"
+# the pytest-benchmark suite's Triton cases (the same runners, timed by pytest-benchmark)
+timeout 120 python3 -m pytest -q -p no:cacheprovider benchmarks/test_bench_step.py -k triton --benchmark-only \
+  --benchmark-json "$out/gpu-pytest-benchmark.json" > "$out/gpu-pytest-benchmark.txt" 2>&1
+echo "pytest-benchmark: exit $?"; tail -20 "$out/gpu-pytest-benchmark.txt"
 # a diagnostic of gk.step's host time (cProfile + torch.profiler), to $OUT/gpu-profile.txt
 timeout 120 python3 benchmarks/gpu/profile_step.py > "$out/gpu-profile.txt" 2>&1
 echo "profile: exit $?"; head -40 "$out/gpu-profile.txt"
