@@ -174,10 +174,8 @@ class SampleNoise:
         return self._on_device[key]
 
     def check_capacity(self, per_sample: int) -> None:
-        """Every element's counter fits: (largest index + 1) * per_sample <= 2^40."""
-        top = int(self.indices.max()) + 1 if len(self) else 0
-        if top * per_sample > MAX_INDEX:
-            raise ValueError("too many elements for the random-number counter (at most 2^40 per stream)")
+        """Every element's counter fits (see :func:`check_counter_range`)."""
+        check_counter_range(self.indices, per_sample)
 
     def _element_offsets(self, stream: int, t: int, per_sample: int) -> tuple[torch.Tensor, torch.Tensor]:
         self.check_capacity(per_sample)
@@ -195,6 +193,13 @@ class SampleNoise:
         per_sample = _numel(shape)
         seeds, offsets = self._element_offsets(stream, t, per_sample)
         return uniform(seeds, offsets).reshape(len(self), *shape)
+
+
+def check_counter_range(indices: torch.Tensor, per_sample: int) -> None:
+    """Sample indices in [0, 2^40 / per_sample): each element's index * per_sample + j must fit the
+    counter's 40 bits (a host tensor: on a device the check would cost a sync)."""
+    if indices.numel() and (int(indices.min()) < 0 or (int(indices.max()) + 1) * per_sample > MAX_INDEX):
+        raise ValueError("sample indices must lie in [0, 2^40 / elements per sample) for the random-number counter")
 
 
 def _numel(shape: Sequence[int]) -> int:

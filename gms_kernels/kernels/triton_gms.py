@@ -34,7 +34,7 @@ import math
 import torch
 
 from ..fit import ADAN_BETA_BOUNDS, ADAN_BETAS, ADAN_EPS, ADAN_INIT_BETA, ADAN_INIT_GAP, MixtureParams
-from ..random import MAX_INDEX, STREAM_COMPONENT, STREAM_STEP_NOISE, counter
+from ..random import STREAM_COMPONENT, STREAM_STEP_NOISE, check_counter_range, counter
 from . import MODE_ADAN, MODE_CLOSED, MODE_DENOISE, MODE_GAUSSIAN, FusedStepConfig, NonFiniteInput
 
 try:
@@ -495,9 +495,7 @@ def fused_step(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | None, e3:
         raise ValueError(f"seeds and indices must have one entry per sample ({n}), "
                          f"got {seeds.numel()} and {indices.numel()}")
     if total and indices.device.type == "cpu":  # (not checked on device tensors: it would sync)
-        if int(indices.min()) < 0 or (int(indices.max()) + 1) * d > MAX_INDEX:
-            raise ValueError("sample indices must lie in [0, 2^40 / elements per sample) for the "
-                             "random-number counter")
+        check_counter_range(indices, d)
 
     out = _new_output(x_t.shape, x_t.dtype, device)
     want = return_params or mode == MODE_DEBUG_RNG
