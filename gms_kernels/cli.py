@@ -185,7 +185,8 @@ def _sample(args: argparse.Namespace) -> int:
         model, shape = default_model(), DIGITS_SHAPE
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = model.to(device)
-    options = {k: v for k, v in dict(fit=args.fit, select=args.select).items() if v is not None}
+    options = {k: v for k, v in dict(fit=args.fit, select=args.select, fit_iters=args.fit_iters,
+                                     adan_precision=args.adan_precision).items() if v is not None}
     paths = distributed.sample_shards(model, args.out, args.num_samples, shape, shard_size=args.shard_size,
                                       batch_size=args.batch_size, seed=args.seed, progress=not args.quiet,
                                       device=device, steps=args.steps, solver=args.solver,
@@ -338,6 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--steps", type=int, default=10)
     s.add_argument("--solver", default="gms")
     s.add_argument("--fit", choices=["closed", "adan"])
+    s.add_argument("--fit-iters", type=int, help="ADAN iterations per step (default 25)")
+    s.add_argument("--adan-precision", choices=["float32", "float64"],
+                   help="the fused kernels' ADAN loop (default: C++ float32, Triton float64)")
     s.add_argument("--select", choices=["sample", "pixel"])
     s.add_argument("--trajectory", default="even")
     s.add_argument("--backend", default="auto")

@@ -22,6 +22,9 @@ from .random import STREAM_COMPONENT, STREAM_STEP_NOISE, SampleNoise
 from .schedule import DATA, StepCoefficients
 
 FITS = ("closed", "adan")
+# the fused kernels' ADAN loop: None is each backend's default (C++ float32, Triton float64); the
+# float64 torch reference ignores it
+ADAN_PRECISIONS = (None, "float32", "float64")
 
 
 class StepRandomness:
@@ -166,7 +169,7 @@ SOLVERS: dict[str, Solver] = {
         Solver("analytic-dpm", 1, analytic_dpm_step, dict(LAST_STEP_OPTIONS, gamma=None)),
         Solver("gms", 3, gms_step, dict(LAST_STEP_OPTIONS, fit="closed", select="sample",
                                          weights=DEFAULT_WEIGHTS, fit_iters=25, lr=0.06,
-                                         var_floor=0.1, adan_mean="sample")),
+                                         var_floor=0.1, adan_mean="sample", adan_precision=None)),
         Solver("exact", 0, exact_step, {"oracle": None}),
     ]
 }
@@ -187,6 +190,9 @@ def resolve_options(solver: Solver, options: dict[str, Any]) -> dict[str, Any]:
     o = dict(solver.options, **options)
     if "fit" in o and o["fit"] not in FITS:
         raise ValueError(f"unknown fit {o['fit']!r}; valid: {', '.join(FITS)}")
+    if o.get("adan_precision") not in ADAN_PRECISIONS:
+        raise ValueError(f"unknown adan_precision {o['adan_precision']!r}; valid: "
+                         f"{', '.join(map(repr, ADAN_PRECISIONS))} (None: the backend's default)")
     if "select" in o:
         check_select(o["select"])
     if "weights" in o:

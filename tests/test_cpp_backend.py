@@ -348,6 +348,13 @@ def test_adan_official_setting_and_float64_path(iters):
     assert cfg.grad_scale == 2.0 / 210 and len(cfg.lrs) == iters
     src = SampleNoise.create(4, 2)
     _, p = cpp.fused_step(x, *heads, src.seeds, src.indices, cfg, True, adan_fp64=True)
+    # the adan_precision option picks the same loops per call
+    for precision, fp64 in (("float64", True), ("float32", False)):
+        cfg_p = make_config("gms", k, (-1.0, 1.0), resolve_options(SOLVERS["gms"], dict(opts, adan_precision=precision)),
+                            SCHED.T, 2, 105)
+        by_option = cpp.fused_step(x, *heads, src.seeds, src.indices, cfg_p, True)[1]
+        by_flag = cpp.fused_step(x, *heads, src.seeds, src.indices, cfg, True, adan_fp64=fp64)[1]
+        assert all(torch.equal(getattr(by_option, n), getattr(by_flag, n)) for n in ("mu1", "mu2", "s2"))
     _, info = _reference(x, heads, 600, 500, "gms", opts, (-1.0, 1.0), 4, 0)
     if iters == 8:
         for a, b in ((p.mu1, info["mu1"]), (p.mu2, info["mu2"]), (p.s2, info["s2"])):

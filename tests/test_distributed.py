@@ -69,3 +69,21 @@ def test_torchrun_two_processes_match_one_process_and_resume_after_kill(tmp_path
     subprocess.run(cmd, env=env, check=True, timeout=300, capture_output=True)
     assert sorted(p.name for p in multi.glob("shard_*")) == [f"shard_{k:06d}.pt" for k in range(8)]
     torch.testing.assert_close(distributed.load_shards(multi), ref, rtol=0, atol=0)  # nothing lost or doubled
+
+
+def test_cli_sample_passes_the_fit_options(tmp_path):
+    """`sample --fit adan --fit-iters N --adan-precision P` reaches gk.sample: the shards equal a
+    direct run with those options."""
+    out = tmp_path / "cli"
+    cmd = [sys.executable, "-m", "gms_kernels", "sample", "--num-samples", "4", "--shard-size", "4",
+           "--batch-size", "4", "--out", str(out), "--steps", "2", "--quiet", "--fit", "adan", "--fit-iters", "3",
+           "--adan-precision", "float64"]
+    subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), check=True, timeout=300, capture_output=True)
+    from gms_kernels.embedded import DIGITS_SHAPE, default_model
+
+    direct = tmp_path / "direct"
+    distributed.sample_shards(default_model(), direct, 4, DIGITS_SHAPE, shard_size=4, batch_size=4, progress=False,
+                              steps=2, fit="adan", fit_iters=3, adan_precision="float64")
+    assert torch.equal(distributed.load_shards(out), distributed.load_shards(direct))
+    bad = subprocess.run(cmd[:-1] + ["fp16"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "invalid choice: 'fp16'" in bad.stderr

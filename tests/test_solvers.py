@@ -151,6 +151,8 @@ def test_unknown_names_list_the_valid_ones():
         gk.sample(m, shape=(1, 3, 2, 2), fit_iter=3, progress=False)
     with pytest.raises(ValueError, match="valid: sample, pixel"):
         gk.sample(m, shape=(1, 3, 2, 2), select="image", progress=False)
+    with pytest.raises(ValueError, match="adan_precision 'fp16'; valid: None, 'float32', 'float64'"):
+        gk.sample(m, shape=(1, 3, 2, 2), fit="adan", adan_precision="fp16", progress=False)
     with pytest.raises(ValueError, match="valid: index, index\\+1, scaled"):
         gk.sample(m, shape=(1, 3, 2, 2), time_input="seconds", progress=False)
 

@@ -313,6 +313,25 @@ def test_adan_fp32_variant(monkeypatch, kind):
         assert float(err.max()) < len(cfg.lrs) * max(cfg.lrs)
 
 
+def test_adan_precision_option_picks_the_loop_per_call(monkeypatch):
+    """adan_precision='float32'/'float64' gives the loop that ADAN_FP64 would, whatever ADAN_FP64 says;
+    the float64 torch reference ignores it."""
+    t, s = 500, 400
+    x_t, out = make_inputs((2, 3, 5, 7), t, "mixed", seed=33)
+    x_t, out = x_t.float().to(DEVICE), out.float().to(DEVICE)
+    opts = {"fit": "adan", "fit_iters": 10}
+    for fp64 in (True, False):
+        monkeypatch.setattr(tg, "ADAN_FP64", fp64)
+        _, _, by_flag = run_kernel(x_t, out, t, s, "gms", 3, (-1.0, 1.0), **opts)
+        monkeypatch.setattr(tg, "ADAN_FP64", not fp64)
+        _, _, by_option = run_kernel(x_t, out, t, s, "gms", 3, (-1.0, 1.0), **opts,
+                                     adan_precision="float64" if fp64 else "float32")
+        assert all(torch.equal(getattr(by_option, n), getattr(by_flag, n)) for n in ("mu1", "mu2", "s2"))
+    ref, _ = reference_step(x_t, out, t, s, "gms", 3, (-1.0, 1.0), **opts)
+    ref32, _ = reference_step(x_t, out, t, s, "gms", 3, (-1.0, 1.0), **opts, adan_precision="float32")
+    assert torch.equal(ref, ref32)
+
+
 @pytest.mark.parametrize("t", [999, 1])
 def test_gaussian_and_denoise_at_the_ends_of_the_schedule(t):
     x_t, out = make_inputs((2, 3, 4, 4), t, "mixed", seed=3)

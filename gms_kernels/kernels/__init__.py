@@ -52,6 +52,7 @@ class FusedStepConfig:
     lrs: tuple[float, ...] = field(default_factory=tuple)  # ADAN: one learning rate per iteration
     grad_scale: float = 2.0
     per_pixel: bool = False
+    adan_fp64: bool | None = None  # ADAN: the loop in float64 / float32; None: the backend's default
 
 
 FUSABLE_SOLVERS = ("gms", "sn-ddpm")
@@ -77,6 +78,8 @@ def make_config(solver: str, k, data_range, o: dict, T: int, batch: int, per_sam
         return FusedStepConfig(mode=MODE_CLOSED, w1=w1, var_floor=float(o["var_floor"]), per_pixel=per_pixel,
                                **common)
     count = per_sample * (batch if o["adan_mean"] == "batch" else 1)
+    precision = o.get("adan_precision")
     return FusedStepConfig(mode=MODE_ADAN, w1=w1, per_pixel=per_pixel,
                            lrs=tuple(adan_learning_rates(o["fit_iters"], o["lr"], k.t, T)),
-                           grad_scale=2.0 / max(count, 1), **common)
+                           grad_scale=2.0 / max(count, 1), adan_fp64=None if precision is None else precision == "float64",
+                           **common)

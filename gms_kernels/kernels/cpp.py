@@ -144,13 +144,14 @@ def _new_buffer(n: int) -> torch.Tensor:
 
 def fused_step(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | None, e3: torch.Tensor | None,
                seeds: torch.Tensor, indices: torch.Tensor, cfg: FusedStepConfig, return_params: bool = False,
-               *, adan_fp64: bool = False, out: torch.Tensor | None = None):
+               *, adan_fp64: bool | None = None, out: torch.Tensor | None = None):
     """One fused GMS step (see :mod:`gms_kernels.kernels` for the contract).
 
     Returns ``(x_s, params)``: x_s like x_t (dtype and shape); params a
     :class:`gms_kernels.fit.MixtureParams` of float32 tensors shaped like x_t, or None.
-    The ADAN fit runs in float32 (in double for blocks whose values could overflow float32);
-    ``adan_fp64=True`` runs it in double everywhere (about 3x slower; for checks).
+    The ADAN fit runs in float32 (in double for elements whose values could overflow float32);
+    ``adan_fp64=True`` runs it in double everywhere (about 3x slower). By default (None) it follows
+    ``cfg.adan_fp64`` (the ``adan_precision`` option), else float32.
 
     x_t and the heads are read in place when they are float32 with each sample contiguous (e.g.
     channel slices of one model output); other layouts and dtypes are copied first. ``out``: a
@@ -196,7 +197,8 @@ def fused_step(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | None, e3:
         n, d, int(cfg.mode), int(cfg.t), float(cfg.a_t), float(cfg.sigma_t), float(cfg.c1), float(cfg.c2),
         float(cfg.lam2), bool(cfg.has_range), float(cfg.center), float(cfg.half), float(cfg.var_cap),
         float(cfg.w1), float(cfg.var_floor), cfg.lrs, float(cfg.grad_scale),
-        bool(cfg.per_pixel), _threads(), bool(adan_fp64), x_stride, e1_stride, e2_stride, e3_stride)
+        bool(cfg.per_pixel), _threads(), bool(cfg.adan_fp64 if adan_fp64 is None else adan_fp64),
+        x_stride, e1_stride, e2_stride, e3_stride)
     if not finite:
         raise NonFiniteInput("the fused step read a NaN or inf in x_t or a head")
     x_s = x_s.view(x_t.shape) if out is None else out

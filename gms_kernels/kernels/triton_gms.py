@@ -55,12 +55,14 @@ GPU_CONFIGS = {MODE_GAUSSIAN: (512, 4), MODE_DENOISE: (512, 4), MODE_CLOSED: (25
 INTERPRETER_BLOCK = 1024
 # FMA contraction off: the fp64 moments then round exactly like the torch reference (IEEE +-*/)
 FP_FUSION = False
-# ADAN's loop in fp64 (default) or fp32. fit_adan is ill-conditioned: perturbing its input moments
-# by 1e-15 (relative) moves mu1/mu2 of some elements by ~1e-11 after 25 iterations of lr 0.06 and by
-# ~1e-6 after 70. With fp32 rounding (~1e-7), 1-2% of the elements of a test batch moved by more
-# than 1e-5 (up to 2e-3) after 5-25 iterations, and over half of them (up to 0.08) after 70; the
-# fp64 loop stays within the reference's own sensitivity. fp32 should be faster (an H100 runs fp64
-# at half the fp32 rate; unmeasured) and gives equally valid samples, but not the reference's.
+# ADAN's loop in fp64 or fp32 when the step's ``adan_precision`` option is None (fp64 here; the C++
+# kernel's default is fp32). fit_adan is ill-conditioned: perturbing its input moments by 1e-15
+# (relative) moves mu1/mu2 of some elements by ~1e-11 after 25 iterations of lr 0.06 and by ~1e-6
+# after 70. With fp32 rounding (~1e-7), 1-2% of the elements of a test batch moved by more than 1e-5
+# (up to 2e-3) after 5-25 iterations, and over half of them (up to 0.08) after 70, as in the C++
+# kernel's fp32 loop; the fp64 loop stays within the reference's own sensitivity. fp32 is 2.2-2.3x
+# faster on an H200 (benchmarks/results/gpu-*.md) and gives equally valid samples, but not the
+# reference's; where it overflows (moments far outside the data's scale) it falls back to N(M1, Var).
 ADAN_FP64 = True
 
 # Slots of the fp64 scalar table. Every product of Python floats is formed on the host exactly as
@@ -521,7 +523,8 @@ def fused_step(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | None, e3:
            total, d, sx, rows[0][1], rows[1][1], rows[2][1],
            MODE=mode, NEED_VAR=needs >= 2, NEED_M3=needs >= 3, HAS_RANGE=bool(cfg.has_range),
            PER_PIXEL=bool(cfg.per_pixel), WRITE_PARAMS=bool(return_params),
-           ITERS=len(cfg.lrs) if mode == MODE_ADAN else 0, ADAN_DTYPE=tl.float64 if ADAN_FP64 else tl.float32,
+           ITERS=len(cfg.lrs) if mode == MODE_ADAN else 0,
+           ADAN_DTYPE=tl.float64 if (ADAN_FP64 if cfg.adan_fp64 is None else cfg.adan_fp64) else tl.float32,
            OUT_FP64=out.dtype == torch.float64, BLOCK=block, num_warps=warps, enable_fp_fusion=FP_FUSION)
     if nonfinite_flag is None and mode != MODE_DEBUG_RNG and nonfinite.item():  # (the step's one host sync)
         raise NonFiniteInput("the fused step read a NaN or inf in x_t or a head")
