@@ -78,12 +78,15 @@ def test_cli_sample_passes_the_fit_options(tmp_path):
     cmd = [sys.executable, "-m", "gms_kernels", "sample", "--num-samples", "4", "--shard-size", "4",
            "--batch-size", "4", "--out", str(out), "--steps", "2", "--quiet", "--fit", "adan", "--fit-iters", "3",
            "--adan-precision", "float64"]
-    subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), check=True, timeout=300, capture_output=True)
+    # (run from tmp_path: `-m` puts the working directory first on the path, and the source tree
+    # there, without the built extension, would shadow the installed package this test imports)
+    subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), check=True, timeout=300, capture_output=True,
+                   cwd=tmp_path)
     from gms_kernels.embedded import DIGITS_SHAPE, default_model
 
     direct = tmp_path / "direct"
     distributed.sample_shards(default_model(), direct, 4, DIGITS_SHAPE, shard_size=4, batch_size=4, progress=False,
                               steps=2, fit="adan", fit_iters=3, adan_precision="float64")
     assert torch.equal(distributed.load_shards(out), distributed.load_shards(direct))
-    bad = subprocess.run(cmd[:-1] + ["fp16"], capture_output=True, text=True, timeout=300)
+    bad = subprocess.run(cmd[:-1] + ["fp16"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert bad.returncode != 0 and "invalid choice: 'fp16'" in bad.stderr
