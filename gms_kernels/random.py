@@ -136,6 +136,7 @@ class SampleNoise:
     seeds: torch.Tensor
     indices: torch.Tensor
     _on_device: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _fits: set = field(default_factory=set, init=False, repr=False, compare=False)  # per_sample values checked
 
     @classmethod
     def create(cls, generator: GeneratorLike, batch: int, first_index: int = 0) -> "SampleNoise":
@@ -174,8 +175,11 @@ class SampleNoise:
         return self._on_device[key]
 
     def check_capacity(self, per_sample: int) -> None:
-        """Every element's counter fits (see :func:`check_counter_range`)."""
-        check_counter_range(self.indices, per_sample)
+        """Every element's counter fits (see :func:`check_counter_range`); checked once per size, since
+        a sampling loop asks at every step."""
+        if per_sample not in self._fits:
+            check_counter_range(self.indices, per_sample)
+            self._fits.add(per_sample)
 
     def _element_offsets(self, stream: int, t: int, per_sample: int) -> tuple[torch.Tensor, torch.Tensor]:
         self.check_capacity(per_sample)
