@@ -928,12 +928,18 @@ void adan_fit_block(const AdanConfig& cfg, int n, const double* __restrict M1, c
 }
 
 // Elements whose scale could overflow float32 in the gradient or its square (|g| ~ scale S^5
-// with S the largest of |M1|, sqrt|Var|, cbrt|kappa3|), or that are not finite, are fitted in
-// double. The choice is made per element, so that an element's result never depends on its
-// neighbours (a sample does not depend on the batch it is drawn in).
+// with S the largest of |M1|, sqrt|Var|, cbrt|kappa3|), whose cubic terms (~Var^1.5) would fall
+// below float32's normal numbers (tiny variances), or that are not finite, are fitted in double.
+// The choice is made per element, so that an element's result never depends on its neighbours
+// (a sample does not depend on the batch it is drawn in). The bounds are
+// gms_kernels.kernels.ADAN_FP32_LIMITS (the Triton kernel uses the same).
+constexpr double kAdanFp32M1Max = 1024.0, kAdanFp32VarMin = 0x1p-60, kAdanFp32VarMax = 1048576.0,
+                 kAdanFp32K3Max = 1073741824.0;
 inline bool adan_needs_double(double m1, double var, double k3) {
-    const bool small = (std::fabs(m1) <= 1024.0) & (std::fabs(var) <= 1048576.0) & (std::fabs(k3) <= 1073741824.0);
-    return !small;  // (NaN compares false: not small)
+    const double av = std::fabs(var);
+    const bool in_range = (std::fabs(m1) <= kAdanFp32M1Max) & (av >= kAdanFp32VarMin) & (av <= kAdanFp32VarMax) &
+                          (std::fabs(k3) <= kAdanFp32K3Max);
+    return !in_range;  // (NaN compares false: not in range)
 }
 
 inline void adan_fit(const AdanConfig& cfg, int n, const double* M1, const double* VAR, const double* M3,

@@ -341,7 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--fit", choices=["closed", "adan"])
     s.add_argument("--fit-iters", type=int, help="ADAN iterations per step (default 25)")
     s.add_argument("--adan-precision", choices=["float32", "float64"],
-                   help="the fused kernels' ADAN loop (default: C++ float32, Triton float64)")
+                   help="the fused kernels' ADAN loop (default float32; float64 follows the reference's fit exactly)")
     s.add_argument("--select", choices=["sample", "pixel"])
     s.add_argument("--trajectory", default="even")
     s.add_argument("--backend", default="auto")

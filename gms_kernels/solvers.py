@@ -22,8 +22,8 @@ from .random import STREAM_COMPONENT, STREAM_STEP_NOISE, SampleNoise
 from .schedule import DATA, StepCoefficients
 
 FITS = ("closed", "adan")
-# the fused kernels' ADAN loop: None is each backend's default (C++ float32, Triton float64); the
-# float64 torch reference ignores it
+# the fused kernels' ADAN loop: None is the backends' default (float32, with out-of-range elements
+# refitted in float64); the float64 torch reference ignores it
 ADAN_PRECISIONS = (None, "float32", "float64")
 
 

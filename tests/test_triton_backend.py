@@ -146,14 +146,19 @@ def reference_noise(seed, n, shape, t, first_index=0):
     return src.normal(rng.STREAM_STEP_NOISE, t, shape).double(), src
 
 
-def adan_sensitivity(cfg, info, opts):
-    """How far fit_adan's own result moves when its input moments move by a few fp64 ulps: the
-    fit is ill-conditioned (chaotic at 70 iterations of lr 0.06), so two correct fp64
-    implementations that round differently agree only to about this much."""
+def fits_in_fp64(cfg) -> bool:
+    """Whether the kernel's ADAN loop ran in fp64 (the adan_precision option, else ADAN_FP64)."""
+    return tg.ADAN_FP64 if cfg.adan_fp64 is None else cfg.adan_fp64
+
+
+def adan_sensitivity(cfg, info, opts, rel):
+    """How far fit_adan's own result moves when its input moments move by a relative ``rel`` (each
+    of M1, Var and M3 in turn): the fit is ill-conditioned (chaotic at 70 iterations of lr 0.06),
+    so two correct implementations that round differently agree only to about this much."""
     o = resolve_options(SOLVERS["gms"], opts)
     m1, var, m3 = info["m1"].cpu(), info["var"].cpu(), info["m3"].cpu()
     spread = torch.zeros_like(m1)
-    for factors in [(1, 1, 1), (1, 1 + 8 * EPS64, 1), (1 + 8 * EPS64, 1, 1), (1, 1, 1 - 8 * EPS64)]:
+    for factors in [(1, 1, 1), (1, 1 + rel, 1), (1 + rel, 1, 1), (1, 1, 1 - rel)]:
         mom = gk.TransitionMoments(m1 * factors[0], var * factors[1], m3 * factors[2])
         q = gk.fit_adan(mom, o["weights"], o["fit_iters"], o["lr"], cfg.t, SCHEDULE.T, o["adan_mean"])
         if factors == (1, 1, 1):
@@ -195,11 +200,16 @@ def compare(cfg, x_t, x_s, p, ref, info, seed, first_index=0, opts=None):
         r_mu1, r_mu2, r_s2 = info["mu1"].cpu(), info["mu2"].cpu(), info["s2"].cpu()
     sd = (r_s2 if cfg.mode == MODE_GAUSSIAN else var).clamp_min(0.0).sqrt()  # the spread drawn with / fitted
     mag = m1.abs() + r_mu1.abs() + r_mu2.abs()
-    # the fit's error: FIT_ULPS ulps of fp32 at the spread sqrt(Var) (CLOSED fits in fp32; ADAN
-    # runs in fp64 and is far inside this), plus the rounding of the fp32 parameters and of x_s
+    # the fit's error: FIT_ULPS ulps of fp32 at the spread sqrt(Var) (CLOSED fits in fp32), plus
+    # the rounding of the fp32 parameters and of x_s. ADAN: 10x the reference's own movement under
+    # 8-ulp changes of its inputs (fp64 loop); in fp32, 4x its movement under 2^-20 changes plus
+    # 1e-4 sd (what 25 sign-normalised steps make of fp32 rounding where the fit is well
+    # conditioned), the C++ kernel's bound
     fit_err = FIT_ULPS * EPS32 * sd
-    if cfg.mode == MODE_ADAN:
-        fit_err = fit_err + 10 * adan_sensitivity(cfg, info, opts)
+    if cfg.mode == MODE_ADAN and fits_in_fp64(cfg):
+        fit_err = fit_err + 10 * adan_sensitivity(cfg, info, opts, 8 * EPS64)
+    elif cfg.mode == MODE_ADAN:
+        fit_err = fit_err + 4 * adan_sensitivity(cfg, info, opts, 2.0**-20) + 1e-4 * sd
     mean_tol = fit_err + 8 * EPS64 * mag + 2 * EPS32 * torch.maximum(r_mu1.abs(), r_mu2.abs())
     s2_tol = 2 * fit_err * sd + FIT_ULPS * EPS32 * r_s2.abs() + torch.finfo(torch.float32).tiny
     x_tol = fit_err * (1 + z.abs()) + 8 * EPS64 * mag + out_ulp + 2 * EPS32 * xs.abs()
@@ -245,7 +255,8 @@ MODE_CASES = {
     "adan25-lr0.06-pixel": ("gms", 700, 600, {"fit": "adan", "fit_iters": 25, "select": "pixel"}, MODE_ADAN),
     "adan25-paper": ("gms", 300, 200, {"fit": "adan", "fit_iters": 25, "lr": "paper"}, MODE_ADAN),
     "adan0": ("gms", 500, 400, {"fit": "adan", "fit_iters": 0}, MODE_ADAN),
-    "adan70": ("gms", 200, 100, {"fit": "adan", "fit_iters": 70}, MODE_ADAN),
+    "adan70-fp64": ("gms", 200, 100, {"fit": "adan", "fit_iters": 70, "adan_precision": "float64"}, MODE_ADAN),
+    "adan25-fp64": ("gms", 700, 600, {"fit": "adan", "fit_iters": 25, "adan_precision": "float64"}, MODE_ADAN),
     "adan25-batch-mean": ("gms", 999, 949, {"fit": "adan", "fit_iters": 25, "adan_mean": "batch"}, MODE_ADAN),
     "gaussian-last-step": ("gms", 20, 0, {}, MODE_GAUSSIAN),
     "gaussian-last-step-clip2": ("gms", 20, 0, {"clip_pixel": 2.0}, MODE_GAUSSIAN),
@@ -291,26 +302,57 @@ def test_extreme_moments(kind, fit, rng_name):
     compare(cfg, x_t, x_s, p, ref, info, 99, opts=opts)
 
 
-@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the interpreter's numpy
-@pytest.mark.parametrize("kind", ["mixed", "huge"])
-def test_adan_fp32_variant(monkeypatch, kind):
-    """ADAN_FP64 = False runs the loop in fp32: the same algorithm, but the fit amplifies its
-    rounding (~1e-7) on some elements up to ~1e-3, so it is held to the reference only mostly;
-    it must stay finite even where fp32 overflows (huge moments: falls back to N(M1, Var))."""
-    monkeypatch.setattr(tg, "ADAN_FP64", False)
-    t, s = 500, 400
-    opts = {"fit": "adan", "fit_iters": 25}
-    x_t, out = make_inputs((3, 3, 5, 7), t, kind, seed=31)
-    x_t, out = x_t.to(DEVICE), out.to(DEVICE)
-    data_range = (-1.0, 1.0) if kind == "mixed" else None
-    cfg, x_s, p = run_kernel(x_t, out, t, s, "gms", 2, data_range, **opts)
-    ref, info = reference_step(x_t, out, t, s, "gms", 2, data_range, **opts)
-    assert torch.isfinite(x_s).all() and all(torch.isfinite(getattr(p, n)).all() for n in ("mu1", "mu2", "s2"))
-    if kind == "mixed":
-        err = (p.mu1.double().cpu() - info["mu1"]).abs()
-        sd = info["var"].clamp_min(0).sqrt()
-        assert float((err <= 1e-4 * sd).double().mean()) > 0.9
-        assert float(err.max()) < len(cfg.lrs) * max(cfg.lrs)
+def _mixture_fit_errors(mu1, mu2, s2, info, w1=1.0 / 3.0):
+    """|mixture mean - M1| / sd and |mixture variance - Var| / Var per element (sd = sqrt(Var))."""
+    w2 = 1.0 - w1
+    var = info["var"].cpu()
+    mean = w1 * mu1 + w2 * mu2
+    mix_var = w1 * mu1**2 + w2 * mu2**2 - mean**2 + s2
+    return (mean - info["m1"].cpu()).abs() / var.sqrt(), (mix_var - var).abs() / var
+
+
+def test_adan_fp32_at_70_iterations_matches_the_moments_like_the_reference():
+    """70 iterations of lr 0.06 (the official setting) in the default fp32 loop: its trajectory parts
+    from the fp64 reference's (fit_adan is chaotic there), but the fitted mixtures match M1 and Var
+    as well as the reference's do. Measured (interpreter, 2x315 elements, t = 200): the mixture mean
+    is off M1 by 2.2e-3 sd at the median (reference: 1.4e-4) and by 0.15 sd at most (both: ADAN
+    does not converge on every element in 70 iterations)."""
+    t, s = 200, 100
+    opts = {"fit": "adan", "fit_iters": 70}
+    x_t, out = make_inputs((3, 3, 5, 7), t, "mixed", seed=1)
+    x_t, out = x_t.float().to(DEVICE), out.float().to(DEVICE)
+    cfg, x_s, p = run_kernel(x_t, out, t, s, "gms", 5, (-1.0, 1.0), **opts)
+    assert not fits_in_fp64(cfg)
+    ref, info = reference_step(x_t, out, t, s, "gms", 5, (-1.0, 1.0), **opts)
+    mean_k, var_k = _mixture_fit_errors(*(getattr(p, n).double().cpu() for n in ("mu1", "mu2", "s2")), info)
+    mean_r, var_r = _mixture_fit_errors(info["mu1"], info["mu2"], info["s2"], info)
+    assert float(mean_k.median()) < 1e-2 and float(mean_k.max()) <= float(mean_r.max()) + 1e-2
+    assert float(var_k.median()) < 1e-2 and float(var_k.max()) <= float(var_r.max()) + 1e-2
+    assert torch.isfinite(x_s).all()
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # (the interpreter's numpy: fp32 lanes
+@pytest.mark.parametrize("kind", ["huge", "tiny"])                          # of huge elements, then discarded)
+def test_adan_fp32_refits_out_of_range_elements_in_fp64_one_by_one(kind):
+    """Elements outside ADAN_FP32_LIMITS (huge moments without a data range; the tiny variances of a
+    step to the data) take the fp64 loop, each by itself: their results are the fp64 loop's, and
+    their neighbours in the same block get the fp32 loop's, as without them."""
+    t, s = (40, DATA) if kind == "tiny" else (500, 400)
+    opts = {"fit": "adan", "fit_iters": 25, "denoise_final": False}
+    x_t, out = make_inputs((2, 3, 4, 5), t, "mixed", seed=21)
+    x_odd, out_odd = make_inputs((2, 3, 4, 5), t, kind, seed=22)
+    odd = torch.zeros(x_t.shape, dtype=torch.bool)
+    odd[0, 1, 2, 3] = odd[1, 0, 0, 0] = odd[1, 2, 3, 4] = True
+    mixed_x, mixed_out = torch.where(odd, x_odd, x_t), torch.where(odd.repeat(1, 3, 1, 1), out_odd, out)
+    run = lambda x, o, **kw: run_kernel(x.to(DEVICE), o.to(DEVICE), t, s, "gms", 4, None, **opts, **kw)
+    cfg, x_s, p = run(mixed_x, mixed_out)
+    _, _, p64 = run(mixed_x, mixed_out, adan_precision="float64")
+    _, _, plain = run(x_t, out)
+    for n in ("mu1", "mu2", "s2"):
+        assert torch.equal(getattr(p, n).cpu()[odd], getattr(p64, n).cpu()[odd])
+        assert torch.equal(getattr(p, n).cpu()[~odd], getattr(plain, n).cpu()[~odd])
+    ref, info = reference_step(mixed_x.to(DEVICE), mixed_out.to(DEVICE), t, s, "gms", 4, None, **opts)
+    compare(cfg, mixed_x, x_s, p, ref, info, 4, opts=opts)
 
 
 def test_adan_precision_option_picks_the_loop_per_call(monkeypatch):
@@ -485,7 +527,8 @@ def test_through_gk_step(monkeypatch):
     t, s = 500, 400
     x_t, out = make_inputs((2, 3, 5, 5), t, "mixed", seed=15)
     x_t, out = x_t.float().to(DEVICE), out.float().to(DEVICE)
-    for opts in ({}, {"fit": "adan", "fit_iters": 5}):
+    # (ADAN's fp64 loop: the default fp32 one is held to the reference element by element in compare)
+    for opts in ({}, {"fit": "adan", "fit_iters": 5, "adan_precision": "float64"}):
         fast = gk.step(x_t, out, t, s, SCHEDULE, "gms", generator=3, backend="triton", **opts)
         ref = gk.step(x_t, out, t, s, SCHEDULE, "gms", generator=3, backend="torch", **opts)
         assert fast.dtype == ref.dtype and torch.allclose(fast, ref, rtol=1e-5, atol=1e-6)
@@ -524,6 +567,24 @@ def test_cpu_tensors_run_whatever_the_import_order():
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
+
+
+@pytest.mark.skipif(_CUDA, reason="the GPU tests launch the compiled kernel itself")
+def test_kernel_compiles_for_hopper_without_a_gpu():
+    """Every mode compiles to an sm_90 cubin with Triton's own ptxas, so that CI without a GPU
+    catches what only the compiler rejects (the interpreter runs any Python), with no local spills."""
+    code = (
+        "import os; os.environ.pop('TRITON_INTERPRET', None)\n"
+        "from gms_kernels.kernels import triton_gms as tg\n"
+        "for mode, fp64 in [(0, False), (1, False), (2, False), (2, True), (3, False), (-1, False)]:\n"
+        "    r = tg.compile_offline(mode, fit_fp64=fp64)\n"
+        "    assert r['cubin'] and '.entry' in r['ptx'] and 'LOCAL:0 ' in r['resources'], (mode, r['resources'])\n"
+        "    print(mode, fp64, r['resources'])\n"
+        "print('ok')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
 
 

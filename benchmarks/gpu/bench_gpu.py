@@ -13,7 +13,7 @@ Two times per Triton row:
 - the kernel's device time, from a CUDA graph that runs it over enough input sets to be read from
   HBM rather than the L2 (the graph removes the launch gaps).
 Then achieved GB/s and GFLOP/s of the kernel against ceilings measured on the card, a sweep of the
-kernel's (BLOCK, num_warps), ADAN's loop in fp32 against fp64, and the step's cost as a fraction of
+kernel's (BLOCK, num_warps), ADAN's loop in fp64 against the default fp32, and the step's cost as a fraction of
 one network call (gms_kernels.models backbones at batch 100, random weights, fp32 and bf16 autocast).
 """
 from __future__ import annotations
@@ -305,9 +305,9 @@ def main() -> None:
             perf.append(f"| {size} | {fit} | {kernel * 1e6:.1f} us | {gb:.0f} GB/s ({100 * gb / peaks['copy GB/s']:.0f}%) | "
                         f"{gf:.0f} GFLOP/s ({100 * gf / (peaks['float64 FMA TFLOP/s'] * 1e3):.0f}% of fp64, "
                         f"{100 * gf / (peaks['float32 FMA TFLOP/s'] * 1e3):.0f}% of fp32) |")
-            if fit != "closed":  # the ADAN loop in fp32 instead of the default fp64
-                fast = env.graph_seconds(kernel_calls(sets, fit, dict(options, adan_precision="float32"), schedule))
-                adan32.append(f"| {size} | {fit} | {kernel * 1e6:.1f} us | {fast * 1e6:.1f} us | {kernel / fast:.2f}x |")
+            if fit != "closed":  # the ADAN loop in fp64 instead of the default fp32
+                wide = env.graph_seconds(kernel_calls(sets, fit, dict(options, adan_precision="float64"), schedule))
+                adan32.append(f"| {size} | {fit} | {kernel * 1e6:.1f} us | {wide * 1e6:.1f} us | {wide / kernel:.2f}x |")
                 print(adan32[-1], flush=True)
         if size == "imagenet64-b100":  # launch configurations of the two fits, at the larger size
             for fit in ("closed", "adan-25"):
@@ -322,6 +322,15 @@ def main() -> None:
                         tg.GPU_CONFIGS[mode] = default
                     mark = " (default)" if config == default else ""
                     cells.append(f"{config[0]}x{config[1]}{mark}: {sec * 1e6:.1f} us")
+                if fit != "closed":  # the register cap of the fp32 mode (see triton_gms.ADAN_FP32_MAXNREG)
+                    default_cap = tg.ADAN_FP32_MAXNREG
+                    for cap in ((64,) if env.smoke else (64, 80, 96, None, default_cap)):
+                        tg.ADAN_FP32_MAXNREG = cap
+                        try:
+                            sec = env.graph_seconds(kernel_calls(sets, fit, env.fits[fit], schedule))
+                        finally:
+                            tg.ADAN_FP32_MAXNREG = default_cap
+                        cells.append(f"maxnreg {cap}{' (default)' if cap == default_cap else ''}: {sec * 1e6:.1f} us")
                 sweep.append(f"| {fit} | " + " | ".join(cells) + " |")
                 print(sweep[-1], flush=True)
         del sets
@@ -365,8 +374,8 @@ def main() -> None:
              f"| elements | fit | kernel device time | achieved bandwidth ({BYTES_PER_ELEMENT} B / element) | "
              "achieved arithmetic (flops per element as in cpu.md) |",
              "|---|---|---|---|---|", *perf, "",
-             "## ADAN's loop in fp64 (the default) and fp32 (`adan_precision=\"float32\"`)", "",
-             "| elements | fit | fp64 loop | fp32 loop | fp32 speed-up |", "|---|---|---|---|---|", *adan32, "",
+             "## ADAN's loop in fp32 (the default) and fp64 (`adan_precision=\"float64\"`)", "",
+             "| elements | fit | fp32 loop | fp64 loop | fp64 / fp32 |", "|---|---|---|---|---|", *adan32, "",
              "## Launch configurations (BLOCK x num_warps), kernel device time, imagenet64-b100", "",
              "The default is timed twice: the difference between them is the noise.", "",
              "| fit | configurations |", "|---|---|", *sweep]

@@ -9,7 +9,9 @@ last-step rules of ``solvers.solver_step``). Per element (sample i, element j of
 2. by ``cfg.mode``: DENOISE writes M1; GAUSSIAN draws N(M1, min(Var, var_cap)); CLOSED and ADAN fit
    (mu1, mu2, s2) like ``fit.fit_closed`` / ``fit.fit_adan`` (learning rate ``cfg.lrs[k]`` at
    iteration k, gradient scale ``cfg.grad_scale`` = 2 / count), then draw
-   ``(u < w1 ? mu1 : mu2) + sqrt(s2) z``;
+   ``(u < w1 ? mu1 : mu2) + sqrt(s2) z``. ADAN's loop runs in fp32 by default (``adan_precision``
+   picks fp32 or fp64 per call); in fp32, an element outside :data:`ADAN_FP32_LIMITS` is refitted
+   in fp64 by itself, so that no element's result depends on its neighbours;
 3. random numbers (``random.py``): z = normal(seeds[i], counter(0, t, indices[i]*D + j));
    u = uniform(seeds[i], counter(1, t, indices[i])) per sample, or
    uniform(seeds[i], counter(1, t, indices[i]*D + j)) per pixel.
@@ -26,6 +28,14 @@ from ..moments import last_step_variance_cap
 from ..schedule import DATA
 
 MODE_GAUSSIAN, MODE_CLOSED, MODE_ADAN, MODE_DENOISE = 0, 1, 2, 3
+
+# The fp32 ADAN loop is used where |M1| <= 2^10, 2^-60 <= |Var| <= 2^20 and |kappa3| <= 2^30: the
+# gradients grow like S^5 and their squares like S^10 (S the largest of |M1|, sqrt|Var|,
+# cbrt|kappa3|), which stays far inside fp32's 2^128, and the mixture's cubic terms (~Var^1.5) stay
+# normal numbers. Elsewhere (moments far outside the data's scale, the tiny variances of a last
+# step to the data, or NaN) the element is fitted in fp64. csrc/gms_step.cpp (adan_needs_double)
+# holds the same numbers.
+ADAN_FP32_LIMITS = {"m1_max": 2.0**10, "var_min": 2.0**-60, "var_max": 2.0**20, "k3_max": 2.0**30}
 
 
 class NonFiniteInput(ValueError):

@@ -13,8 +13,9 @@ Contract: ``gms_kernels.kernels`` (``fused_step`` and :class:`FusedStepConfig`);
   kappa3 ~ Var^1.5 neither under- nor overflows fp32. The cube root is exp2(log2|q|/3) plus one
   Newton step (no libdevice);
 * ADAN runs the loop of ``fit.fit_adan`` on the offsets a = mu1 - M1, b = mu2 - M1 with the
-  residuals written about M1 (the same function without cancelling M1^3-sized terms), in fp64 by
-  default (``ADAN_FP64``): the fit is ill-conditioned, and in fp32 it moves some elements ~1e-3;
+  residuals written about M1 (the same function without cancelling M1^3-sized terms), in fp32 by
+  default (``ADAN_FP64``; ``adan_precision`` per call). A block that holds an element outside
+  ``ADAN_FP32_LIMITS`` also runs the fp64 loop, and that element takes its result;
 * x_s = M1 + offset + sqrt(s2) z is assembled in fp64 and rounded once to x_t's dtype (via fp32
   for 16-bit outputs);
 * the random numbers are Philox4x32-10 written out in the kernel: the same words as ``random.py``
@@ -22,20 +23,21 @@ Contract: ``gms_kernels.kernels`` (``fused_step`` and :class:`FusedStepConfig`);
   Box-Muller on all four words of the call of counter index // 4 (each element runs that call and
   keeps its own word pair, and the cosine or the sine).
 
-The kernel uses only builtins of ``triton.language`` (no ``@triton.jit`` library functions such as
-``tl.zeros`` or ``tl.rand``), so CPU tensors run through the interpreter whatever
-``TRITON_INTERPRET`` said when triton was imported.
+The kernel uses only builtins of ``triton.language`` and its own jit functions (no library functions
+such as ``tl.zeros``, ``tl.max`` or ``tl.rand``), so CPU tensors run through the interpreter whatever
+``TRITON_INTERPRET`` said when triton was imported (``_cpu_kernel`` rebinds the jit helpers).
 """
 from __future__ import annotations
 
 import functools
 import math
+import types
 
 import torch
 
 from ..fit import ADAN_BETA_BOUNDS, ADAN_BETAS, ADAN_EPS, ADAN_INIT_BETA, ADAN_INIT_GAP, MixtureParams
 from ..random import STREAM_COMPONENT, STREAM_STEP_NOISE, check_counter_range, counter
-from . import MODE_ADAN, MODE_CLOSED, MODE_DENOISE, MODE_GAUSSIAN, FusedStepConfig, NonFiniteInput
+from . import ADAN_FP32_LIMITS, MODE_ADAN, MODE_CLOSED, MODE_DENOISE, MODE_GAUSSIAN, FusedStepConfig, NonFiniteInput
 
 try:
     import triton
@@ -47,23 +49,28 @@ MODE_DEBUG_RNG = -1  # internal: writes the raw Philox words, u and z (tests of 
 _MODES = (MODE_GAUSSIAN, MODE_CLOSED, MODE_ADAN, MODE_DENOISE, MODE_DEBUG_RNG)
 
 # One config per mode (no autotuning: the interpreter cannot run several configs): (BLOCK, num_warps).
-# The fits keep one element per thread; ptxas for sm_90a (fp32 I/O, no spills): CLOSED 92 registers,
-# ADAN 124 (fp64 loop; 74 in fp32), GAUSSIAN 71, DENOISE 50. Two elements per thread would take
-# CLOSED to 128 and ADAN-fp32 to 156. Untuned: measure on the H100 before changing.
+# The fits keep one element per thread; ptxas for sm_90a (triton 3.6, fp32 I/O, no spills): CLOSED 92
+# registers, ADAN 124 (fp64 loop; 74 in fp32), GAUSSIAN 71, DENOISE 50. Two elements per thread would
+# take CLOSED to 128 and ADAN-fp32 to 156. Untuned: measure on the H100 before changing.
 GPU_CONFIGS = {MODE_GAUSSIAN: (512, 4), MODE_DENOISE: (512, 4), MODE_CLOSED: (256, 8), MODE_ADAN: (256, 8),
                MODE_DEBUG_RNG: (512, 4)}
 INTERPRETER_BLOCK = 1024
+# Register cap for ADAN's default fp32 mode (None: ptxas's choice). Its rarely taken fp64 branch
+# takes the kernel from 64 registers to 128 (triton 3.8, compile_offline), which halves the blocks an
+# SM holds; a cap spills in the branch instead (maxnreg 80: 216 bytes of stack). Which is faster is
+# not measured yet: bench_gpu.py times both.
+ADAN_FP32_MAXNREG: int | None = None
 # FMA contraction off: the fp64 moments then round exactly like the torch reference (IEEE +-*/)
 FP_FUSION = False
-# ADAN's loop in fp64 or fp32 when the step's ``adan_precision`` option is None (fp64 here; the C++
-# kernel's default is fp32). fit_adan is ill-conditioned: perturbing its input moments by 1e-15
-# (relative) moves mu1/mu2 of some elements by ~1e-11 after 25 iterations of lr 0.06 and by ~1e-6
-# after 70. With fp32 rounding (~1e-7), 1-2% of the elements of a test batch moved by more than 1e-5
-# (up to 2e-3) after 5-25 iterations, and over half of them (up to 0.08) after 70, as in the C++
-# kernel's fp32 loop; the fp64 loop stays within the reference's own sensitivity. fp32 is 2.2-2.3x
-# faster on an H200 (benchmarks/results/gpu-*.md) and gives equally valid samples, but not the
-# reference's; where it overflows (moments far outside the data's scale) it falls back to N(M1, Var).
-ADAN_FP64 = True
+# ADAN's loop in fp64 or fp32 when the step's ``adan_precision`` option is None: fp32, like the C++
+# kernel (elements outside ADAN_FP32_LIMITS are refitted in fp64). fit_adan is ill-conditioned:
+# perturbing its input moments by 1e-15 (relative) moves mu1/mu2 of some elements by ~1e-11 after 25
+# iterations of lr 0.06 and by ~1e-6 after 70. With fp32 rounding (~1e-7), 1-2% of the elements of a
+# test batch move by more than 1e-5 sd (up to 2e-3) after 5-25 iterations, and about half of them
+# (up to 1.4% sd) after 70: equally valid fits (the reference moves as much under 8-ulp changes of
+# its inputs), but not the reference's own numbers. fp64 follows the reference to its own
+# sensitivity and is 2.2-2.3x slower on an H200 (benchmarks/results/gpu-*.md).
+ADAN_FP64 = False
 
 # Slots of the fp64 scalar table. Every product of Python floats is formed on the host exactly as
 # the reference forms it, so the device sees the same fp64 constants. (Globals a kernel reads must
@@ -145,13 +152,84 @@ if triton is not None:
     ADAN_BETA0 = tl.constexpr(ADAN_INIT_BETA)
     ADAN_BETA_LO = tl.constexpr(ADAN_BETA_BOUNDS[0])
     ADAN_BETA_HI = tl.constexpr(ADAN_BETA_BOUNDS[1])
+    ADAN_FP32_M1_MAX = tl.constexpr(ADAN_FP32_LIMITS["m1_max"])
+    ADAN_FP32_VAR_MIN = tl.constexpr(ADAN_FP32_LIMITS["var_min"])
+    ADAN_FP32_VAR_MAX = tl.constexpr(ADAN_FP32_LIMITS["var_max"])
+    ADAN_FP32_K3_MAX = tl.constexpr(ADAN_FP32_LIMITS["k3_max"])
+
+    @triton.jit
+    def _either(a, b):
+        return a | b
+
+    @triton.jit
+    def _adan_loop(mf, vf, kap, SCAL, ADAN, ITERS: tl.constexpr, BLOCK: tl.constexpr, DT: tl.constexpr):
+        """fit.fit_adan on the offsets a = mu1 - M1, b = mu2 - M1 and beta = s2 / Var, in dtype DT, from
+        M1, Var and kappa3 (already in DT): the residuals are written about M1, so that no M1^3-sized
+        terms cancel. Returns (a, b, beta)."""
+        aw1 = tl.load(SCAL + S_W1).to(DT)
+        w2 = tl.load(SCAL + S_W2).to(DT)
+        gs = tl.load(SCAL + S_GRAD_SCALE).to(DT)
+        a = tl.full([BLOCK], 0.0, DT)
+        b = tl.full([BLOCK], -ADAN_GAP, DT)
+        beta = tl.full([BLOCK], ADAN_BETA0, DT)
+        ma = tl.full([BLOCK], 0.0, DT)
+        mb = tl.full([BLOCK], 0.0, DT)
+        mc = tl.full([BLOCK], 0.0, DT)
+        va = tl.full([BLOCK], 0.0, DT)
+        vb = tl.full([BLOCK], 0.0, DT)
+        vc = tl.full([BLOCK], 0.0, DT)
+        na = tl.full([BLOCK], 0.0, DT)
+        nb = tl.full([BLOCK], 0.0, DT)
+        nc = tl.full([BLOCK], 0.0, DT)
+        pa = tl.full([BLOCK], 0.0, DT)
+        pb = tl.full([BLOCK], 0.0, DT)
+        pc = tl.full([BLOCK], 0.0, DT)
+        for k in range(ITERS):
+            s2 = beta * vf
+            cm1 = aw1 * a + w2 * b  # central moments of the mixture about M1
+            cm2 = aw1 * (a * a) + w2 * (b * b) + s2
+            cm3 = aw1 * (a * a * a + 3.0 * a * s2) + w2 * (b * b * b + 3.0 * b * s2)
+            r1 = cm1  # = g1 - M1
+            r2 = 2.0 * mf * cm1 + (cm2 - vf)  # = g2 - (M1^2 + Var)
+            r3 = 3.0 * mf * mf * cm1 + 3.0 * mf * (cm2 - vf) + (cm3 - kap)  # = g3 - M3
+            mu1 = mf + a
+            mu2 = mf + b
+            ga = gs * aw1 * (r1 + 2.0 * mu1 * r2 + 3.0 * (mu1 * mu1 + s2) * r3)
+            gb = gs * w2 * (r1 + 2.0 * mu2 * r2 + 3.0 * (mu2 * mu2 + s2) * r3)
+            gc = gs * vf * (r2 + 3.0 * (mf + cm1) * r3)
+            rho = tl.load(ADAN + 3 * k).to(DT)
+            sigma = tl.load(ADAN + 3 * k + 1).to(DT)
+            eps_k = tl.load(ADAN + 3 * k + 2).to(DT)
+            da = tl.where(k > 0, ga - pa, 0.0)
+            db = tl.where(k > 0, gb - pb, 0.0)
+            dc = tl.where(k > 0, gc - pc, 0.0)
+            ma = ma * ADAN_B1 + ga * (1.0 - ADAN_B1)
+            mb = mb * ADAN_B1 + gb * (1.0 - ADAN_B1)
+            mc = mc * ADAN_B1 + gc * (1.0 - ADAN_B1)
+            va = va * ADAN_B2 + da * (1.0 - ADAN_B2)
+            vb = vb * ADAN_B2 + db * (1.0 - ADAN_B2)
+            vc = vc * ADAN_B2 + dc * (1.0 - ADAN_B2)
+            ta = ga + ADAN_B2 * da
+            tb = gb + ADAN_B2 * db
+            tc = gc + ADAN_B2 * dc
+            na = na * ADAN_B3 + (ta * ta) * (1.0 - ADAN_B3)
+            nb = nb * ADAN_B3 + (tb * tb) * (1.0 - ADAN_B3)
+            nc = nc * ADAN_B3 + (tc * tc) * (1.0 - ADAN_B3)
+            a = a - (ma + rho * va) / (tl.sqrt(na) * sigma + eps_k)  # (see _adan_table)
+            b = b - (mb + rho * vb) / (tl.sqrt(nb) * sigma + eps_k)
+            beta = beta - (mc + rho * vc) / (tl.sqrt(nc) * sigma + eps_k)
+            beta = tl.minimum(tl.maximum(beta, ADAN_BETA_LO), ADAN_BETA_HI)
+            pa = ga
+            pb = gb
+            pc = gc
+        return a, b, beta
 
     @triton.jit
     def _gms_step_kernel(X, E1, E2, E3, SEEDS, IDX, OUT, MU1, MU2, S2, SCAL, ADAN, BASES, NONFINITE,
                          total, D, sx, se1, se2, se3,
                          MODE: tl.constexpr, NEED_VAR: tl.constexpr, NEED_M3: tl.constexpr,
                          HAS_RANGE: tl.constexpr, PER_PIXEL: tl.constexpr,
-                         WRITE_PARAMS: tl.constexpr, ITERS: tl.constexpr, ADAN_DTYPE: tl.constexpr,
+                         WRITE_PARAMS: tl.constexpr, ITERS: tl.constexpr, FIT_FP64: tl.constexpr,
                          OUT_FP64: tl.constexpr,
                          BLOCK: tl.constexpr):
         pid = tl.program_id(0).to(tl.int64)
@@ -310,76 +388,37 @@ if triton is not None:
                     off2 = -(w1.to(tl.float64) * delta64)
                 sd = tl.sqrt(tl.maximum(s2s, 0.0)).to(tl.float64) * up
                 s2out = (s2s.to(tl.float64) * up * up).to(tl.float32)
-            if MODE == 2:  # ADAN (fit.fit_adan) on a = mu1 - M1, b = mu2 - M1, in ADAN_DTYPE
-                kap = (m3 - 3 * m1 * var - m1 * m1 * m1).to(ADAN_DTYPE)
-                mf = m1.to(ADAN_DTYPE)
-                vf = var.to(ADAN_DTYPE)
-                aw1 = tl.load(SCAL + S_W1).to(ADAN_DTYPE)
-                w2 = tl.load(SCAL + S_W2).to(ADAN_DTYPE)
-                gs = tl.load(SCAL + S_GRAD_SCALE).to(ADAN_DTYPE)
-                a = tl.full([BLOCK], 0.0, ADAN_DTYPE)
-                b = tl.full([BLOCK], -ADAN_GAP, ADAN_DTYPE)
-                beta = tl.full([BLOCK], ADAN_BETA0, ADAN_DTYPE)
-                ma = tl.full([BLOCK], 0.0, ADAN_DTYPE)
-                mb = tl.full([BLOCK], 0.0, ADAN_DTYPE)
-                mc = tl.full([BLOCK], 0.0, ADAN_DTYPE)
-                va = tl.full([BLOCK], 0.0, ADAN_DTYPE)
-                vb = tl.full([BLOCK], 0.0, ADAN_DTYPE)
-                vc = tl.full([BLOCK], 0.0, ADAN_DTYPE)
-                na = tl.full([BLOCK], 0.0, ADAN_DTYPE)
-                nb = tl.full([BLOCK], 0.0, ADAN_DTYPE)
-                nc = tl.full([BLOCK], 0.0, ADAN_DTYPE)
-                pa = tl.full([BLOCK], 0.0, ADAN_DTYPE)
-                pb = tl.full([BLOCK], 0.0, ADAN_DTYPE)
-                pc = tl.full([BLOCK], 0.0, ADAN_DTYPE)
-                for k in range(ITERS):
-                    s2 = beta * vf
-                    cm1 = aw1 * a + w2 * b  # central moments of the mixture about M1
-                    cm2 = aw1 * (a * a) + w2 * (b * b) + s2
-                    cm3 = aw1 * (a * a * a + 3.0 * a * s2) + w2 * (b * b * b + 3.0 * b * s2)
-                    r1 = cm1  # = g1 - M1
-                    r2 = 2.0 * mf * cm1 + (cm2 - vf)  # = g2 - (M1^2 + Var)
-                    r3 = 3.0 * mf * mf * cm1 + 3.0 * mf * (cm2 - vf) + (cm3 - kap)  # = g3 - M3
-                    mu1 = mf + a
-                    mu2 = mf + b
-                    ga = gs * aw1 * (r1 + 2.0 * mu1 * r2 + 3.0 * (mu1 * mu1 + s2) * r3)
-                    gb = gs * w2 * (r1 + 2.0 * mu2 * r2 + 3.0 * (mu2 * mu2 + s2) * r3)
-                    gc = gs * vf * (r2 + 3.0 * (mf + cm1) * r3)
-                    rho = tl.load(ADAN + 3 * k).to(ADAN_DTYPE)
-                    sigma = tl.load(ADAN + 3 * k + 1).to(ADAN_DTYPE)
-                    eps_k = tl.load(ADAN + 3 * k + 2).to(ADAN_DTYPE)
-                    da = tl.where(k > 0, ga - pa, 0.0)
-                    db = tl.where(k > 0, gb - pb, 0.0)
-                    dc = tl.where(k > 0, gc - pc, 0.0)
-                    ma = ma * ADAN_B1 + ga * (1.0 - ADAN_B1)
-                    mb = mb * ADAN_B1 + gb * (1.0 - ADAN_B1)
-                    mc = mc * ADAN_B1 + gc * (1.0 - ADAN_B1)
-                    va = va * ADAN_B2 + da * (1.0 - ADAN_B2)
-                    vb = vb * ADAN_B2 + db * (1.0 - ADAN_B2)
-                    vc = vc * ADAN_B2 + dc * (1.0 - ADAN_B2)
-                    ta = ga + ADAN_B2 * da
-                    tb = gb + ADAN_B2 * db
-                    tc = gc + ADAN_B2 * dc
-                    na = na * ADAN_B3 + (ta * ta) * (1.0 - ADAN_B3)
-                    nb = nb * ADAN_B3 + (tb * tb) * (1.0 - ADAN_B3)
-                    nc = nc * ADAN_B3 + (tc * tc) * (1.0 - ADAN_B3)
-                    a = a - (ma + rho * va) / (tl.sqrt(na) * sigma + eps_k)  # (see _adan_table)
-                    b = b - (mb + rho * vb) / (tl.sqrt(nb) * sigma + eps_k)
-                    beta = beta - (mc + rho * vc) / (tl.sqrt(nc) * sigma + eps_k)
-                    beta = tl.minimum(tl.maximum(beta, ADAN_BETA_LO), ADAN_BETA_HI)
-                    pa = ga
-                    pb = gb
-                    pc = gc
-                # overflow of the optimiser state (fp32 only, moments far outside the data's scale):
-                # fall back to the Gaussian N(M1, Var) rather than emit NaN
+            if MODE == 2:  # ADAN (fit.fit_adan)
+                kap = m3 - 3 * m1 * var - m1 * m1 * m1
+                if FIT_FP64:
+                    a, b, beta = _adan_loop(m1, var, kap, SCAL, ADAN, ITERS, BLOCK, tl.float64)
+                else:
+                    a, b, beta = _adan_loop(m1.to(tl.float32), var.to(tl.float32), kap.to(tl.float32),
+                                            SCAL, ADAN, ITERS, BLOCK, tl.float32)
+                    a = a.to(tl.float64)
+                    b = b.to(tl.float64)
+                    beta = beta.to(tl.float64)
+                    # elements outside fp32's comfortable range (see ADAN_FP32_LIMITS) are refitted in
+                    # fp64, each by itself as in the C++ kernel; a block runs the fp64 loop only when
+                    # one of its elements needs it
+                    av = tl.abs(var)
+                    in_range = ((tl.abs(m1) <= ADAN_FP32_M1_MAX) & (av >= ADAN_FP32_VAR_MIN) & (av <= ADAN_FP32_VAR_MAX)
+                                & (tl.abs(kap) <= ADAN_FP32_K3_MAX))
+                    wide = mask & ~in_range  # (NaN is not in range)
+                    if tl.reduce(wide.to(tl.int32), 0, _either) != 0:
+                        a64, b64, beta64 = _adan_loop(m1, var, kap, SCAL, ADAN, ITERS, BLOCK, tl.float64)
+                        a = tl.where(wide, a64, a)
+                        b = tl.where(wide, b64, b)
+                        beta = tl.where(wide, beta64, beta)
+                # fp64 overflow (moments beyond ~1e30): fall back to the Gaussian N(M1, Var) rather than NaN
                 fin = (tl.abs(a) < float("inf")) & (tl.abs(b) < float("inf")) & (tl.abs(beta) < float("inf"))
                 a = tl.where(fin, a, 0.0)
                 b = tl.where(fin, b, 0.0)
                 beta = tl.where(fin, beta, 1.0)
-                s2fit = tl.maximum(beta * vf, 0.0).to(tl.float64)
-                s2out = (beta * vf).to(tl.float32)
-                off1 = a.to(tl.float64)
-                off2 = b.to(tl.float64)
+                s2fit = tl.maximum(beta * var, 0.0)
+                s2out = (beta * var).to(tl.float32)
+                off1 = a
+                off2 = b
                 sd = tl.sqrt(s2fit)
 
             if MODE == 3:  # DENOISE
@@ -408,12 +447,16 @@ def _is_interpreted(fn) -> bool:
 
 @functools.lru_cache(maxsize=1)
 def _cpu_kernel():
-    """The kernel run by Triton's interpreter (for CPU tensors), whatever TRITON_INTERPRET was at import."""
+    """The kernel run by Triton's interpreter (for CPU tensors), whatever TRITON_INTERPRET was at import.
+    Imported without it, the kernel's helpers are compiled-only jit functions, which the interpreter
+    cannot call: the interpreted kernel then reads interpreted copies of them (its own globals)."""
     if _is_interpreted(_gms_step_kernel):
         return _gms_step_kernel
     from triton.runtime.interpreter import InterpretedFunction
 
-    return InterpretedFunction(_gms_step_kernel.fn)
+    fn = _gms_step_kernel.fn
+    env = dict(fn.__globals__, _adan_loop=InterpretedFunction(_adan_loop.fn))
+    return InterpretedFunction(types.FunctionType(fn.__code__, env, fn.__name__, fn.__defaults__, fn.__closure__))
 
 
 def _launch_compiled(grid, *args, **kwargs) -> None:
@@ -517,6 +560,10 @@ def fused_step(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | None, e3:
         launch, (block, warps) = _launch_interpreted, (INTERPRETER_BLOCK, 4)
     else:
         launch, (block, warps) = _launch_compiled, GPU_CONFIGS[mode]
+    fit_fp64 = bool(ADAN_FP64 if cfg.adan_fp64 is None else cfg.adan_fp64)
+    extra = {}
+    if device.type != "cpu" and mode == MODE_ADAN and not fit_fp64 and ADAN_FP32_MAXNREG is not None:
+        extra["maxnreg"] = ADAN_FP32_MAXNREG
     nonfinite = torch.zeros(1, dtype=torch.int32, device=device) if nonfinite_flag is None else nonfinite_flag
     launch((triton.cdiv(total, block),),
            x, rows[0][0], rows[1][0], rows[2][0], seeds, indices, out, mu1, mu2, s2, scal, adan, bases, nonfinite,
@@ -524,11 +571,49 @@ def fused_step(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | None, e3:
            MODE=mode, NEED_VAR=needs >= 2, NEED_M3=needs >= 3, HAS_RANGE=bool(cfg.has_range),
            PER_PIXEL=bool(cfg.per_pixel), WRITE_PARAMS=bool(return_params),
            ITERS=len(cfg.lrs) if mode == MODE_ADAN else 0,
-           ADAN_DTYPE=tl.float64 if (ADAN_FP64 if cfg.adan_fp64 is None else cfg.adan_fp64) else tl.float32,
-           OUT_FP64=out.dtype == torch.float64, BLOCK=block, num_warps=warps, enable_fp_fusion=FP_FUSION)
+           FIT_FP64=fit_fp64, OUT_FP64=out.dtype == torch.float64, BLOCK=block, num_warps=warps,
+           enable_fp_fusion=FP_FUSION, **extra)
     if nonfinite_flag is None and mode != MODE_DEBUG_RNG and nonfinite.item():  # (the step's one host sync)
         raise NonFiniteInput("the fused step read a NaN or inf in x_t or a head")
     return out, params
+
+
+def compile_offline(mode: int, fit_fp64: bool = False, iters: int = 25, arch: int = 90,
+                    maxnreg: int | None = None) -> dict[str, str]:
+    """Compile the kernel for an NVIDIA GPU of compute capability ``arch`` without one (Triton's own
+    ptxas), as ``fused_step`` launches it for fp32 tensors: {'ptx', 'cubin' (hex), 'resources'}, the
+    latter cuobjdump's register and stack use. Needs triton imported without TRITON_INTERPRET."""
+    import os
+    import subprocess
+    import tempfile
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    if _is_interpreted(_gms_step_kernel):
+        raise RuntimeError("triton was imported with TRITON_INTERPRET=1: the kernel cannot be compiled")
+    pointers = dict.fromkeys(["X", "E1", "E2", "E3", "OUT", "MU1", "MU2", "S2"], "*fp32")
+    pointers.update(SEEDS="*i64", IDX="*i64", SCAL="*fp64", ADAN="*fp64", BASES="*i64", NONFINITE="*i32")
+    block, warps = GPU_CONFIGS[mode]
+    needs = {MODE_DENOISE: 1, MODE_GAUSSIAN: 2, MODE_DEBUG_RNG: 0}.get(mode, 3)
+    constants = dict(MODE=mode, NEED_VAR=needs >= 2, NEED_M3=needs >= 3, HAS_RANGE=True, PER_PIXEL=False,
+                     WRITE_PARAMS=True, ITERS=iters if mode == MODE_ADAN else 0, FIT_FP64=fit_fp64,
+                     OUT_FP64=False, BLOCK=block)
+    names = _gms_step_kernel.arg_names
+    signature = {n: pointers.get(n, "constexpr" if n in constants else "i64") for n in names}
+    source = ASTSource(fn=_gms_step_kernel, signature=signature,
+                       constexprs={(names.index(n),): v for n, v in constants.items()})
+    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),
+                              options={"num_warps": warps, "enable_fp_fusion": FP_FUSION,
+                                       **({"maxnreg": maxnreg} if maxnreg else {})})
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.cubin")
+        with open(path, "wb") as f:
+            f.write(compiled.asm["cubin"])
+        usage = subprocess.run([cuobjdump, "-res-usage", path], capture_output=True, text=True, check=True).stdout
+    resources = " ".join(line.strip() for line in usage.splitlines() if "REG:" in line)
+    return {"ptx": compiled.asm["ptx"], "cubin": compiled.asm["cubin"].hex(), "resources": resources}
 
 
 def _draw_streams(seeds: torch.Tensor, indices: torch.Tensor, t: int, shape, per_pixel: bool,
