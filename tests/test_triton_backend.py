@@ -534,6 +534,14 @@ def test_through_gk_step(monkeypatch):
         assert fast.dtype == ref.dtype and torch.allclose(fast, ref, rtol=1e-5, atol=1e-6)
 
 
+def _run_without_interpret(code: str, timeout: int) -> None:
+    """Runs ``code`` in a fresh Python whose first ``import triton`` sees no TRITON_INTERPRET; it must
+    print 'ok'."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
+
+
 @pytest.mark.skipif(_CUDA, reason="checks the CPU interpreter path")
 def test_cpu_tensors_run_whatever_the_import_order():
     """triton imported without TRITON_INTERPRET (its own jit helpers compiled for GPU) still runs
@@ -565,9 +573,7 @@ def test_cpu_tensors_run_whatever_the_import_order():
         "    pass\n"
         "print('ok')\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
+    _run_without_interpret(code, timeout=120)
 
 
 @pytest.mark.skipif(_CUDA, reason="the GPU tests launch the compiled kernel itself")
@@ -583,9 +589,7 @@ def test_kernel_compiles_for_hopper_without_a_gpu():
         "    print(mode, fp64, r['resources'])\n"
         "print('ok')\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
+    _run_without_interpret(code, timeout=300)
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's numpy

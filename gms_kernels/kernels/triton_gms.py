@@ -169,21 +169,12 @@ if triton is not None:
         aw1 = tl.load(SCAL + S_W1).to(DT)
         w2 = tl.load(SCAL + S_W2).to(DT)
         gs = tl.load(SCAL + S_GRAD_SCALE).to(DT)
-        a = tl.full([BLOCK], 0.0, DT)
+        zero = tl.full([BLOCK], 0.0, DT)
+        a = zero
         b = tl.full([BLOCK], -ADAN_GAP, DT)
         beta = tl.full([BLOCK], ADAN_BETA0, DT)
-        ma = tl.full([BLOCK], 0.0, DT)
-        mb = tl.full([BLOCK], 0.0, DT)
-        mc = tl.full([BLOCK], 0.0, DT)
-        va = tl.full([BLOCK], 0.0, DT)
-        vb = tl.full([BLOCK], 0.0, DT)
-        vc = tl.full([BLOCK], 0.0, DT)
-        na = tl.full([BLOCK], 0.0, DT)
-        nb = tl.full([BLOCK], 0.0, DT)
-        nc = tl.full([BLOCK], 0.0, DT)
-        pa = tl.full([BLOCK], 0.0, DT)
-        pb = tl.full([BLOCK], 0.0, DT)
-        pc = tl.full([BLOCK], 0.0, DT)
+        # the optimiser's state (m, v, n and the previous gradient per parameter) starts at zero
+        ma, mb, mc, va, vb, vc, na, nb, nc, pa, pb, pc = zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero
         for k in range(ITERS):
             s2 = beta * vf
             cm1 = aw1 * a + w2 * b  # central moments of the mixture about M1
