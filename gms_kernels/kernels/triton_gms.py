@@ -63,13 +63,11 @@ ADAN_FP32_MAXNREG: int | None = None
 # FMA contraction off: the fp64 moments then round exactly like the torch reference (IEEE +-*/)
 FP_FUSION = False
 # ADAN's loop in fp64 or fp32 when the step's ``adan_precision`` option is None: fp32, like the C++
-# kernel (elements outside ADAN_FP32_LIMITS are refitted in fp64). fit_adan is ill-conditioned:
-# perturbing its input moments by 1e-15 (relative) moves mu1/mu2 of some elements by ~1e-11 after 25
-# iterations of lr 0.06 and by ~1e-6 after 70. With fp32 rounding (~1e-7), 1-2% of the elements of a
-# test batch move by more than 1e-5 sd (up to 2e-3) after 5-25 iterations, and about half of them
-# (up to 1.4% sd) after 70: equally valid fits (the reference moves as much under 8-ulp changes of
-# its inputs), but not the reference's own numbers. fp64 follows the reference to its own
-# sensitivity and is 2.2-2.3x slower on an H200 (benchmarks/results/gpu-*.md).
+# kernel (elements outside ADAN_FP32_LIMITS are refitted in fp64). fit_adan is ill-conditioned, and
+# from about 40 iterations on the fp32 trajectory parts from the fp64 reference's: at 70 the median
+# element's mixture mean is off M1 by ~1e-3 sd instead of ~1e-4 sd, the worst equally in both
+# (benchmarks/results/adan-precision.md). fp64 follows the reference to its own sensitivity and is
+# 2.2-2.3x slower on an H200 (benchmarks/results/gpu-*.md).
 ADAN_FP64 = False
 
 # Slots of the fp64 scalar table. Every product of Python floats is formed on the host exactly as
