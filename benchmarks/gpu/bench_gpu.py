@@ -25,6 +25,7 @@ import statistics
 import sys
 from pathlib import Path
 from typing import Callable
+from unittest import mock
 
 import torch
 
@@ -284,7 +285,7 @@ def main() -> None:
     breakdown = step_breakdown(env, schedule)
     peaks = ceilings(env)
     print("ceilings:", peaks, flush=True)
-    rows, perf, sweep, adan32 = [], [], [], []
+    rows, perf, sweep, precision_rows = [], [], [], []
     for size, shape in env.sizes.items():
         sets = env.input_sets(shape)
         x_t, out = sets[0]
@@ -307,29 +308,24 @@ def main() -> None:
                         f"{100 * gf / (peaks['float32 FMA TFLOP/s'] * 1e3):.0f}% of fp32) |")
             if fit != "closed":  # the ADAN loop in fp64 instead of the default fp32
                 wide = env.graph_seconds(kernel_calls(sets, fit, dict(options, adan_precision="float64"), schedule))
-                adan32.append(f"| {size} | {fit} | {kernel * 1e6:.1f} us | {wide * 1e6:.1f} us | {wide / kernel:.2f}x |")
-                print(adan32[-1], flush=True)
+                precision_rows.append(f"| {size} | {fit} | {kernel * 1e6:.1f} us | {wide * 1e6:.1f} us | {wide / kernel:.2f}x |")
+                print(precision_rows[-1], flush=True)
         if size == "imagenet64-b100":  # launch configurations of the two fits, at the larger size
             for fit in ("closed", "adan-25"):
                 mode = MODE_CLOSED if fit == "closed" else MODE_ADAN
                 default = tg.GPU_CONFIGS[mode]
+                calls = kernel_calls(sets, fit, env.fits[fit], schedule)  # (they read the settings at launch)
                 cells = []
                 for config in (SWEEP[:1] if env.smoke else SWEEP + (default,)):  # the default twice: the spread
-                    tg.GPU_CONFIGS[mode] = config
-                    try:
-                        sec = env.graph_seconds(kernel_calls(sets, fit, env.fits[fit], schedule))
-                    finally:
-                        tg.GPU_CONFIGS[mode] = default
+                    with mock.patch.dict(tg.GPU_CONFIGS, {mode: config}):
+                        sec = env.graph_seconds(calls)
                     mark = " (default)" if config == default else ""
                     cells.append(f"{config[0]}x{config[1]}{mark}: {sec * 1e6:.1f} us")
                 if fit != "closed":  # the register cap of the fp32 mode (see triton_gms.ADAN_FP32_MAXNREG)
                     default_cap = tg.ADAN_FP32_MAXNREG
                     for cap in ((64,) if env.smoke else (64, 80, 96, None, default_cap)):
-                        tg.ADAN_FP32_MAXNREG = cap
-                        try:
-                            sec = env.graph_seconds(kernel_calls(sets, fit, env.fits[fit], schedule))
-                        finally:
-                            tg.ADAN_FP32_MAXNREG = default_cap
+                        with mock.patch.object(tg, "ADAN_FP32_MAXNREG", cap):
+                            sec = env.graph_seconds(calls)
                         cells.append(f"maxnreg {cap}{' (default)' if cap == default_cap else ''}: {sec * 1e6:.1f} us")
                 sweep.append(f"| {fit} | " + " | ".join(cells) + " |")
                 print(sweep[-1], flush=True)
@@ -375,7 +371,7 @@ def main() -> None:
              "achieved arithmetic (flops per element as in cpu.md) |",
              "|---|---|---|---|---|", *perf, "",
              "## ADAN's loop in fp32 (the default) and fp64 (`adan_precision=\"float64\"`)", "",
-             "| elements | fit | fp32 loop | fp64 loop | fp64 / fp32 |", "|---|---|---|---|---|", *adan32, "",
+             "| elements | fit | fp32 loop | fp64 loop | fp64 / fp32 |", "|---|---|---|---|---|", *precision_rows, "",
              "## Launch configurations (BLOCK x num_warps), kernel device time, imagenet64-b100", "",
              "The default is timed twice: the difference between them is the noise.", "",
              "| fit | configurations |", "|---|---|", *sweep]
