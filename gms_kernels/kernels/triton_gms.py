@@ -56,10 +56,13 @@ GPU_CONFIGS = {MODE_GAUSSIAN: (512, 4), MODE_DENOISE: (512, 4), MODE_CLOSED: (25
                MODE_DEBUG_RNG: (512, 4)}
 INTERPRETER_BLOCK = 1024
 # Register cap for ADAN's default fp32 mode (None: ptxas's choice). Its rarely taken fp64 branch
-# takes the kernel from 64 registers to 128 (triton 3.8, compile_offline), which halves the blocks an
-# SM holds; a cap spills in the branch instead (maxnreg 80: 216 bytes of stack). Which is faster is
-# not measured yet: bench_gpu.py times both.
-ADAN_FP32_MAXNREG: int | None = None
+# takes the kernel from 64 registers to 128 (triton 3.8, compile_offline), which would halve the
+# blocks of 256 threads an SM holds (2 instead of the 3 of the fp32 kernel timed on the H200, at 74
+# registers). Capped at 80, 3 blocks fit again; the fp32 loop stays free of spills (its SASS has no
+# local loads or stores; test_kernel_compiles_for_hopper_without_a_gpu), the fp64 loop reloads 3
+# values per iteration, and the code around the loops spills some 50 values once per element.
+# Not yet timed on a GPU: bench_gpu.py sweeps 64, 80, 96 and no cap.
+ADAN_FP32_MAXNREG: int | None = 80
 # FMA contraction off: the fp64 moments then round exactly like the torch reference (IEEE +-*/)
 FP_FUSION = False
 # ADAN's loop in fp64 or fp32 when the step's ``adan_precision`` option is None: fp32, like the C++
@@ -465,6 +468,15 @@ def _launch_interpreted(grid, *args, **kwargs) -> None:
         _cpu_kernel()[grid](*args, **kwargs)
 
 
+def _gpu_launch_options(mode: int, fit_fp64: bool) -> tuple[int, dict]:
+    """BLOCK and the compile options of a launch on the GPU (GPU_CONFIGS, ADAN_FP32_MAXNREG)."""
+    block, warps = GPU_CONFIGS[mode]
+    options = {"num_warps": warps}
+    if mode == MODE_ADAN and not fit_fp64 and ADAN_FP32_MAXNREG is not None:
+        options["maxnreg"] = ADAN_FP32_MAXNREG
+    return block, options
+
+
 def _new_output(shape, dtype, device) -> torch.Tensor:
     """Allocates every output (a hook for tests, which poison them)."""
     return torch.empty(shape, dtype=dtype, device=device)
@@ -545,14 +557,11 @@ def fused_step(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | None, e3:
     scal, adan, bases = _device_tables(cfg, str(device))
     mu1, mu2, s2 = (params.mu1, params.mu2, params.s2) if want else (out, out, out)  # (out: never written)
 
-    if device.type == "cpu":
-        launch, (block, warps) = _launch_interpreted, (INTERPRETER_BLOCK, 4)
-    else:
-        launch, (block, warps) = _launch_compiled, GPU_CONFIGS[mode]
     fit_fp64 = bool(ADAN_FP64 if cfg.adan_fp64 is None else cfg.adan_fp64)
-    extra = {}
-    if device.type != "cpu" and mode == MODE_ADAN and not fit_fp64 and ADAN_FP32_MAXNREG is not None:
-        extra["maxnreg"] = ADAN_FP32_MAXNREG
+    if device.type == "cpu":
+        launch, block, options = _launch_interpreted, INTERPRETER_BLOCK, {"num_warps": 4}
+    else:
+        launch, (block, options) = _launch_compiled, _gpu_launch_options(mode, fit_fp64)
     nonfinite = torch.zeros(1, dtype=torch.int32, device=device) if nonfinite_flag is None else nonfinite_flag
     launch((triton.cdiv(total, block),),
            x, rows[0][0], rows[1][0], rows[2][0], seeds, indices, out, mu1, mu2, s2, scal, adan, bases, nonfinite,
@@ -560,18 +569,18 @@ def fused_step(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | None, e3:
            MODE=mode, NEED_VAR=needs >= 2, NEED_M3=needs >= 3, HAS_RANGE=bool(cfg.has_range),
            PER_PIXEL=bool(cfg.per_pixel), WRITE_PARAMS=bool(return_params),
            ITERS=len(cfg.lrs) if mode == MODE_ADAN else 0,
-           FIT_FP64=fit_fp64, OUT_FP64=out.dtype == torch.float64, BLOCK=block, num_warps=warps,
-           enable_fp_fusion=FP_FUSION, **extra)
+           FIT_FP64=fit_fp64, OUT_FP64=out.dtype == torch.float64, BLOCK=block, enable_fp_fusion=FP_FUSION,
+           **options)
     if nonfinite_flag is None and mode != MODE_DEBUG_RNG and nonfinite.item():  # (the step's one host sync)
         raise NonFiniteInput("the fused step read a NaN or inf in x_t or a head")
     return out, params
 
 
-def compile_offline(mode: int, fit_fp64: bool = False, iters: int = 25, arch: int = 90,
-                    maxnreg: int | None = None) -> dict[str, str]:
+def compile_offline(mode: int, fit_fp64: bool = False, iters: int = 25, arch: int = 90) -> dict[str, str]:
     """Compile the kernel for an NVIDIA GPU of compute capability ``arch`` without one (Triton's own
-    ptxas), as ``fused_step`` launches it for fp32 tensors: {'ptx', 'cubin' (hex), 'resources'}, the
-    latter cuobjdump's register and stack use. Needs triton imported without TRITON_INTERPRET."""
+    ptxas), as ``fused_step`` launches it for fp32 tensors: {'ptx', 'sass', 'resources'}, the SASS
+    from nvdisasm and cuobjdump's register and stack use. Needs triton imported without
+    TRITON_INTERPRET."""
     import os
     import subprocess
     import tempfile
@@ -583,7 +592,7 @@ def compile_offline(mode: int, fit_fp64: bool = False, iters: int = 25, arch: in
         raise RuntimeError("triton was imported with TRITON_INTERPRET=1: the kernel cannot be compiled")
     pointers = dict.fromkeys(["X", "E1", "E2", "E3", "OUT", "MU1", "MU2", "S2"], "*fp32")
     pointers.update(SEEDS="*i64", IDX="*i64", SCAL="*fp64", ADAN="*fp64", BASES="*i64", NONFINITE="*i32")
-    block, warps = GPU_CONFIGS[mode]
+    block, options = _gpu_launch_options(mode, fit_fp64)
     needs = {MODE_DENOISE: 1, MODE_GAUSSIAN: 2, MODE_DEBUG_RNG: 0}.get(mode, 3)
     constants = dict(MODE=mode, NEED_VAR=needs >= 2, NEED_M3=needs >= 3, HAS_RANGE=True, PER_PIXEL=False,
                      WRITE_PARAMS=True, ITERS=iters if mode == MODE_ADAN else 0, FIT_FP64=fit_fp64,
@@ -593,16 +602,17 @@ def compile_offline(mode: int, fit_fp64: bool = False, iters: int = 25, arch: in
     source = ASTSource(fn=_gms_step_kernel, signature=signature,
                        constexprs={(names.index(n),): v for n, v in constants.items()})
     compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),
-                              options={"num_warps": warps, "enable_fp_fusion": FP_FUSION,
-                                       **({"maxnreg": maxnreg} if maxnreg else {})})
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+                              options={"enable_fp_fusion": FP_FUSION, **options})
+    tool = lambda name: os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "kernel.cubin")
         with open(path, "wb") as f:
             f.write(compiled.asm["cubin"])
-        usage = subprocess.run([cuobjdump, "-res-usage", path], capture_output=True, text=True, check=True).stdout
+        run = lambda *cmd: subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+        usage = run(tool("cuobjdump"), "-res-usage", path)
+        sass = run(tool("nvdisasm"), "-c", path)
     resources = " ".join(line.strip() for line in usage.splitlines() if "REG:" in line)
-    return {"ptx": compiled.asm["ptx"], "cubin": compiled.asm["cubin"].hex(), "resources": resources}
+    return {"ptx": compiled.asm["ptx"], "sass": sass, "resources": resources}
 
 
 def _draw_streams(seeds: torch.Tensor, indices: torch.Tensor, t: int, shape, per_pixel: bool,
