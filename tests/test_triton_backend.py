@@ -22,6 +22,7 @@ finally:
     else:
         os.environ["TRITON_INTERPRET"] = _PREVIOUS_INTERPRET
 
+import collections  # noqa: E402
 import inspect  # noqa: E402
 import math  # noqa: E402
 import subprocess  # noqa: E402
@@ -686,3 +687,37 @@ def test_sample_reports_a_non_finite_model_output_one_network_call_later(monkeyp
     b = gk.sample(good, x_T=x_T, steps=5, schedule=SCHEDULE, generator=0, progress=False, backend="triton",
                   callback=lambda info: None)
     assert torch.isfinite(a).all() and torch.equal(a, b)
+
+
+def test_sample_loop_reads_nothing_on_the_host_per_step_but_the_deferred_flag(monkeypatch):
+    """On a GPU every host read of tensor data (item, bool, int, tolist, numpy, cpu) waits for the
+    queue. gk.sample's Triton loop reads one thing per step: the previous step's NaN/inf flag, once
+    the next network call is queued. Counted on CPU tensors, without the reads that only host
+    tensors take (the launcher's counter-range check) and with the kernel launch stubbed out (the
+    interpreter reads its inputs on the host)."""
+    if _CUDA:
+        pytest.skip("counts the reads of the loop on CPU tensors")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(tg, "_launch_interpreted", lambda grid, *args, **kwargs: None)
+    reads = []
+    for name in ("item", "tolist", "__bool__", "__int__", "__float__", "numpy", "cpu"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, _name=name, **kwargs):
+            caller = sys._getframe(1).f_code.co_name
+            if caller != "check_counter_range":
+                reads.append((_name, caller))
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+
+    def model(x, t):
+        return torch.cat([x * 0.1, x * x * 0.01 + 0.5, x * 0.0], 1)
+
+    per_run = {}
+    for steps in (3, 7):
+        gk.sample(model, shape=(2, 3, 4, 4), steps=steps, backend="triton", progress=False, generator=0,
+                  schedule=SCHEDULE)  # (the schedule is built outside: its own set-up reads tensors)
+        per_run[steps], reads[:] = collections.Counter(reads), []
+    assert per_run[7] - per_run[3] == collections.Counter({("item", "raise_if_set"): 4}), per_run
+    assert not per_run[3] - per_run[7]
