@@ -16,6 +16,8 @@ from typing import Sequence
 
 import torch
 
+from .devices import to_device_async
+
 _MASK32 = 0xFFFFFFFF
 _ROUND_A, _ROUND_B = 0xD2511F53, 0xCD9E8D57
 _KEY_A, _KEY_B = 0x9E3779B9, 0xBB67AE85
@@ -165,13 +167,12 @@ class SampleNoise:
         return self.seeds.numel()
 
     def on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """(seeds, indices) on ``device``, copied once and kept: a copy from pageable host memory
-        waits for the device's queue to drain, which a sampling loop should pay once, not per step."""
+        """(seeds, indices) on ``device``, copied once (without waiting for the device's queue) and kept."""
         if self.seeds.device == device:
             return self.seeds, self.indices
         key = str(device)
         if key not in self._on_device:
-            self._on_device[key] = tuple(torch.stack([self.seeds, self.indices]).to(device))
+            self._on_device[key] = tuple(to_device_async(torch.stack([self.seeds, self.indices]), device))
         return self._on_device[key]
 
     def check_capacity(self, per_sample: int) -> None:

@@ -6,6 +6,7 @@ from typing import Any, Callable, Sequence
 import torch
 from tqdm.auto import tqdm
 
+from .devices import to_device_async
 from .model_io import call_model, check_inputs_finite, check_time_input, split_heads
 from .moments import DataRange, check_data_range
 from .random import STREAM_INITIAL, GeneratorLike, SampleNoise
@@ -19,13 +20,19 @@ Model = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 def step(x_t: torch.Tensor, model_output: torch.Tensor | None, t: int, s: int, schedule: Schedule,
          solver: str = "gms", generator: GeneratorLike = None, *, data_range: DataRange = (-1.0, 1.0),
          noise: torch.Tensor | None = None, uniform: torch.Tensor | None = None, first_index: int = 0,
-         return_info: bool = False, backend: str = "auto", **options: Any) -> torch.Tensor | tuple[torch.Tensor, dict]:
+         return_info: bool = False, backend: str = "auto", nonfinite_flag: torch.Tensor | None = None,
+         **options: Any) -> torch.Tensor | tuple[torch.Tensor, dict]:
     """One transition x_t -> x_s (s < t; s = -1 means data) for use inside any sampling loop.
 
     ``model_output`` holds the heads [e1, e2, e3] concatenated along dim 1. Randomness comes from
     ``generator`` (int seed, torch.Generator, or one per sample) or from explicit ``noise``/``uniform``.
     ``backend``: ``"auto"`` (Triton on CUDA, C++ on CPU, else torch), ``"triton"``, ``"cpp"`` or
     ``"torch"`` (the float64 reference); ``GMS_KERNELS_BACKEND`` overrides it.
+    A NaN or inf in x_t or the heads raises a ValueError. The Triton kernel reports one through a
+    flag on the device, which costs a host sync to read; pass ``nonfinite_flag`` (an int32 tensor
+    of one element on x_t's device, zero) to have the kernel set it to 1 instead, and read it
+    yourself before trusting x_s (e.g. once the next network call is queued, as :func:`sample`
+    and :class:`gms_kernels.GMSScheduler` do). The other backends raise at once and ignore it.
     Returns x_s in the dtype of x_t (and the fitted quantities if ``return_info``).
     """
     spec = get_solver(solver)
@@ -38,7 +45,7 @@ def step(x_t: torch.Tensor, model_output: torch.Tensor | None, t: int, s: int, s
         source = SampleNoise.create(generator, x_t.shape[0], first_index)
     rand = StepRandomness(source, t, x_t, noise, uniform)
     x_s, info = solver_step(solver, x_t, heads, k, rand, data_range, schedule.T, options,
-                            resolve_backend(backend, x_t.device), return_info, where)
+                            resolve_backend(backend, x_t.device), return_info, where, nonfinite_flag)
     if x_s.dtype != x_t.dtype:
         x_s = x_s.to(x_t.dtype)
     return (x_s, info) if return_info else x_s
@@ -86,7 +93,7 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
             raise ValueError(f"shape must be (N, C, ...) with a channel dimension, got {shape}")
         noise = SampleNoise.create(generator, shape[0], first_index)
         x = noise.normal(STREAM_INITIAL, 0, shape[1:]).to(dtype)
-        x = x.to(device) if device is not None else x
+        x = to_device_async(x, device) if device is not None else x
     else:
         if shape is not None and tuple(shape) != tuple(x_T.shape):
             raise ValueError(f"shape {tuple(shape)} does not match x_T's shape {tuple(x_T.shape)}")
@@ -108,7 +115,7 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
             heads = split_heads(out, x, spec.heads, solver, where, check_finite=False)
         if pending is not None:
             pending.raise_if_set()
-        pending = _DeferredFiniteCheck(x, heads, where) if defer_check else None
+        pending = DeferredFiniteCheck(x, heads, where) if defer_check else None
         rand = StepRandomness(noise, t, x)
         x_new, info = solver_step(solver, x, heads, k, rand, data_range, schedule.T, solver_options,
                                   backend, callback is not None, where, None if pending is None else pending.flag)
@@ -122,13 +129,13 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
     return x
 
 
-class _DeferredFiniteCheck:
-    """The Triton kernel's NaN/inf flag for one step of a sampling loop, read only once the next
-    network call is queued: the read then finds the step's kernel done, and the device never idles
-    while the host catches up (an immediate read costs a sync per step). On CUDA the flag travels
-    to pinned host memory behind the kernel and an event marks its arrival, since ``.item()`` would
-    wait for the whole queue, the next network call included. The step's inputs are kept to name
-    the culprit."""
+class DeferredFiniteCheck:
+    """The Triton kernel's NaN/inf flag for one step of a sampling loop (:func:`sample`, the
+    scheduler), read only once the next network call is queued: the read then finds the step's
+    kernel done, and the device never idles while the host catches up (an immediate read costs a
+    sync per step). On CUDA the flag travels to pinned host memory behind the kernel and an event
+    marks its arrival, since ``.item()`` would wait for the whole queue, the next network call
+    included. The step's inputs are kept to name the culprit."""
 
     def __init__(self, x_t: torch.Tensor, heads: list[torch.Tensor], where: str):
         self.flag = torch.zeros(1, dtype=torch.int32, device=x_t.device)

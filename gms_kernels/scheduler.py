@@ -16,6 +16,12 @@ Conventions (reference-notes 9):
 - ``generator`` (None, a ``torch.Generator``, an int seed, or a list of one of those per sample) is
   used at every step: each generator gives one 62-bit seed per step, which keys the counter-based
   Philox streams of :mod:`gms_kernels.random`, so sample i depends only on generator i.
+- A NaN or inf in the sample or the model output raises a ValueError that names the timestep.
+  With the Triton backend the kernel's flag for it is read at the next ``step`` (by then the
+  network call queued in between runs after the kernel, so the read does not stall the device),
+  and at once for the last step; ``set_timesteps`` reads a flag left by an unfinished loop.
+- A timestep that is an element of ``self.timesteps`` (as ``for t in scheduler.timesteps``
+  gives) is located by its position, without reading its value from the device.
 - fp16/bf16 samples are upcast (at least float32; the torch reference computes in float64) and
   the result is cast back, so half-precision pipelines do not produce NaN from scheduler maths.
 
@@ -32,9 +38,10 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.utils import BaseOutput
 
-from .backends import BACKENDS
+from .backends import BACKENDS, resolve_backend
 from .moments import check_data_range, clamp_x0_moments, x0_moments
-from .sampling import step as gk_step
+from .model_io import split_heads
+from .sampling import DeferredFiniteCheck, step as gk_step
 from .schedule import DATA, TRAJECTORY_KINDS, Schedule, trajectory
 from .solvers import SOLVERS, get_solver, resolve_options
 
@@ -172,6 +179,7 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
 
         self.num_inference_steps: int | None = None
         self.custom_timesteps = False
+        self._pending: DeferredFiniteCheck | None = None  # the last Triton step's NaN/inf flag, not yet read
         self._set(list(range(num_train_timesteps - 1, -1, -1)), None)
 
     # -- configuration -----------------------------------------------------------------------------
@@ -192,6 +200,7 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
 
     # -- timesteps ---------------------------------------------------------------------------------
     def _set(self, ts: list[int], device: torch.device | str | None) -> None:
+        self._check_pending()  # (a loop left before its last step)
         self._ts = ts
         self._position = {t: i for i, t in enumerate(ts)}
         self.timesteps = torch.tensor(ts, dtype=torch.long, device=device)
@@ -231,6 +240,9 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
 
     def _index(self, timestep: int | torch.Tensor) -> int:
         if torch.is_tensor(timestep):
+            i = self._position_in_timesteps(timestep)
+            if i is not None:
+                return i
             values = timestep.flatten().unique()
             if values.numel() != 1:
                 raise ValueError(f"step() takes one timestep for the whole batch, got {timestep.tolist()}")
@@ -241,6 +253,23 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
                              f"{self._ts[0]} ... {self._ts[-1]}); call set_timesteps and step through "
                              "scheduler.timesteps")
         return self._position[t]
+
+    def _position_in_timesteps(self, timestep: torch.Tensor) -> int | None:
+        """Where ``timestep`` sits in ``self.timesteps`` when it is one of its elements (``for t in
+        scheduler.timesteps`` yields such views), found from its memory, not its value: reading a
+        device tensor's value waits for the device's queue. None for any other tensor."""
+        own = self.timesteps
+        if (timestep.numel() != 1 or timestep.dtype != own.dtype or timestep.device != own.device
+                or timestep.untyped_storage().data_ptr() != own.untyped_storage().data_ptr()):
+            return None
+        i = timestep.storage_offset() - own.storage_offset()
+        return i if 0 <= i < len(self._ts) else None
+
+    def _check_pending(self) -> None:
+        """Read the NaN/inf flag of the last Triton step, if one is still unread."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.raise_if_set()
 
     # -- diffusers interface -----------------------------------------------------------------------
     def scale_model_input(self, sample: torch.Tensor, timestep: int | torch.Tensor | None = None) -> torch.Tensor:
@@ -254,13 +283,26 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
         C for ddpm/ddim). Returns ``GMSSchedulerOutput(prev_sample, pred_original_sample)`` or, with
         ``return_dict=False``, the tuple ``(prev_sample, pred_original_sample)``.
         """
-        t = self._ts[self._index(timestep)]
-        s = self.previous_timestep(t)
+        i = self._index(timestep)
+        t = self._ts[i]
+        s = self._ts[i + 1] if i + 1 < len(self._ts) else DATA
         work = sample.dtype if sample.dtype in (torch.float32, torch.float64) else torch.float32
         x_t = sample.to(work)
         out = model_output.to(device=sample.device, dtype=work)
+        # The previous step's flag: the network call queued since then runs after that step's kernel,
+        # so this read does not wait for it. This step's flag is read at the next step, or at once
+        # for the last step (to the data), so that a loop never ends on an unread flag.
+        self._check_pending()
+        pending = None
+        if s != DATA and resolve_backend(self.config.backend, sample.device) == "triton":
+            heads = split_heads(out, x_t, self._spec.heads, self.config.solver, check_finite=False)
+            pending = DeferredFiniteCheck(x_t, heads, f"at timestep {t} ")
         prev = gk_step(x_t, out, t, s, self.schedule, self.config.solver, _seeds(generator),
-                       data_range=self._data_range, backend=self.config.backend, **self._options)
+                       data_range=self._data_range, backend=self.config.backend,
+                       nonfinite_flag=None if pending is None else pending.flag, **self._options)
+        if pending is not None:
+            pending.launched()
+            self._pending = pending
         x0 = self._pred_original(x_t, out, t)
         prev, x0 = prev.to(sample.dtype), x0.to(sample.dtype)
         if not return_dict:

@@ -1,4 +1,6 @@
 """GMSScheduler: a diffusers scheduler around gk.step (issue 4 part 5)."""
+import collections
+
 import pytest
 import torch
 
@@ -195,6 +197,71 @@ def test_fp16_is_upcast(solver, k):
         ref = s.step(out16.float(), t, x16.float(), generator=1).prev_sample
         torch.testing.assert_close(res.prev_sample.float(), ref, atol=1e-2, rtol=1e-2)
         x16 = res.prev_sample
+
+
+def test_timesteps_are_found_by_position_or_by_value():
+    """Elements of scheduler.timesteps (views) are located by their position; any other tensor or
+    int by its value, with the same result."""
+    s = GMSScheduler(backend="torch")
+    s.set_timesteps(6)
+    x, out = x_at(), heads()
+    for i, t in enumerate(s.timesteps):
+        for other in (t, s.timesteps[i:i + 1], t.clone(), int(t), t.expand(4)):
+            assert s._index(other) == i
+    assert s._position_in_timesteps(s.timesteps[2]) == 2
+    assert s._position_in_timesteps(s.timesteps[2].clone()) is None
+    assert torch.equal(s.step(out, s.timesteps[3], x, generator=4).prev_sample,
+                       s.step(out, int(s.timesteps[3]), x, generator=4).prev_sample)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's numpy
+def test_triton_nan_is_reported_at_the_next_step_and_at_once_at_the_last(monkeypatch):
+    """With the Triton backend a step's NaN/inf flag is read at the next step (no sync now), at once
+    for the last step, and by set_timesteps when a loop stops half-way; the error names the timestep."""
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the Triton kernel on CPU tensors
+    s = GMSScheduler(backend="triton")
+    s.set_timesteps(timesteps=[900, 600, 300])
+    x, good = x_at(2), heads(2)
+    bad = good.clone()
+    bad[1, C + 1, 2, 3] = float("nan")  # e2
+    first, middle, last = s.timesteps
+    s.step(bad, first, x, generator=0)  # queued, not read
+    with pytest.raises(ValueError, match="at timestep 900 .*head e2"):
+        s.step(good, middle, x, generator=0)
+    s.step(good, middle, x, generator=0)  # the flag was consumed with the error
+    bad_e1 = good.clone()
+    bad_e1[0, 2, 1, 1] = float("inf")  # (the last step, to the data, reads e1 only)
+    with pytest.raises(ValueError, match="at t=300 .*head e1"):  # gk.step reads the last step's flag itself
+        s.step(bad_e1, last, x, generator=0)
+    s.step(bad, middle, x, generator=0)
+    with pytest.raises(ValueError, match="at timestep 600 "):
+        s.set_timesteps(3)
+    ok = s.step(good, s.timesteps[0], x, generator=0).prev_sample
+    assert torch.isfinite(ok).all()
+
+
+def test_triton_loop_reads_nothing_on_the_host_per_step_but_the_deferred_flag(monkeypatch, host_reads):
+    """Stepping through scheduler.timesteps with the Triton backend reads one thing per step on the
+    host (each read of a device tensor waits for the device's queue): the previous step's NaN/inf
+    flag. Counted on CPU tensors with the kernel launch stubbed out."""
+    tg = pytest.importorskip("gms_kernels.kernels.triton_gms")
+    if not tg.available():
+        pytest.skip("triton is not installed")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(tg, "_launch_interpreted", lambda grid, *args, **kwargs: None)
+    s = GMSScheduler(backend="triton")
+    x, out = x_at(2), heads(2)
+    per_run, lengths = {}, {}
+    for steps in (2, 3, 7):  # (the first loop also takes the one-off reads of first use)
+        s.set_timesteps(steps)
+        lengths[steps] = len(s.timesteps)
+        for t in s.timesteps:
+            s.step(out, t, x, generator=1)
+        per_run[steps], host_reads[:] = collections.Counter(host_reads), []
+    extra = lengths[7] - lengths[3]
+    assert per_run[7] - per_run[3] == collections.Counter({("item", "raise_if_set"): extra}), per_run
+    assert not per_run[3] - per_run[7]
 
 
 def test_channel_mismatch_error():

@@ -689,27 +689,15 @@ def test_sample_reports_a_non_finite_model_output_one_network_call_later(monkeyp
     assert torch.isfinite(a).all() and torch.equal(a, b)
 
 
-def test_sample_loop_reads_nothing_on_the_host_per_step_but_the_deferred_flag(monkeypatch):
-    """On a GPU every host read of tensor data (item, bool, int, tolist, numpy, cpu) waits for the
-    queue. gk.sample's Triton loop reads one thing per step: the previous step's NaN/inf flag, once
-    the next network call is queued. Counted on CPU tensors, without the reads that only host
-    tensors take (the launcher's counter-range check) and with the kernel launch stubbed out (the
-    interpreter reads its inputs on the host)."""
+def test_sample_loop_reads_nothing_on_the_host_per_step_but_the_deferred_flag(monkeypatch, host_reads):
+    """On a GPU every host read of tensor data waits for the queue. gk.sample's Triton loop reads one
+    thing per step: the previous step's NaN/inf flag, once the next network call is queued. Counted
+    on CPU tensors, with the kernel launch stubbed out (the interpreter reads its inputs on the host)."""
     if _CUDA:
         pytest.skip("counts the reads of the loop on CPU tensors")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(tg, "_launch_interpreted", lambda grid, *args, **kwargs: None)
-    reads = []
-    for name in ("item", "tolist", "__bool__", "__int__", "__float__", "numpy", "cpu"):
-        original = getattr(torch.Tensor, name)
-
-        def counted(self, *args, _original=original, _name=name, **kwargs):
-            caller = sys._getframe(1).f_code.co_name
-            if caller != "check_counter_range":
-                reads.append((_name, caller))
-            return _original(self, *args, **kwargs)
-
-        monkeypatch.setattr(torch.Tensor, name, counted)
+    reads = host_reads
 
     def model(x, t):
         return torch.cat([x * 0.1, x * x * 0.01 + 0.5, x * 0.0], 1)
@@ -721,3 +709,87 @@ def test_sample_loop_reads_nothing_on_the_host_per_step_but_the_deferred_flag(mo
         per_run[steps], reads[:] = collections.Counter(reads), []
     assert per_run[7] - per_run[3] == collections.Counter({("item", "raise_if_set"): 4}), per_run
     assert not per_run[3] - per_run[7]
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's numpy
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+def test_gk_step_sets_a_given_nonfinite_flag_instead_of_raising(monkeypatch):
+    """With nonfinite_flag the Triton kernel reports a NaN through it and gk.step does not read it
+    (no host sync); the C++ backend raises at once whatever it is given."""
+    if not _CUDA:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    t, s = 300, 200
+    x_t, out = (v.float().to(DEVICE) for v in make_inputs((2, 3, 5, 7), t, "mixed", seed=43))
+    bad = out.clone()
+    bad[1, 4, 2, 3] = float("nan")  # e2
+    flag = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    gk.step(x_t, out, t, s, SCHEDULE, "gms", generator=0, backend="triton", nonfinite_flag=flag)
+    assert int(flag.item()) == 0
+    gk.step(x_t, bad, t, s, SCHEDULE, "gms", generator=0, backend="triton", nonfinite_flag=flag)
+    assert int(flag.item()) == 1
+    with pytest.raises(ValueError, match="head e2"):
+        gk.step(x_t, bad, t, s, SCHEDULE, "gms", generator=0, backend="triton")
+    if gk.backends.backend_available("cpp"):
+        flag.zero_()
+        with pytest.raises(ValueError, match="head e2"):
+            gk.step(x_t.cpu(), bad.cpu(), t, s, SCHEDULE, "gms", generator=0, backend="cpp",
+                    nonfinite_flag=flag.cpu())
+
+
+@pytest.mark.parametrize("options", [{"fit": "closed"}, {"fit": "adan", "fit_iters": 4},
+                                     {"fit": "adan", "fit_iters": 25}])
+def test_device_tables_are_the_host_tables_each_on_a_16_byte_boundary(options):
+    """The three tables travel as one buffer: each slice holds exactly its table and starts where
+    Triton's pointer specialisation expects (a misaligned slice would compile another variant)."""
+    tg._device_tables.cache_clear()
+    k = SCHEDULE.coefficients(500, 400)
+    cfg = make_config("gms", k, (-1.0, 1.0), resolve_options(SOLVERS["gms"], options), SCHEDULE.T, 2, 12)
+    scal, adan, bases = tg._device_tables(cfg, DEVICE)
+    assert torch.equal(scal.cpu(), torch.tensor(tg._scalar_table(cfg), dtype=torch.float64))
+    assert torch.equal(adan.cpu(), torch.tensor(tg._adan_table(cfg), dtype=torch.float64))
+    assert bases.tolist() == [rng.counter(rng.STREAM_STEP_NOISE, 500, 0), rng.counter(rng.STREAM_COMPONENT, 500, 0)]
+    assert all(v.device.type == torch.device(DEVICE).type and v.data_ptr() % 16 == 0 for v in (scal, adan, bases))
+
+
+def _count_syncs(fn) -> int:
+    """How many synchronising CUDA calls fn makes (torch's sync debug mode, one warning each)."""
+    import warnings
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchronizing" in str(w.message) for w in caught)
+
+
+@pytest.mark.skipif(not _CUDA, reason="counts CUDA synchronisations")
+def test_triton_paths_do_not_sync_the_host_but_for_the_finite_check():
+    """A sync stalls the host until the device's queue has run, a network call included. The Triton
+    paths make none, with fresh step tables (more steps than the old table cache held) and fresh
+    seeds: gk.sample none at all (it reads each step's flag through an event, once the next network
+    call is queued), gk.step exactly one (its flag) or none when given a flag to set."""
+    # the premise: sync debug mode sees the copies and reads that stall (a pageable copy, .item())
+    assert _count_syncs(lambda: torch.tensor([1.0]).to(DEVICE)) == 1
+    assert _count_syncs(lambda: torch.ones(1, device=DEVICE).item()) == 1
+
+    def model(x, t):
+        return torch.cat([x * 0.1, x * x * 0.01 + 0.5, x * 0.0], 1)
+
+    shape = (2, 3, 8, 8)
+    for fit in ("closed", "adan"):  # (compiled before counting)
+        gk.sample(model, shape=shape, steps=3, schedule=SCHEDULE, generator=0, progress=False, fit=fit,
+                  device=DEVICE)
+    tg._device_tables.cache_clear()
+    x = torch.randn(shape, device=DEVICE)
+    out = model(x, 0)
+    for fit in ("closed", "adan"):
+        assert _count_syncs(lambda: gk.sample(model, shape=shape, steps=70, schedule=SCHEDULE, generator=1,
+                                              progress=False, fit=fit, device=DEVICE)) == 0
+        assert _count_syncs(lambda: gk.step(x, out, 611, 500, SCHEDULE, "gms", generator=5, fit=fit)) == 1
+        flag = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+        assert _count_syncs(lambda: gk.step(x, out, 612, 501, SCHEDULE, "gms", generator=6, fit=fit,
+                                            nonfinite_flag=flag)) == 0

@@ -247,12 +247,14 @@ def step_breakdown(env: Setup, schedule: gk.Schedule) -> list[str]:
     seeds, indices = noise.seeds.to(env.device), noise.indices.to(env.device)
     flag = torch.zeros(1, dtype=torch.int32, device=env.device)
     parts = {
-        "gk.step (all of it)": runner("triton", "closed", x_t, out, schedule),
+        "gk.step (all of it: its flag read is one sync)": runner("triton", "closed", x_t, out, schedule),
+        "gk.step given a nonfinite_flag (no sync)": lambda: gk.step(
+            x_t, out, STEP[0], STEP[1], schedule, "gms", generator=0, nonfinite_flag=flag, **FITS["closed"]),
         "launcher + kernel + finite flag read (one sync)": lambda: tg.fused_step(
             x_t, *heads, seeds, indices, cfg),
         "launcher + kernel, flag left unread (no sync)": lambda: tg.fused_step(
             x_t, *heads, seeds, indices, cfg, nonfinite_flag=flag),
-        "launcher + kernel, flag unread, seeds and indices copied from the host": lambda: tg.fused_step(
+        "launcher + kernel, flag unread, seeds and indices copied from the host (pinned, no sync)": lambda: tg.fused_step(
             x_t, *heads, noise.seeds, noise.indices, cfg, nonfinite_flag=flag),
         "SampleNoise.create (host only)": lambda: SampleNoise.create(0, n),
         "separate finite check of x_t and 3 heads (4 reductions, 4 syncs)": lambda: check_inputs_finite(x_t, heads),

@@ -36,6 +36,7 @@ import types
 import torch
 
 from ..fit import ADAN_BETA_BOUNDS, ADAN_BETAS, ADAN_EPS, ADAN_INIT_BETA, ADAN_INIT_GAP, MixtureParams
+from ..devices import to_device_async
 from ..random import STREAM_COMPONENT, STREAM_STEP_NOISE, check_counter_range, counter
 from . import ADAN_FP32_LIMITS, MODE_ADAN, MODE_CLOSED, MODE_DENOISE, MODE_GAUSSIAN, FusedStepConfig, NonFiniteInput
 
@@ -135,13 +136,22 @@ def _adan_table(cfg: FusedStepConfig) -> list[float]:
     return rows or [0.0]
 
 
-@functools.lru_cache(maxsize=64)
+# One entry per (step, fit, device): enough for a 1000-step trajectory, so that a long sampling loop
+# run again finds every step's tables (an LRU smaller than the loop would miss at every step).
+@functools.lru_cache(maxsize=1024)
 def _device_tables(cfg: FusedStepConfig, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    scal = torch.tensor(_scalar_table(cfg), dtype=torch.float64, device=device)
-    adan = torch.tensor(_adan_table(cfg), dtype=torch.float64, device=device)
-    bases = torch.tensor([counter(STREAM_STEP_NOISE, cfg.t, 0), counter(STREAM_COMPONENT, cfg.t, 0)],
-                         dtype=torch.int64, device=device)
-    return scal, adan, bases
+    """(scalars, ADAN table, counter bases) on ``device``: one int64 buffer, copied without waiting
+    for the device's queue and sliced into the three (the float64 tables travel as their bits).
+    Each slice starts on a 16-byte boundary, as Triton's pointer specialisation expects."""
+    parts = [torch.tensor(_scalar_table(cfg), dtype=torch.float64).view(torch.int64),
+             torch.tensor(_adan_table(cfg), dtype=torch.float64).view(torch.int64),
+             torch.tensor([counter(STREAM_STEP_NOISE, cfg.t, 0), counter(STREAM_COMPONENT, cfg.t, 0)],
+                          dtype=torch.int64)]
+    padded = [torch.nn.functional.pad(p, (0, p.numel() % 2)) for p in parts]
+    both = to_device_async(torch.cat(padded), device)
+    scal, adan, bases = torch.split(both, [p.numel() for p in padded])
+    return (scal[:parts[0].numel()].view(torch.float64), adan[:parts[1].numel()].view(torch.float64),
+            bases[:parts[2].numel()])
 
 
 if triton is not None:
@@ -549,7 +559,7 @@ def fused_step(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | None, e3:
     if total == 0:
         return out, params
     if seeds.device != device or indices.device != device:  # one host-to-device copy for both
-        seeds, indices = torch.stack([seeds.reshape(-1).long(), indices.reshape(-1).long()]).to(device)
+        seeds, indices = to_device_async(torch.stack([seeds.reshape(-1).long(), indices.reshape(-1).long()]), device)
     if seeds.dtype != torch.int64 or indices.dtype != torch.int64 or not (seeds.is_contiguous() and indices.is_contiguous()):
         seeds, indices = seeds.reshape(-1).long().contiguous(), indices.reshape(-1).long().contiguous()
     x, sx = _rows(x_t, x_t, d, "x_t")
