@@ -15,7 +15,9 @@ Conventions (reference-notes 9):
   one it steps to the data (``s = -1``), like ``gk.sample``.
 - ``generator`` (None, a ``torch.Generator``, an int seed, or a list of one of those per sample) is
   used at every step: each generator gives one 62-bit seed per step, which keys the counter-based
-  Philox streams of :mod:`gms_kernels.random`, so sample i depends only on generator i.
+  Philox streams of :mod:`gms_kernels.random`, so sample i depends only on generator i. A CUDA
+  generator's seed is read back to the host at every step (a sync); an int seed or a CPU generator
+  costs none.
 - A NaN or inf in the sample or the model output raises a ValueError that names the timestep.
   With the Triton backend the kernel's flag for it is read at the next ``step`` (by then the
   network call queued in between runs after the kernel, so the read does not stall the device),
