@@ -18,6 +18,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -173,8 +174,9 @@ BREAKDOWN = {  # name: (solver, options, what the kernel does)
 }
 
 
-def breakdown(schedule: gk.Schedule, rounds: int = 20) -> list[str]:
-    """Markdown lines: the kernel-alone time of each BREAKDOWN variant and what follows from them."""
+def breakdown(schedule: gk.Schedule, rounds: int = 20) -> tuple[list[str], dict[str, list[float]]]:
+    """Markdown lines: the kernel-alone time of each BREAKDOWN variant and what follows from them;
+    and those times in ms, (fastest, median) per variant."""
     x_t, out = make_inputs(SIZES["cifar10-b100"])
     fns = {name: runner("cpp-kernel", name, x_t, out, schedule, options, solver)
            for name, (solver, options, _) in BREAKDOWN.items()}
@@ -191,6 +193,56 @@ def breakdown(schedule: gk.Schedule, rounds: int = 20) -> list[str]:
               f"- Everything but the fit (adan-25 - 25 iterations): {fmt(rest)}, that is "
               f"{100 * rest[0] / t['adan-25'][0]:.0f}% / {100 * rest[1] / t['adan-25'][1]:.0f}% of adan-25; "
               f"the Gaussian step alone (moments and normals) takes {fmt(t['sn-ddpm'])}."]
+    return lines, t
+
+
+# What the first calls of a C++ step cost after other work, against calls back to back: this VM runs
+# the first few milliseconds after a change of load slowly (idle or not), which weighs on a 1.5 ms
+# step five times as much as on a 7.5 ms one.
+BEFORE = {  # name: what runs before each burst of calls
+    "back to back": None,
+    "after 50 ms idle": lambda: time.sleep(0.05),
+    "after 40 ms of torch matmuls (like a network call)": "matmul",
+    "after one call of (ii)": "reference",
+}
+
+
+def warm_up(schedule: gk.Schedule, rounds: int = 10, calls: int = 5) -> list[str]:
+    """Markdown lines: median time of the k-th call of closed and adan-25 (C++ kernel alone) after
+    each BEFORE condition, and their ratio."""
+    x_t, out = make_inputs(SIZES["cifar10-b100"])
+    fns = {fit: runner("cpp-kernel", fit, x_t, out, schedule) for fit in ("closed", "adan-25")}
+    a = torch.randn(512, 512)
+    reference = runner("torch", "closed", x_t, out, schedule)
+
+    def matmuls():
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 0.04:
+            a @ a
+
+    before = {name: {"matmul": matmuls, "reference": reference}.get(f, f) for name, f in BEFORE.items()}
+    for fn in fns.values():
+        fn()
+    times = {(name, fit): [[] for _ in range(calls)] for name in before for fit in fns}
+    for _ in range(rounds):
+        for name, pre in before.items():
+            for fit, fn in fns.items():
+                if pre is not None:
+                    pre()
+                for k in range(calls):
+                    t0 = time.perf_counter()
+                    fn()
+                    times[(name, fit)][k].append(time.perf_counter() - t0)
+    med = {key: [statistics.median(v) * 1e3 for v in per_call] for key, per_call in times.items()}
+    lines = ["## The first calls after other work (C++ kernel alone, 307,200 elements)", "",
+             f"Median time of the k-th call in a burst of {calls}, over {rounds} rounds; each burst follows the "
+             "condition named (back to back: the previous burst). Cells: closed / adan-25 = ratio.", "",
+             "| before the burst | " + " | ".join(f"call {k + 1}" for k in range(calls)) + " |",
+             "|---|" + "---|" * calls]
+    for name in before:
+        c, d = med[(name, "closed")], med[(name, "adan-25")]
+        lines.append(f"| {name} | " + " | ".join(f"{c[k]:.2f} / {d[k]:.2f} ms = {d[k] / c[k]:.2f}x"
+                                                for k in range(calls)) + " |")
     return lines
 
 
@@ -262,7 +314,13 @@ def main() -> None:
                 q = cifar_ratios(summarise(r), i)
                 lines.append(f"| {k + 1} | {stat} | {q['speedup cpp']:.1f}x | {q['speedup cpp-kernel']:.1f}x | "
                              f"{q['closed cpp']:.2f}x | {q['closed cpp-kernel']:.2f}x |")
-        lines += [""] + breakdown(schedule)
+        parts, t = breakdown(schedule)
+        lines += ["", "The two C++ kernels alone, in turns with each other and the other variants of the "
+                  "breakdown below (20 rounds of 5 calls; no torch work in between): cpp closed vs cpp adan-25 "
+                  + " / ".join(f"**{t['adan-25'][i] / t['closed'][i]:.2f}x** ({stat})" for i, (stat, _) in
+                               enumerate(STATS)) + ". The tables above put (i) and (ii) between the bursts; the "
+                  "warm-up table below shows what that does to the first calls of a burst."]
+        lines += [""] + parts + [""] + warm_up(schedule)
         ceilings = run_cpp_bench("vector_ceilings.cpp", ["-O2", "-march=native"])
         loop = run_cpp_bench("adan_loop_bench.cpp", ["-O3", "-march=native", "-mprefer-vector-width=512",
                                                      "-fno-math-errno", "-fno-wrapv", "-fopenmp"], "2.8")
