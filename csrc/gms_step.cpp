@@ -1322,22 +1322,23 @@ float* float_output(const py::object& obj, int64_t n, const char* name, std::vec
     return static_cast<float*>(arr.mutable_data());
 }
 
-NoiseSource make_noise(const py::object& seeds, const py::object& indices, int64_t N, int64_t D, int64_t t,
-                       bool per_pixel, std::vector<py::object>& keep) {
+// The noise of a step whose seeds and indices (N each) are at `seeds` and `indices`.
+NoiseSource noise_source(const int64_t* seeds, const int64_t* indices, int64_t N, int64_t D, int64_t t,
+                         bool per_pixel) {
     if (t < 0 || t >= (1 << 16)) throw std::invalid_argument("t must lie in [0, 65536)");
-    NoiseSource src;
-    src.seeds = long_input(seeds, N, "seeds", keep);
-    src.indices = long_input(indices, N, "indices", keep);
     // every element index must fit below the time field of the counter (as SampleNoise checks)
     for (int64_t i = 0; i < N; ++i) {
-        const int64_t idx = src.indices[i];
+        const int64_t idx = indices[i];
         if (idx < 0 || (D > 0 && idx >= (int64_t(1) << 40) / D))
             throw std::invalid_argument("sample indices must lie in [0, 2^40 / D) for the random-number counter");
     }
-    src.D = D;
-    src.t = static_cast<uint64_t>(t);
-    src.per_pixel = per_pixel;
-    return src;
+    return NoiseSource{seeds, indices, D, static_cast<uint64_t>(t), per_pixel};
+}
+
+NoiseSource make_noise(const py::object& seeds, const py::object& indices, int64_t N, int64_t D, int64_t t,
+                       bool per_pixel, std::vector<py::object>& keep) {
+    return noise_source(long_input(seeds, N, "seeds", keep), long_input(indices, N, "indices", keep), N, D, t,
+                        per_pixel);
 }
 
 void check_sizes(int64_t N, int64_t D) {
@@ -1345,21 +1346,47 @@ void check_sizes(int64_t N, int64_t D) {
     if (D > 0 && N > INT64_MAX / D) throw std::invalid_argument("N * D overflows");
 }
 
-// Returns whether every input the step read was finite (otherwise the output is incomplete).
+// StepArgs without its buffers, from the step's configuration (checked).
+StepArgs step_config(int64_t N, int64_t D, int mode, int64_t t, double a_t, double sigma_t, double c1, double c2,
+                     double lam2, bool has_range, double center, double half, double var_cap, double w1,
+                     double var_floor, const std::vector<double>& lrs, double grad_scale, bool per_pixel,
+                     bool adan_fp64) {
+    check_sizes(N, D);
+    if (mode < kGaussian || mode > kDenoise) throw std::invalid_argument("unknown mode " + std::to_string(mode));
+    if (has_range && !(half > 0.0)) throw std::invalid_argument("half must be positive with a data range");
+    if (t < 0 || t >= (1 << 16)) throw std::invalid_argument("t must lie in [0, 65536)");
+    StepArgs A{{}, {}, {}, {}, nullptr, nullptr, nullptr, nullptr, NoiseSource{nullptr, nullptr, D, 0, per_pixel},
+               mode, Coefs(a_t, sigma_t, c1, c2, lam2, has_range, center, half), var_cap, w1, var_floor,
+               AdanConfig{AdanConsts{w1, grad_scale}, {}}};
+    if (mode == kAdan) A.adan.iters = adan_iteration_coefs(lrs, A.adan.consts);
+    A.adan.fp64 = adan_fp64;
+    return A;
+}
+
+// Runs the step over all N * D elements without the GIL; whether every input it read was finite
+// (otherwise the output is incomplete).
+bool run_step(const StepArgs& A, int64_t total, int num_threads) {
+    if (total == 0) return true;
+    py::gil_scoped_release release;
+    // the ADAN fit is ~100x the work of the other modes per element
+    const int64_t min_parallel = A.mode == kAdan && !A.adan.iters.empty() ? 2 * kBlock : 16 * kBlock;
+    std::atomic<bool> finite{true};
+    for_blocks(total, num_threads, min_parallel, [&](int64_t e0, int n) {
+        if (!fused_block(A, e0, n)) finite.store(false, std::memory_order_relaxed);
+    });
+    return finite.load();
+}
+
 bool fused_step_py(py::object x_t, py::object e1, py::object e2, py::object e3, py::object seeds, py::object indices,
                    py::object out, py::object mu1, py::object mu2, py::object s2, int64_t N, int64_t D, int mode,
                    int64_t t, double a_t, double sigma_t, double c1, double c2, double lam2, bool has_range,
                    double center, double half, double var_cap, double w1, double var_floor, std::vector<double> lrs,
                    double grad_scale, bool per_pixel, int num_threads, bool adan_fp64, int64_t x_stride,
                    int64_t e1_stride, int64_t e2_stride, int64_t e3_stride) {
-    check_sizes(N, D);
-    if (mode < kGaussian || mode > kDenoise) throw std::invalid_argument("unknown mode " + std::to_string(mode));
-    if (has_range && !(half > 0.0)) throw std::invalid_argument("half must be positive with a data range");
+    StepArgs A = step_config(N, D, mode, t, a_t, sigma_t, c1, c2, lam2, has_range, center, half, var_cap, w1,
+                             var_floor, lrs, grad_scale, per_pixel, adan_fp64);
     const int64_t total = N * D;
     std::vector<py::object> keep;
-    StepArgs A{{}, {}, {}, {}, nullptr, nullptr, nullptr, nullptr, NoiseSource{},
-               mode, Coefs(a_t, sigma_t, c1, c2, lam2, has_range, center, half), var_cap, w1, var_floor,
-               AdanConfig{AdanConsts{w1, grad_scale}, {}}};
     A.x = sample_input(x_t, N, D, x_stride, "x_t", keep, true);
     A.e1 = sample_input(e1, N, D, e1_stride, "e1", keep, true);
     A.e2 = sample_input(e2, N, D, e2_stride, "e2", keep, mode != kDenoise);
@@ -1369,17 +1396,37 @@ bool fused_step_py(py::object x_t, py::object e1, py::object e2, py::object e3, 
     A.mu2 = float_output(mu2, total, "mu2", keep, false);
     A.s2 = float_output(s2, total, "s2", keep, false);
     A.noise = make_noise(seeds, indices, N, D, t, per_pixel, keep);
-    if (mode == kAdan) A.adan.iters = adan_iteration_coefs(lrs, A.adan.consts);
-    A.adan.fp64 = adan_fp64;
-    if (total == 0) return true;
-    py::gil_scoped_release release;
-    // the ADAN fit is ~100x the work of the other modes per element
-    const int64_t min_parallel = mode == kAdan && !lrs.empty() ? 2 * kBlock : 16 * kBlock;
-    std::atomic<bool> finite{true};
-    for_blocks(total, num_threads, min_parallel, [&](int64_t e0, int n) {
-        if (!fused_block(A, e0, n)) finite.store(false, std::memory_order_relaxed);
-    });
-    return finite.load();
+    return run_step(A, total, num_threads);
+}
+
+// fused_step on the addresses of buffers the caller owns and has checked (dtypes, sizes, spans,
+// overlaps: gms_kernels/kernels/cpp.py does), skipping numpy's wrapping of each buffer on the
+// per-step path. An address of 0 is a buffer not given.
+bool fused_step_at_py(uintptr_t x_t, int64_t x_stride, uintptr_t e1, int64_t e1_stride, uintptr_t e2,
+                      int64_t e2_stride, uintptr_t e3, int64_t e3_stride, uintptr_t seeds, uintptr_t indices,
+                      uintptr_t out, uintptr_t mu1, uintptr_t mu2, uintptr_t s2, int64_t N, int64_t D, int mode,
+                      int64_t t, double a_t, double sigma_t, double c1, double c2, double lam2, bool has_range,
+                      double center, double half, double var_cap, double w1, double var_floor,
+                      std::vector<double> lrs, double grad_scale, bool per_pixel, int num_threads, bool adan_fp64) {
+    StepArgs A = step_config(N, D, mode, t, a_t, sigma_t, c1, c2, lam2, has_range, center, half, var_cap, w1,
+                             var_floor, lrs, grad_scale, per_pixel, adan_fp64);
+    const int64_t total = N * D;
+    const bool need_e2 = mode != kDenoise, need_e3 = mode == kClosed || mode == kAdan;
+    if (total > 0 && (!x_t || !e1 || !out || !seeds || !indices || (need_e2 && !e2) || (need_e3 && !e3)))
+        throw std::invalid_argument("fused_step_at: a buffer this mode reads or writes is missing (address 0)");
+    const auto in = [](uintptr_t a, int64_t stride) { return SampleInput{reinterpret_cast<const float*>(a), stride}; };
+    const auto buf = [](uintptr_t a) { return reinterpret_cast<float*>(a); };
+    A.x = in(x_t, x_stride);
+    A.e1 = in(e1, e1_stride);
+    A.e2 = in(need_e2 ? e2 : 0, e2_stride);
+    A.e3 = in(need_e3 ? e3 : 0, e3_stride);
+    A.out = buf(out);
+    A.mu1 = buf(mu1);
+    A.mu2 = buf(mu2);
+    A.s2 = buf(s2);
+    A.noise = noise_source(reinterpret_cast<const int64_t*>(seeds), reinterpret_cast<const int64_t*>(indices), N, D,
+                           t, per_pixel);
+    return run_step(A, total, num_threads);
 }
 
 void sample_mixture_py(py::object mu1, py::object mu2, py::object s2, py::object out, py::object seeds,
@@ -1536,6 +1583,14 @@ PYBIND11_MODULE(_C, m) {
           "half"_a, "var_cap"_a, "w1"_a, "var_floor"_a, "lrs"_a, "grad_scale"_a, "per_pixel"_a,
           "num_threads"_a = 0, "adan_fp64"_a = false, "x_stride"_a = -1, "e1_stride"_a = -1, "e2_stride"_a = -1,
           "e3_stride"_a = -1);
+    m.def("fused_step_at", &gms::fused_step_at_py,
+          "fused_step on raw addresses (0: not given) of buffers the caller owns and has checked: the launcher's "
+          "fast path. Inputs are N samples of D float32, `stride` elements apart; outputs flat [N*D] float32; "
+          "seeds and indices int64 [N].",
+          "x_t"_a, "x_stride"_a, "e1"_a, "e1_stride"_a, "e2"_a, "e2_stride"_a, "e3"_a, "e3_stride"_a, "seeds"_a,
+          "indices"_a, "out"_a, "mu1"_a, "mu2"_a, "s2"_a, "N"_a, "D"_a, "mode"_a, "t"_a, "a_t"_a, "sigma_t"_a,
+          "c1"_a, "c2"_a, "lam2"_a, "has_range"_a, "center"_a, "half"_a, "var_cap"_a, "w1"_a, "var_floor"_a,
+          "lrs"_a, "grad_scale"_a, "per_pixel"_a, "num_threads"_a, "adan_fp64"_a);
     m.def("sample_mixture", &gms::sample_mixture_py,
           "out = (u < w1 ? mu1 : mu2) + sqrt(max(s2, 0)) z with the Philox streams of step t.", "mu1"_a, "mu2"_a,
           "s2"_a, "out"_a, "seeds"_a, "indices"_a, "N"_a, "D"_a, "w1"_a, "t"_a, "per_pixel"_a,

@@ -1,6 +1,7 @@
 """The sampling loop, the drop-in single step, and Analytic-DPM's Gamma estimator (step 6)."""
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Sequence
 
 import torch
@@ -42,13 +43,26 @@ def step(x_t: torch.Tensor, model_output: torch.Tensor | None, t: int, s: int, s
     heads = [] if spec.heads == 0 else split_heads(model_output, x_t, spec.heads, solver, where, check_finite=False)
     source = None
     if noise is None or uniform is None:
-        source = SampleNoise.create(generator, x_t.shape[0], first_index)
+        source = _step_noise(generator, x_t.shape[0], first_index)
     rand = StepRandomness(source, t, x_t, noise, uniform)
     x_s, info = solver_step(solver, x_t, heads, k, rand, data_range, schedule.T, options,
                             resolve_backend(backend, x_t.device), return_info, where, nonfinite_flag)
     if x_s.dtype != x_t.dtype:
         x_s = x_s.to(x_t.dtype)
     return (x_s, info) if return_info else x_s
+
+
+def _step_noise(generator: GeneratorLike, batch: int, first_index: int) -> SampleNoise:
+    """gk.step's SampleNoise: for an int seed the same (read-only) one for every call with that batch,
+    so that a loop of gk.step calls builds it, and copies it to the device, once."""
+    if isinstance(generator, int) and not isinstance(generator, bool):
+        return _seeded_noise(generator, batch, first_index)
+    return SampleNoise.create(generator, batch, first_index)
+
+
+@functools.lru_cache(maxsize=16)
+def _seeded_noise(seed: int, batch: int, first_index: int) -> SampleNoise:
+    return SampleNoise.create(seed, batch, first_index)
 
 
 @torch.no_grad()

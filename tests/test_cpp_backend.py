@@ -41,7 +41,7 @@ SCHED = gk.Schedule.linear(1000)
 @pytest.fixture(autouse=True)
 def poisoned_outputs(monkeypatch):
     """Every output buffer of the launcher starts as NaN: an element left unwritten shows."""
-    monkeypatch.setattr(cpp, "_new_buffer", lambda n: torch.full((n,), float("nan"), dtype=torch.float32))
+    monkeypatch.setattr(cpp, "_new_buffer", lambda shape: torch.full(shape, float("nan"), dtype=torch.float32))
 
 
 # ------------------------------------------------------------------------------------------
@@ -437,8 +437,8 @@ def test_heads_sliced_from_one_model_output_are_read_in_place(shape, case, monke
     N, D, C = shape[0], x[0].numel(), shape[1]
     assert not x.is_contiguous() and not any(h.is_contiguous() for h in heads)
     for t_in, stride in [(x, 2 * D)] + [(h, (3 * C + 2) * D // C) for h in heads]:
-        view, got = cpp._sample_view(t_in, N, D, "input")
-        assert view.data_ptr() == t_in.data_ptr() and got == stride, "not a zero-copy view"
+        read, got = cpp._samples(t_in, N, D, "input")
+        assert read is t_in and got == stride, "not read in place"
     # every output element is written (the launcher's buffers start as NaN), the numbers are those
     # of contiguous copies of the same inputs, whatever the thread count
     x_s, p = _run_cpp(x, heads, t, s, solver, opts, dr)
@@ -593,6 +593,28 @@ def test_sample_mixture_matches_torch(per_pixel, shape):
     u = noise.uniform(rng.STREAM_COMPONENT, 42, shape if per_pixel else ())
     ref = torch_sample_mixture(MixtureParams(mu1.double(), mu2.double(), s2.double()), (1 / 3, 2 / 3), z.double(), u)
     assert ((x.double() - ref).abs() <= 2 * EPS32 * (ref.abs() + mu1.abs() + 1) + 2e-6 * s2.clamp_min(0).sqrt()).all()
+
+
+def test_fused_step_at_takes_addresses_and_refuses_missing_buffers():
+    """The launcher's path: the same step on raw addresses (0 = not given) as on numpy arrays."""
+    g = np.random.default_rng(5)
+    x, e1 = g.standard_normal(6).astype(np.float32), 0.5 * g.standard_normal(6).astype(np.float32)
+    e2, e3 = e1**2 + 0.3, e1**3 + 0.9 * e1
+    seeds, idx = np.full(2, 7, np.int64), np.arange(2, dtype=np.int64)
+    cfg = dict(N=2, D=3, mode=MODE_CLOSED, t=5, a_t=0.5, sigma_t=0.8, c1=0.1, c2=0.5, lam2=0.01, has_range=True,
+               center=0.0, half=1.0, var_cap=float("inf"), w1=1 / 3, var_floor=0.1, lrs=[], grad_scale=2 / 3,
+               per_pixel=False, num_threads=1, adan_fp64=False)
+    by_array = np.full(6, np.nan, np.float32)
+    assert C.fused_step(x, e1, e2, e3, seeds, idx, by_array, None, None, None, **cfg)
+    at = lambda a: a.ctypes.data
+    by_address = np.full(6, np.nan, np.float32)
+    args = dict(x_t=at(x), x_stride=3, e1=at(e1), e1_stride=3, e2=at(e2), e2_stride=3, e3=at(e3), e3_stride=3,
+                seeds=at(seeds), indices=at(idx), out=at(by_address), mu1=0, mu2=0, s2=0)
+    assert C.fused_step_at(**args, **cfg)
+    assert np.array_equal(by_array, by_address)
+    with pytest.raises(ValueError, match="missing"):
+        C.fused_step_at(**{**args, "e3": 0}, **cfg)
+    assert C.fused_step_at(**{**args, "e3": 0}, **{**cfg, "mode": MODE_GAUSSIAN})  # (e3 unread)
 
 
 def test_bad_arguments_raise_clear_errors():

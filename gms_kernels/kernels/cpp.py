@@ -1,11 +1,12 @@
 """Launcher of the C++ fused step (``gms_kernels._C``, csrc/gms_step.cpp) for CPU tensors.
 
 The extension is torch-free: it works on float32 buffers holding N samples of D elements each,
-sample i starting ``stride`` elements after sample i - 1. This module hands it zero-copy numpy
-views of x_t and the heads wherever that layout fits, i.e. for float32 tensors whose samples are
-each contiguous, whatever the stride between samples (the heads of a [N, 3C, ...] model output
-sliced along channels, ``out[:, C:2C]``, are such views); anything else (other dtypes, other
-strides) is first copied to contiguous float32. The extension releases the GIL and uses OpenMP
+sample i starting ``stride`` elements after sample i - 1. This module checks every buffer (dtype,
+size, layout, overlaps) and hands the extension their addresses (``_C.fused_step_at``: no numpy
+wrapping on the per-step path). x_t and the heads are read in place wherever that layout fits, i.e.
+for float32 tensors whose samples are each contiguous, whatever the stride between samples (the
+heads of a [N, 3C, ...] model output sliced along channels, ``out[:, C:2C]``, are such views);
+anything else (other dtypes, other strides) is first copied to contiguous float32. The extension releases the GIL and uses OpenMP
 with ``torch.get_num_threads()`` threads; x_s comes back in the dtype and shape of x_t, in a new
 buffer or in the caller's ``out``. The extension is imported lazily: without it,
 :func:`available` is False and the torch reference is used instead.
@@ -68,6 +69,8 @@ def _flat_f32(t: torch.Tensor, name: str) -> torch.Tensor:
 
 def _samples_contiguous(t: torch.Tensor) -> bool:
     """Whether the elements of each t[i] are contiguous (dims 1.. in row-major order; any dim-0 stride)."""
+    if t.is_contiguous():
+        return True
     expected = 1
     for size, stride in zip(reversed(t.shape[1:]), reversed(t.stride()[1:])):
         if size != 1 and stride != expected:
@@ -76,27 +79,26 @@ def _samples_contiguous(t: torch.Tensor) -> bool:
     return True
 
 
-def _sample_view(t: torch.Tensor, n: int, d: int, name: str):
-    """(1-D float32 tensor, stride): t's N samples of D elements, sample i at element i * stride.
+def _samples(t: torch.Tensor, n: int, d: int, name: str) -> tuple[torch.Tensor, int]:
+    """(tensor, stride): t's N samples of D elements, sample i at element i * stride from the
+    tensor's first element.
 
-    A view of t's own memory (from its first element to the end of its last sample) when t is
-    float32 with each sample contiguous (stride = t.stride(0)); otherwise a contiguous float32
-    copy (stride = D).
+    t itself when it is float32 with each sample contiguous (stride = t.stride(0)); otherwise a
+    contiguous float32 copy (stride = D).
     """
     _check_float_cpu(t, name)
     if t.requires_grad:
         t = t.detach()
     if (t.dtype == torch.float32 and n > 0 and d > 0 and t.dim() >= 1 and t.shape[0] == n
             and _samples_contiguous(t)):
-        stride = t.stride(0) if n > 1 else d
-        return t.as_strided(((n - 1) * stride + d,), (1,)), stride
-    return t.to(torch.float32).contiguous().reshape(-1), d
+        return t, (t.stride(0) if n > 1 else d)
+    return t.to(torch.float32).contiguous(), d
 
 
-def _span(t: torch.Tensor) -> tuple[int, int]:
-    """[first, last) byte addresses of a 1-D unit-stride tensor."""
+def _span(t: torch.Tensor, n: int, d: int, stride: int) -> tuple[int, int]:
+    """[first, last) byte addresses of N samples of D float32, ``stride`` elements apart, from t's first element."""
     start = t.data_ptr()
-    return start, start + t.numel() * t.element_size()
+    return start, start + ((n - 1) * stride + d) * 4 if n and d else start
 
 
 def _check_out(out, x_t: torch.Tensor) -> torch.Tensor:
@@ -137,9 +139,9 @@ def _threads() -> int:
     return max(1, torch.get_num_threads())
 
 
-def _new_buffer(n: int) -> torch.Tensor:
-    """An output buffer of n float32 (every element is written by the extension)."""
-    return torch.empty(n, dtype=torch.float32)
+def _new_buffer(shape) -> torch.Tensor:
+    """A contiguous float32 output buffer (every element is written by the extension)."""
+    return torch.empty(shape, dtype=torch.float32)
 
 
 def fused_step(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | None, e3: torch.Tensor | None,
@@ -162,8 +164,8 @@ def fused_step(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | None, e3:
     ext = _ext_or_raise()
     n, d = _batch_dims(x_t)
     total = n * d
-    x_view, x_stride = _sample_view(x_t, n, d, "x_t")
-    heads = []  # (view or None, stride) of e1, e2, e3
+    x, x_stride = _samples(x_t, n, d, "x_t")
+    heads = []  # (tensor or None, stride) of e1, e2, e3
     for name, h in (("e1", e1), ("e2", e2), ("e3", e3)):
         if h is None:
             heads.append((None, d))
@@ -172,42 +174,40 @@ def fused_step(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | None, e3:
             raise TypeError(f"{name} must be a torch tensor, got {type(h).__name__}")
         if h.numel() != total:
             raise ValueError(f"{name} has {h.numel()} elements, x_t has {total}: heads must be shaped like x_t")
-        heads.append(_sample_view(h, n, d, name))
+        heads.append(_samples(h, n, d, name))
     seeds = _flat_i64(seeds, n, "seeds")
     indices = _flat_i64(indices, n, "indices")
 
     if out is None:
-        x_s = _new_buffer(total)
+        x_s = _new_buffer(x_t.shape)
     else:
         x_s = _check_out(out, x_t)
         if total:
-            lo, hi = _span(x_s)
-            for name, (v, _) in zip(("e1", "e2", "e3"), heads):
-                if v is not None and v.numel() and _span(v)[0] < hi and lo < _span(v)[1]:
-                    raise ValueError(f"out overlaps {name}: the step would overwrite heads it has yet to read")
-            a, b = _span(x_view)
+            lo, hi = _span(x_s, 1, total, total)
+            for name, (h, stride) in zip(("e1", "e2", "e3"), heads):
+                if h is not None:
+                    a, b = _span(h, n, d, stride)
+                    if a < hi and lo < b:
+                        raise ValueError(f"out overlaps {name}: the step would overwrite heads it has yet to read")
+            a, b = _span(x, n, d, x_stride)
             if a < hi and lo < b and not (a == lo and x_stride == d):
                 raise ValueError("out overlaps x_t without being x_t itself")
-    params = (_new_buffer(total), _new_buffer(total), _new_buffer(total)) if return_params else None
-    (e1_view, e1_stride), (e2_view, e2_stride), (e3_view, e3_stride) = heads
-    finite = ext.fused_step(
-        x_view.numpy(), e1_view.numpy(), None if e2_view is None else e2_view.numpy(),
-        None if e3_view is None else e3_view.numpy(), seeds.numpy(), indices.numpy(), x_s.numpy(),
-        *((None, None, None) if params is None else (p.numpy() for p in params)),
+    params = (_new_buffer(x_t.shape), _new_buffer(x_t.shape), _new_buffer(x_t.shape)) if return_params else None
+    address = lambda t: 0 if t is None else t.data_ptr()
+    (h1, stride1), (h2, stride2), (h3, stride3) = heads
+    finite = ext.fused_step_at(
+        address(x), x_stride, address(h1), stride1, address(h2), stride2, address(h3), stride3, seeds.data_ptr(),
+        indices.data_ptr(), x_s.data_ptr(), *((0, 0, 0) if params is None else (p.data_ptr() for p in params)),
         n, d, int(cfg.mode), int(cfg.t), float(cfg.a_t), float(cfg.sigma_t), float(cfg.c1), float(cfg.c2),
         float(cfg.lam2), bool(cfg.has_range), float(cfg.center), float(cfg.half), float(cfg.var_cap),
         float(cfg.w1), float(cfg.var_floor), cfg.lrs, float(cfg.grad_scale),
-        bool(cfg.per_pixel), _threads(), bool(cfg.adan_fp64 if adan_fp64 is None else adan_fp64),
-        x_stride, e1_stride, e2_stride, e3_stride)
+        bool(cfg.per_pixel), _threads(), bool(cfg.adan_fp64 if adan_fp64 is None else adan_fp64))
     if not finite:
         raise NonFiniteInput("the fused step read a NaN or inf in x_t or a head")
-    x_s = x_s.view(x_t.shape) if out is None else out
+    x_s = x_s if out is None else out
     if x_t.dtype != torch.float32:
         x_s = x_s.to(x_t.dtype)
-    if not return_params:
-        return x_s, None
-    mu1, mu2, s2 = (p.view(x_t.shape) for p in params)
-    return x_s, MixtureParams(mu1, mu2, s2)
+    return x_s, None if params is None else MixtureParams(*params)
 
 
 def sample_mixture(params, w1: float, seeds: torch.Tensor, indices: torch.Tensor, t: int,
@@ -228,7 +228,7 @@ def sample_mixture(params, w1: float, seeds: torch.Tensor, indices: torch.Tensor
         flat.append(_flat_f32(p, f"params.{name}"))
     seeds = _flat_i64(seeds, n, "seeds")
     indices = _flat_i64(indices, n, "indices")
-    out = _new_buffer(total)
-    ext.sample_mixture(*(p.numpy() for p in flat), out.numpy(), seeds.numpy(), indices.numpy(), n, d,
+    out = _new_buffer(like.shape)
+    ext.sample_mixture(*(p.numpy() for p in flat), out.numpy().reshape(-1), seeds.numpy(), indices.numpy(), n, d,
                        float(w1), int(t), bool(per_pixel), _threads())
-    return out.reshape(like.shape)
+    return out
