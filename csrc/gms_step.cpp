@@ -1346,7 +1346,7 @@ void check_sizes(int64_t N, int64_t D) {
     if (D > 0 && N > INT64_MAX / D) throw std::invalid_argument("N * D overflows");
 }
 
-// StepArgs without its buffers, from the step's configuration (checked).
+// StepArgs without its buffers and noise, from the step's configuration (checked).
 StepArgs step_config(int64_t N, int64_t D, int mode, int64_t t, double a_t, double sigma_t, double c1, double c2,
                      double lam2, bool has_range, double center, double half, double var_cap, double w1,
                      double var_floor, const std::vector<double>& lrs, double grad_scale, bool per_pixel,
@@ -1354,7 +1354,6 @@ StepArgs step_config(int64_t N, int64_t D, int mode, int64_t t, double a_t, doub
     check_sizes(N, D);
     if (mode < kGaussian || mode > kDenoise) throw std::invalid_argument("unknown mode " + std::to_string(mode));
     if (has_range && !(half > 0.0)) throw std::invalid_argument("half must be positive with a data range");
-    if (t < 0 || t >= (1 << 16)) throw std::invalid_argument("t must lie in [0, 65536)");
     StepArgs A{{}, {}, {}, {}, nullptr, nullptr, nullptr, nullptr, NoiseSource{nullptr, nullptr, D, 0, per_pixel},
                mode, Coefs(a_t, sigma_t, c1, c2, lam2, has_range, center, half), var_cap, w1, var_floor,
                AdanConfig{AdanConsts{w1, grad_scale}, {}}};

@@ -6,10 +6,10 @@ size, layout, overlaps) and hands the extension their addresses (``_C.fused_step
 wrapping on the per-step path). x_t and the heads are read in place wherever that layout fits, i.e.
 for float32 tensors whose samples are each contiguous, whatever the stride between samples (the
 heads of a [N, 3C, ...] model output sliced along channels, ``out[:, C:2C]``, are such views);
-anything else (other dtypes, other strides) is first copied to contiguous float32. The extension releases the GIL and uses OpenMP
-with ``torch.get_num_threads()`` threads; x_s comes back in the dtype and shape of x_t, in a new
-buffer or in the caller's ``out``. The extension is imported lazily: without it,
-:func:`available` is False and the torch reference is used instead.
+anything else (other dtypes, other strides) is first copied to contiguous float32. The extension
+releases the GIL and uses OpenMP with ``torch.get_num_threads()`` threads; x_s comes back in the
+dtype and shape of x_t, in a new buffer or in the caller's ``out``. The extension is imported
+lazily: without it, :func:`available` is False and the torch reference is used instead.
 """
 from __future__ import annotations
 
