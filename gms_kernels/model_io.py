@@ -56,7 +56,7 @@ def split_heads(output: torch.Tensor, x_t: torch.Tensor, n_heads: int, solver: s
                          f"channels for {c}-channel data, but the model gave {output.shape[1]}. "
                          "Concatenate the heads along dim 1 (see gk.models.MomentNet) or pick a solver "
                          "that needs fewer heads (ddpm/ddim: 1, sn-ddpm: 2, gms: 3).")
-    heads = [output.narrow(1, i * c, c) for i in range(n_heads)]
+    heads = list(output.split(c, dim=1)[:n_heads])  # (views; one call for all heads)
     if check_finite and not all_finite(output[:, :n_heads * c]):
         check_inputs_finite(None, heads, where)
     return heads
