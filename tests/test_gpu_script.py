@@ -22,7 +22,7 @@ def test_gpu_benchmark_dry_run_writes_its_report(tmp_path):
     text = reports[0].read_text()
     assert "not a measurement" in text and "One network call" in text and "## In a sampling loop" in text
     assert "| gk.step (all of it: its flag read is one sync) |" in text
-    assert "| gk.step given a nonfinite_flag (no sync) |" in text
+    assert "| gk.step given a nonfinite_flag (no sync) |" in text and "flag read a step later" in text
     for size in ("cifar10-b100", "imagenet64-b100"):
         for fit in ("closed", "adan-25", "adan-70"):
             assert f"| {size} (" in text and f"| {fit} |" in text
