@@ -182,21 +182,27 @@ class SampleNoise:
             check_counter_range(self.indices, per_sample)
             self._fits.add(per_sample)
 
-    def _element_offsets(self, stream: int, t: int, per_sample: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _element_offsets(self, stream: int, t: int, per_sample: int,
+                         device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         self.check_capacity(per_sample)
-        index = self.indices[:, None] * per_sample + torch.arange(per_sample, dtype=torch.int64)
-        return self.seeds[:, None].expand_as(index), counter(stream, t, index)
+        device = self.seeds.device if device is None else torch.device(device)
+        seeds, indices = self.on(device)
+        index = indices[:, None] * per_sample + torch.arange(per_sample, dtype=torch.int64, device=device)
+        return seeds[:, None].expand_as(index), counter(stream, t, index)
 
-    def normal(self, stream: int, t: int, shape: Sequence[int]) -> torch.Tensor:
-        """float32 N(0, 1) of shape [N, *shape]."""
+    def normal(self, stream: int, t: int, shape: Sequence[int],
+               device: torch.device | str | None = None) -> torch.Tensor:
+        """float32 N(0, 1) of shape [N, *shape], computed on ``device`` (default: where the seeds are;
+        on a GPU the integers and uniforms are the same, the normals within float rounding)."""
         per_sample = _numel(shape)
-        seeds, offsets = self._element_offsets(stream, t, per_sample)
+        seeds, offsets = self._element_offsets(stream, t, per_sample, device)
         return normal(seeds, offsets).reshape(len(self), *shape)
 
-    def uniform(self, stream: int, t: int, shape: Sequence[int] = ()) -> torch.Tensor:
-        """float32 U[0, 1) of shape [N, *shape]; shape () gives one number per sample."""
+    def uniform(self, stream: int, t: int, shape: Sequence[int] = (),
+                device: torch.device | str | None = None) -> torch.Tensor:
+        """float32 U[0, 1) of shape [N, *shape], computed on ``device``; shape () gives one number per sample."""
         per_sample = _numel(shape)
-        seeds, offsets = self._element_offsets(stream, t, per_sample)
+        seeds, offsets = self._element_offsets(stream, t, per_sample, device)
         return uniform(seeds, offsets).reshape(len(self), *shape)
 
 

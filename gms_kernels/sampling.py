@@ -7,7 +7,6 @@ from typing import Any, Callable, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from .devices import to_device_async
 from .model_io import call_model, check_inputs_finite, check_time_input, split_heads
 from .moments import DataRange, check_data_range
 from .random import STREAM_INITIAL, GeneratorLike, SampleNoise
@@ -106,8 +105,7 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
         if len(shape) < 2:
             raise ValueError(f"shape must be (N, C, ...) with a channel dimension, got {shape}")
         noise = SampleNoise.create(generator, shape[0], first_index)
-        x = noise.normal(STREAM_INITIAL, 0, shape[1:]).to(dtype)
-        x = to_device_async(x, device) if device is not None else x
+        x = noise.normal(STREAM_INITIAL, 0, shape[1:], device).to(dtype)  # (drawn where it is used)
     else:
         if shape is not None and tuple(shape) != tuple(x_T.shape):
             raise ValueError(f"shape {tuple(shape)} does not match x_T's shape {tuple(x_T.shape)}")

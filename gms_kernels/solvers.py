@@ -51,14 +51,14 @@ class StepRandomness:
     def normal(self) -> torch.Tensor:
         if self._noise is None:
             src = self._require_source("noise")
-            self._noise = src.normal(STREAM_STEP_NOISE, self.t, self.like.shape[1:])
+            self._noise = src.normal(STREAM_STEP_NOISE, self.t, self.like.shape[1:], self.like.device)
         return self._noise.to(device=self.like.device, dtype=torch.float64)
 
     def uniform(self, per_element: bool) -> torch.Tensor:
         if self._uniform is None:
             src = self._require_source("uniform")
             shape = self.like.shape[1:] if per_element else ()
-            self._uniform = src.uniform(STREAM_COMPONENT, self.t, shape)
+            self._uniform = src.uniform(STREAM_COMPONENT, self.t, shape, self.like.device)
         return self._uniform.to(device=self.like.device)
 
 

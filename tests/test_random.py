@@ -63,6 +63,16 @@ def test_sample_noise_addresses_are_batch_independent():
     assert not torch.equal(a.uniform(1, 7, (2, 3)).flatten(), a.normal(1, 7, (2, 3)).flatten())
 
 
+def test_sample_noise_draws_on_the_device_it_is_asked_for():
+    """Streams for a device tensor are computed there (no host draw and copy per step); on the host
+    the argument changes nothing. ('meta' runs every operation without data.)"""
+    src = rng.SampleNoise.create(7, 3, first_index=5)
+    assert torch.equal(src.normal(0, 9, (2, 5), "cpu"), src.normal(0, 9, (2, 5)))
+    assert torch.equal(src.uniform(1, 9, (), "cpu"), src.uniform(1, 9))
+    for z in (src.normal(0, 9, (2, 5), "meta"), src.uniform(1, 9, (2, 5), "meta")):
+        assert z.device.type == "meta" and z.shape == (3, 2, 5) and z.dtype == torch.float32
+
+
 def test_sample_noise_copies_to_a_device_once():
     """A sampling loop reuses one SampleNoise: its (seeds, indices) go to the device once."""
     src = rng.SampleNoise.create(7, 3, first_index=5)

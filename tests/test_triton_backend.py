@@ -751,6 +751,17 @@ def test_device_tables_are_the_host_tables_each_on_a_16_byte_boundary(options):
     assert all(v.device.type == torch.device(DEVICE).type and v.data_ptr() % 16 == 0 for v in (scal, adan, bases))
 
 
+@pytest.mark.skipif(not _CUDA, reason="compares the streams drawn on the GPU with the host's")
+def test_streams_drawn_on_the_gpu_match_the_host():
+    """gk.sample's x_T and the torch-path solvers' noise are drawn on the device: the integers and
+    uniforms are the host's bit for bit, the normals (float32 log, sqrt, sin, cos) within 1e-6."""
+    src = rng.SampleNoise.create(11, 5, first_index=3)
+    for stream, shape in ((rng.STREAM_INITIAL, (3, 17, 19)), (rng.STREAM_STEP_NOISE, (1, 64))):
+        z, z_gpu = src.normal(stream, 7, shape), src.normal(stream, 7, shape, DEVICE)
+        assert z_gpu.is_cuda and ((z_gpu.cpu() - z).abs() <= 1e-6 * z.abs().clamp_min(1.0)).all()
+        assert torch.equal(src.uniform(stream, 7, shape, DEVICE).cpu(), src.uniform(stream, 7, shape))
+
+
 def _count_syncs(fn) -> int:
     """How many synchronising CUDA calls fn makes (torch's sync debug mode, one warning each)."""
     import warnings
