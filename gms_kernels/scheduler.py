@@ -237,7 +237,10 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
 
     def previous_timestep(self, timestep: int | torch.Tensor) -> int:
         """The timestep after ``timestep`` in ``self.timesteps`` (-1 = data after the last one)."""
-        i = self._index(timestep)
+        return self._after(self._index(timestep))
+
+    def _after(self, i: int) -> int:
+        """The timestep after entry i of ``self.timesteps`` (-1 = data after the last one)."""
         return self._ts[i + 1] if i + 1 < len(self._ts) else DATA
 
     def _index(self, timestep: int | torch.Tensor) -> int:
@@ -286,8 +289,7 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
         ``return_dict=False``, the tuple ``(prev_sample, pred_original_sample)``.
         """
         i = self._index(timestep)
-        t = self._ts[i]
-        s = self._ts[i + 1] if i + 1 < len(self._ts) else DATA
+        t, s = self._ts[i], self._after(i)
         work = sample.dtype if sample.dtype in (torch.float32, torch.float64) else torch.float32
         x_t = sample.to(work)
         out = model_output.to(device=sample.device, dtype=work)
