@@ -582,9 +582,9 @@ def test_cpu_tensors_run_whatever_the_import_order():
 @pytest.mark.skipif(_CUDA, reason="the GPU tests launch the compiled kernel itself")
 def test_kernel_compiles_for_hopper_without_a_gpu():
     """Every mode compiles to sm_90 SASS with Triton's own ptxas, so that CI without a GPU catches
-    what only the compiler rejects (the interpreter runs any Python). ADAN's default fp32 mode runs
-    under a register cap (ADAN_FP32_MAXNREG): its fp32 loop (the loop without fp64 arithmetic) must
-    not spill to local memory."""
+    what only the compiler rejects (the interpreter runs any Python). In ADAN's default fp32 mode
+    (under ADAN_FP32_MAXNREG, if set) the fp32 loop (the loop without fp64 arithmetic) must not spill
+    to local memory."""
     code = (
         "import os, re; os.environ.pop('TRITON_INTERPRET', None)\n"
         "from gms_kernels.kernels import triton_gms as tg\n"
@@ -783,9 +783,12 @@ def test_triton_paths_do_not_sync_the_host_but_for_the_finite_check():
     paths make none, with fresh step tables (more steps than the old table cache held) and fresh
     seeds: gk.sample none at all (it reads each step's flag through an event, once the next network
     call is queued), gk.step exactly one (its flag) or none when given a flag to set."""
-    # the premise: sync debug mode sees the copies and reads that stall (a pageable copy, .item())
-    assert _count_syncs(lambda: torch.tensor([1.0]).to(DEVICE)) == 1
-    assert _count_syncs(lambda: torch.ones(1, device=DEVICE).item()) == 1
+    # the premise: sync debug mode sees the copies and reads that stall. How many warnings one of them
+    # raises depends on torch's version (torch 2.11 reports a pageable copy twice), so a scalar read is
+    # the unit that gk.step's one flag read is counted in.
+    assert _count_syncs(lambda: torch.tensor([1.0]).to(DEVICE)) >= 1
+    one_read = _count_syncs(lambda: torch.ones(1, device=DEVICE).item())
+    assert one_read >= 1
 
     def model(x, t):
         return torch.cat([x * 0.1, x * x * 0.01 + 0.5, x * 0.0], 1)
@@ -797,10 +800,13 @@ def test_triton_paths_do_not_sync_the_host_but_for_the_finite_check():
     tg._device_tables.cache_clear()
     x = torch.randn(shape, device=DEVICE)
     out = model(x, 0)
+    counts, expected = {}, {}
     for fit in ("closed", "adan"):
-        assert _count_syncs(lambda: gk.sample(model, shape=shape, steps=70, schedule=SCHEDULE, generator=1,
-                                              progress=False, fit=fit, device=DEVICE)) == 0
-        assert _count_syncs(lambda: gk.step(x, out, 611, 500, SCHEDULE, "gms", generator=5, fit=fit)) == 1
+        counts[fit, "gk.sample, 70 steps"] = _count_syncs(lambda: gk.sample(
+            model, shape=shape, steps=70, schedule=SCHEDULE, generator=1, progress=False, fit=fit, device=DEVICE))
+        counts[fit, "gk.step"] = _count_syncs(lambda: gk.step(x, out, 611, 500, SCHEDULE, "gms", generator=5, fit=fit))
         flag = torch.zeros(1, dtype=torch.int32, device=DEVICE)
-        assert _count_syncs(lambda: gk.step(x, out, 612, 501, SCHEDULE, "gms", generator=6, fit=fit,
-                                            nonfinite_flag=flag)) == 0
+        counts[fit, "gk.step given a flag"] = _count_syncs(lambda: gk.step(
+            x, out, 612, 501, SCHEDULE, "gms", generator=6, fit=fit, nonfinite_flag=flag))
+        expected.update({(fit, "gk.sample, 70 steps"): 0, (fit, "gk.step"): one_read, (fit, "gk.step given a flag"): 0})
+    assert counts == expected  # (all at once, so that one run on a lent GPU shows every count)

@@ -194,12 +194,13 @@ def network_call_seconds(env: Setup, nets) -> dict[str, dict[str, float]]:
 
 
 @torch.no_grad()
-def loop_overhead(env: Setup, nets, schedule: gk.Schedule) -> list[str]:
+def loop_overhead(env: Setup, nets, schedule: gk.Schedule, turns: int = 7) -> list[str]:
     """What GMS adds to a sampling loop (gk.sample with 10 steps: 11 network calls) with an fp32
     backbone whose heads are its eps and fixed e2, e3: (a) the model and gk.step by hand (gk.step
     reads the finite flag at once: a sync per step), (b) gk.sample (reads each step's flag after the
     next network call is queued), (c) gk.step by hand with its flag read likewise, against the model
-    calls alone. In turns, 7 of each; medians; per network call."""
+    calls alone. In turns (each turn starts one later in the order, so that no variant always follows
+    the same one), ``turns`` of each; medians; per network call. Every timing is printed."""
     rows = []
     steps = 2 if env.smoke else 10
     calls = len(gk.trajectory(schedule, steps, "even"))  # network calls of gk.sample (steps + 1: the last goes to data)
@@ -238,9 +239,12 @@ def loop_overhead(env: Setup, nets, schedule: gk.Schedule) -> list[str]:
                           time_input=time_input, backend="triton", **options)
             fns = {"alone": alone, "by hand": by_hand, "by hand, deferred": by_hand_deferred, "gk.sample": sampled}
             times = {name: [] for name in fns}
-            for _ in range(1 if env.smoke else 7):  # in turns, so that clock changes hit all alike
-                for name, fn in fns.items():
-                    times[name].append(env.per_call_seconds(fn, calls=1, repeats=1) / calls)
+            names = list(fns)
+            for turn in range(1 if env.smoke else turns):  # in turns, so that clock changes hit all alike
+                for name in names[turn % len(names):] + names[:turn % len(names)]:
+                    times[name].append(env.per_call_seconds(fns[name], calls=1, repeats=1) / calls)
+            print(f"{size} {fit}, ms per network call, every turn:",
+                  {name: [round(v * 1e3, 2) for v in times[name]] for name in fns}, flush=True)
             base, *others = (statistics.median(times[name]) for name in fns)
             rows.append(f"| {size} | {fit} | {base * 1e3:.2f} ms | " + " | ".join(
                 f"{v * 1e3:.2f} ms: {(v - base) * 1e6:+.0f} us ({100 * (v - base) / base:+.2f}%)" for v in others) + " |")
@@ -286,6 +290,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "results"))
     p.add_argument("--smoke", action="store_true", help="tiny sizes, once each, CPU allowed: a dry run")
+    p.add_argument("--loop-only", type=int, metavar="TURNS", default=0,
+                   help="only the network calls and the sampling-loop table, with TURNS turns; printed, not written")
     args = p.parse_args()
     env = Setup(args.smoke)
     card = torch.cuda.get_device_name() if env.cuda else "cpu"
@@ -295,6 +301,9 @@ def main() -> None:
     models = networks(env)
     nets = network_call_seconds(env, models)
     print("network calls:", nets, flush=True)
+    if args.loop_only:
+        print("\n".join(loop_overhead(env, models, schedule, turns=args.loop_only)))
+        return
     loop = loop_overhead(env, models, schedule)
     breakdown = step_breakdown(env, schedule)
     peaks = ceilings(env)

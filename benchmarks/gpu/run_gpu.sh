@@ -28,3 +28,6 @@ echo "pytest-benchmark: exit $?"; tail -20 "$out/gpu-pytest-benchmark.txt"
 # a diagnostic of gk.step's host time (cProfile + torch.profiler), to $OUT/gpu-profile.txt
 timeout 120 python3 benchmarks/gpu/profile_step.py > "$out/gpu-profile.txt" 2>&1
 echo "profile: exit $?"; head -40 "$out/gpu-profile.txt"
+# ADAN's fp32 register cap at both sizes and iteration counts (triton_gms.ADAN_FP32_MAXNREG)
+timeout 120 python3 benchmarks/gpu/sweep_registers.py --rounds 2 > "$out/gpu-registers.txt" 2>&1
+echo "register sweep: exit $?"; tail -8 "$out/gpu-registers.txt"

@@ -52,18 +52,18 @@ _MODES = (MODE_GAUSSIAN, MODE_CLOSED, MODE_ADAN, MODE_DENOISE, MODE_DEBUG_RNG)
 # One config per mode (no autotuning: the interpreter cannot run several configs): (BLOCK, num_warps).
 # The fits keep one element per thread; ptxas for sm_90a (triton 3.6, fp32 I/O, no spills): CLOSED 92
 # registers, ADAN 124 (fp64 loop; 74 in fp32), GAUSSIAN 71, DENOISE 50. Two elements per thread would
-# take CLOSED to 128 and ADAN-fp32 to 156. Untuned: measure on the H100 before changing.
+# take CLOSED to 128 and ADAN-fp32 to 156. Swept on an H200 and an H100 (bench_gpu.py): no
+# configuration beat these by more than 3%, about the spread between two timings of one.
 GPU_CONFIGS = {MODE_GAUSSIAN: (512, 4), MODE_DENOISE: (512, 4), MODE_CLOSED: (256, 8), MODE_ADAN: (256, 8),
                MODE_DEBUG_RNG: (512, 4)}
 INTERPRETER_BLOCK = 1024
 # Register cap for ADAN's default fp32 mode (None: ptxas's choice). Its rarely taken fp64 branch
-# takes the kernel from 64 registers to 128 (triton 3.8, compile_offline), which would halve the
-# blocks of 256 threads an SM holds (2 instead of the 3 of the fp32 kernel timed on the H200, at 74
-# registers). Capped at 80, 3 blocks fit again; the fp32 loop stays free of spills (its SASS has no
-# local loads or stores; test_kernel_compiles_for_hopper_without_a_gpu), the fp64 loop reloads 3
-# values per iteration, and the code around the loops spills some 50 values once per element.
-# Not yet timed on a GPU: bench_gpu.py sweeps 64, 80, 96 and no cap.
-ADAN_FP32_MAXNREG: int | None = 80
+# takes the kernel from 64 registers to 128 (triton 3.8, compile_offline), so an SM holds 2 blocks
+# of 256 threads instead of 3. A cap of 80 restores the 3 blocks but was 5-6% slower on an H100
+# (benchmarks/gpu/sweep_registers.py, 2026-11-26: 80, 96, 128 and 64 all lost to no cap at both
+# sizes and 25 and 70 iterations, rounds within 1%): 16 warps per SM already hide the loop's
+# latency, and the cap spills values around the loops.
+ADAN_FP32_MAXNREG: int | None = None
 # FMA contraction off: the fp64 moments then round exactly like the torch reference (IEEE +-*/)
 FP_FUSION = False
 # ADAN's loop in fp64 or fp32 when the step's ``adan_precision`` option is None: fp32, like the C++
