@@ -33,3 +33,14 @@ def test_gpu_benchmark_dry_run_writes_its_report(tmp_path):
 
 def test_gpu_runner_script_is_valid_bash():
     subprocess.run(["bash", "-n", str(REPO / "benchmarks" / "gpu" / "run_gpu.sh")], check=True)
+
+
+def test_register_sweep_dry_run_prints_its_table(tmp_path):
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu" / "sweep_registers.py"), "--smoke"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "| size | fit | maxnreg 80 | maxnreg None |" in run.stdout
+    rows = [line for line in run.stdout.splitlines() if line.startswith(("| cifar10", "| imagenet64"))]
+    assert len(rows) == 2 * 4  # printed as measured and again in the table
+    assert all(row.count(" us (") == 2 and "nan" not in row for row in rows)

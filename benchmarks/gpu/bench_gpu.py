@@ -372,7 +372,7 @@ def main() -> None:
              "and no launch gap is counted. The closed-form rows compare with (i) at 25 iterations, since "
              "the official code has no closed form.", "",
              "One network call at batch 100 (random weights; "
-             + ", ".join(f"{k}: {type(v[0]).__name__}, {sum(q.numel() for q in v[0].parameters()) / 1e6:.1f}M parameters"
+             + ", ".join(f"{k}: {type(v[0]).__name__}, {sum(q.numel() for q in v[0].parameters() if q.requires_grad) / 1e6:.1f}M trained parameters"
                          for k, v in models.items())
              + "; events around 3 back-to-back calls, median of 5): "
              + ", ".join(f"{k}: {v['fp32'] * 1e3:.2f} ms fp32, {v['bf16'] * 1e3:.2f} ms bf16 autocast"
