@@ -344,12 +344,6 @@ def main() -> None:
                         sec = env.graph_seconds(calls)
                     mark = " (default)" if config == default else ""
                     cells.append(f"{config[0]}x{config[1]}{mark}: {sec * 1e6:.1f} us")
-                if fit != "closed":  # the register cap of the fp32 mode (see triton_gms.ADAN_FP32_MAXNREG)
-                    default_cap = tg.ADAN_FP32_MAXNREG
-                    for cap in ((64,) if env.smoke else (64, 80, 96, None, default_cap)):
-                        with mock.patch.object(tg, "ADAN_FP32_MAXNREG", cap):
-                            sec = env.graph_seconds(calls)
-                        cells.append(f"maxnreg {cap}{' (default)' if cap == default_cap else ''}: {sec * 1e6:.1f} us")
                 sweep.append(f"| {fit} | " + " | ".join(cells) + " |")
                 print(sweep[-1], flush=True)
         del sets
@@ -398,6 +392,7 @@ def main() -> None:
              "## ADAN's loop in fp32 (the default) and fp64 (`adan_precision=\"float64\"`)", "",
              "| elements | fit | fp32 loop | fp64 loop | fp64 / fp32 |", "|---|---|---|---|---|", *precision_rows, "",
              "## Launch configurations (BLOCK x num_warps), kernel device time, imagenet64-b100", "",
+             "(ADAN's register cap: benchmarks/gpu/sweep_registers.py, which run_gpu.sh runs next.)", "",
              "The default is timed twice: the difference between them is the noise.", "",
              "| fit | configurations |", "|---|---|", *sweep]
     if env.smoke:

@@ -71,7 +71,7 @@ FP_FUSION = False
 # from about 40 iterations on the fp32 trajectory parts from the fp64 reference's: at 70 the median
 # element's mixture mean is off M1 by ~1e-3 sd instead of ~1e-4 sd, the worst equally in both
 # (benchmarks/results/adan-precision.md). fp64 follows the reference to its own sensitivity and is
-# 2.2-2.3x slower on an H200 (benchmarks/results/gpu-*.md).
+# 2.1-2.3x slower on an H100 and an H200 (benchmarks/results/gpu-*.md).
 ADAN_FP64 = False
 
 # Slots of the fp64 scalar table. Every product of Python floats is formed on the host exactly as
