@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Callable, Hashable
 
 import torch
 
@@ -60,24 +60,31 @@ def runner(backend: str, fit: str, x_t: torch.Tensor, out: torch.Tensor, schedul
     return lambda: gk.step(x_t, out, t, s, schedule, solver, generator=0, backend=backend, **options)
 
 
-def interleaved_seconds(fns: dict[str, Callable[[], object]], rounds: int, calls: dict[str, int],
-                        warmup: int = 1) -> dict[str, list[float]]:
+def interleaved_seconds(fns: dict[Hashable, Callable[[], object]], rounds: int, calls: dict[Hashable, int],
+                        warmup: int = 1, groups: list[list[Hashable]] | None = None) -> dict[Hashable, list[float]]:
     """Wall times of every call of each fn, measured in turns: each round runs every fn ``calls[name]``
     times, so that a slow phase of a shared machine hits all of them alike. The order rotates from
     round to round: the fn that follows a long one (which evicts the caches) starts cold, and that
-    should not always be the same fn."""
+    should not always be the same fn. With ``groups`` (lists of names that together hold every name
+    once), the groups run one after another and both the groups' order and the order within each
+    group rotate."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    names = list(fns)
+    times: dict[Hashable, list[float]] = {name: [] for name in fns}
+    groups = [[name] for name in fns] if groups is None else groups
+    listed = [name for group in groups for name in group]
+    if len(listed) != len(fns) or set(listed) != set(fns):
+        raise ValueError("groups must hold every name of fns once")
+    rotate = lambda seq, r: seq[r % len(seq):] + seq[:r % len(seq)]
     for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            fn = fns[name]
-            for _ in range(calls[name]):
-                t0 = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - t0)
+        for group in rotate(groups, r):
+            for name in rotate(group, r):
+                fn = fns[name]
+                for _ in range(calls[name]):
+                    t0 = time.perf_counter()
+                    fn()
+                    times[name].append(time.perf_counter() - t0)
     return times
 
 

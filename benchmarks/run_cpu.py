@@ -113,7 +113,7 @@ def measured_ceilings() -> tuple[float, float]:
     return gflops, 2 * src.numel() * 4 / sec / 1e9
 
 
-ROUNDS = 8  # interleaved rounds per (size, fit): a multiple of the 4 backends, whose order rotates
+ROUNDS = 8  # interleaved rounds per size: a multiple of the 4 backends, whose order rotates
 CALLS = {"reference-loop": 1, "torch": 1, "cpp": 5, "cpp-kernel": 5}  # calls per backend and round
 STATS = (("fastest call", min), ("median call", statistics.median))
 
@@ -149,13 +149,26 @@ def acceptance(stat: str, r: dict[str, float]) -> list[str]:
 
 
 def measure(schedule: gk.Schedule, backends: list[str]) -> dict:
-    """One pass over every (size, fit): {(size, fit): {backend: [seconds of each call]}}."""
+    """One pass over both sizes: {(size, fit): {backend: [seconds of each call]}}.
+
+    Every fit of a size takes turns in the same rounds, so that the ratios between fits (closed vs
+    adan-25) compare calls made in the same minutes, as the ratios between backends do: this VM's
+    slow phases last minutes, and fits measured one after the other would land in different ones.
+    (i) runs once per round at 25 and 70 iterations; the closed row's (i) is the 25-iteration one."""
     times = {}
     for size, shape in SIZES.items():
         x_t, out = make_inputs(shape)
+        fns, calls, groups = {}, {}, {}
+        for b in backends:
+            for fit in FITS:
+                if b == "reference-loop" and fit == "closed":
+                    continue  # (the official code has no closed form)
+                fns[(b, fit)] = runner(b, fit, x_t, out, schedule)
+                calls[(b, fit)] = CALLS[b]
+                groups.setdefault(b, []).append((b, fit))
+        per_call = interleaved_seconds(fns, ROUNDS, calls, groups=list(groups.values()))
         for fit in FITS:
-            fns = {b: runner(b, fit, x_t, out, schedule) for b in backends}
-            times[(size, fit)] = interleaved_seconds(fns, ROUNDS, CALLS)
+            times[(size, fit)] = {b: per_call[(b, fit if (b, fit) in fns else "adan-25")] for b in backends}
             print(f"{size:16s} {fit:8s} " + "  ".join(
                 f"{b} {min(v) * 1e3:.2f}/{statistics.median(v) * 1e3:.2f} ms"
                 for b, v in times[(size, fit)].items()), flush=True)
@@ -274,10 +287,12 @@ def main() -> None:
         f"Machine: {cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
         f"Python {platform.python_version()}, {datetime.date.today().isoformat()}.",
         "",
-        "One GMS step t=500 -> s=400 (moments, fit, mixture sampling) on batch-100 inputs. The backends take "
-        f"turns: {args.runs} runs of {ROUNDS} rounds per size and fit, each round running (i) and (ii) once and "
-        f"(iii) {CALLS['cpp']} times, in an order that rotates from round to round (whichever runs right after "
-        "(i) or (ii) starts with cold caches); the tables pool all runs. This is a "
+        "One GMS step t=500 -> s=400 (moments, fit, mixture sampling) on batch-100 inputs. The backends and "
+        f"fits take turns: {args.runs} runs of {ROUNDS} rounds per size, each round running (i) once at 25 and "
+        f"at 70 iterations, (ii) once per fit and (iii) {CALLS['cpp']} times per fit, backend after backend, in "
+        "orders that rotate from round to round (whichever runs right after (i) or (ii) starts with cold "
+        "caches); the tables pool all runs. So the closed and adan-25 rows come from the same minutes, as "
+        "the ratio between them requires. This is a "
         "shared 2-vCPU VM whose speed drifts by 30% or more from minute to minute, so both the fastest call "
         "(the least disturbed one) and the median call are given. Ratios are speed-ups over (i) under the "
         "same statistic. The official code has no closed form, so closed-form rows are compared with (i) at "

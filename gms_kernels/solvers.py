@@ -6,6 +6,7 @@ the official code's last-step behaviour shared by all of them.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -14,7 +15,7 @@ import torch
 
 from .backends import fused_step
 from .fit import DEFAULT_WEIGHTS, PAPER_LR_TABLES, check_weights, fit_adan, fit_closed
-from .kernels import NonFiniteInput, make_config
+from .kernels import FusedStepConfig, NonFiniteInput, make_config
 from .mixture import check_select, sample_mixture
 from .model_io import check_inputs_finite
 from .moments import DataRange, TransitionMoments, last_step_variance_cap, transition_moments
@@ -204,6 +205,28 @@ def resolve_options(solver: Solver, options: dict[str, Any]) -> dict[str, Any]:
     return o
 
 
+def fused_config(name: str, options: dict[str, Any], k: StepCoefficients, data_range: DataRange, T: int,
+                 batch: int, per_sample: int) -> FusedStepConfig | None:
+    """The fused kernels' config of one step of solver ``name`` with the user's ``options`` (checked
+    and merged with the defaults); None when the step is not one they do. Memoised: a sampling loop
+    makes the same steps again and again, and building the config costs more than a small step.
+    (Options that cannot be hashed, e.g. a list of weights, skip the memo.)"""
+    key = (name, tuple((o, type(v), v) for o, v in options.items()), k, data_range, T, batch, per_sample)
+    try:
+        return _memo_fused_config(key)
+    except TypeError:
+        return _build_fused_config(key)
+
+
+def _build_fused_config(key: tuple) -> FusedStepConfig | None:
+    name, items, k, data_range, T, batch, per_sample = key
+    o = resolve_options(get_solver(name), {o: v for o, _, v in items})
+    return make_config(name, k, data_range, o, T, batch, per_sample)
+
+
+_memo_fused_config = functools.lru_cache(maxsize=256)(_build_fused_config)
+
+
 def solver_step(name: str, x_t: torch.Tensor, heads: list[torch.Tensor], k: StepCoefficients,
                 rand: StepRandomness, data_range: DataRange, T: int, options: dict[str, Any],
                 backend: str = "torch", want_info: bool = True, where: str = "",
@@ -216,10 +239,8 @@ def solver_step(name: str, x_t: torch.Tensor, heads: list[torch.Tensor], k: Step
     ValueError that names it (``where`` says which step); the fused kernels check while they read.
     With ``nonfinite_flag`` the Triton kernel only sets that flag, for the caller to read later.
     """
-    solver = get_solver(name)
-    o = resolve_options(solver, options)
     if backend != "torch" and rand.shares_streams:
-        cfg = make_config(name, k, data_range, o, T, x_t.shape[0], math.prod(x_t.shape[1:]))
+        cfg = fused_config(name, options, k, data_range, T, x_t.shape[0], math.prod(x_t.shape[1:]))
         if cfg is not None:
             e2, e3 = (heads + [None, None])[1:3]
             src = rand.source
@@ -234,6 +255,8 @@ def solver_step(name: str, x_t: torch.Tensor, heads: list[torch.Tensor], k: Step
                 raise
             return x_s, ({} if p is None else {"mu1": p.mu1, "mu2": p.mu2, "s2": p.s2})
     check_inputs_finite(x_t, heads, where)
+    solver = get_solver(name)
+    o = resolve_options(solver, options)
     o.update(data_range=data_range, T=T)
     x_t = x_t.to(torch.float64)
     heads = [h.to(torch.float64) for h in heads]

@@ -195,3 +195,23 @@ def test_all_finite_fast_path_is_exact():
     x = torch.zeros(4)
     x[0], x[1] = float("inf"), -float("inf")  # would cancel to NaN, never to a finite number
     assert not all_finite(x)
+
+
+def test_fused_config_is_memoised_and_still_checks_options():
+    from gms_kernels.solvers import fused_config
+
+    sched = gk.Schedule.linear()
+    k = sched.coefficients(500, 400)
+    args = (k, (-1.0, 1.0), sched.T, 2, 48)
+    a = fused_config("gms", {"fit": "adan", "fit_iters": 25}, *args)
+    assert fused_config("gms", {"fit": "adan", "fit_iters": 25}, *args) is a  # the same step: built once
+    assert len(a.lrs) == 25 and len(fused_config("gms", {"fit": "adan", "fit_iters": 70}, *args).lrs) == 70
+    assert fused_config("gms", {"fit": "adan", "fit_iters": 25}, sched.coefficients(500, 300), *args[1:]) != a
+    # an option that cannot be hashed skips the memo and gives the same config as its hashable twin
+    assert fused_config("gms", {"weights": [1 / 3, 2 / 3]}, *args) == fused_config("gms", {"weights": (1 / 3, 2 / 3)}, *args)
+    assert fused_config("ddpm", {}, *args) is None  # not a fused step
+    for _ in range(2):  # errors are not memoised: every call checks again
+        with pytest.raises(ValueError, match="unknown option"):
+            fused_config("gms", {"fit_iter": 3}, *args)
+        with pytest.raises(ValueError, match="valid solvers"):
+            fused_config("dpm-solver", {}, *args)

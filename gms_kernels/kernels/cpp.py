@@ -13,6 +13,7 @@ lazily: without it, :func:`available` is False and the torch reference is used i
 """
 from __future__ import annotations
 
+import functools
 import importlib
 
 import torch
@@ -67,11 +68,20 @@ def _flat_f32(t: torch.Tensor, name: str) -> torch.Tensor:
     return t.detach().to(torch.float32).contiguous().reshape(-1)
 
 
+@functools.lru_cache(maxsize=64)
+def _row_major_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
+
+
 def _samples_contiguous(t: torch.Tensor) -> bool:
     """Whether the elements of each t[i] are contiguous (dims 1.. in row-major order; any dim-0 stride)."""
-    if t.is_contiguous():
+    if t.is_contiguous() or t.stride()[1:] == _row_major_strides(t.shape[1:]):  # (the usual cases, fast)
         return True
-    expected = 1
+    expected = 1  # (size-1 dims may have any stride)
     for size, stride in zip(reversed(t.shape[1:]), reversed(t.stride()[1:])):
         if size != 1 and stride != expected:
             return False
@@ -89,8 +99,7 @@ def _samples(t: torch.Tensor, n: int, d: int, name: str) -> tuple[torch.Tensor, 
     _check_float_cpu(t, name)
     if t.requires_grad:
         t = t.detach()
-    if (t.dtype == torch.float32 and n > 0 and d > 0 and t.dim() >= 1 and t.shape[0] == n
-            and _samples_contiguous(t)):
+    if t.dtype == torch.float32 and n > 0 and d > 0 and t.dim() >= 1 and t.shape[0] == n and _samples_contiguous(t):
         return t, (t.stride(0) if n > 1 else d)
     return t.to(torch.float32).contiguous(), d
 
