@@ -37,54 +37,107 @@ FLOPS_CLOSED = 30         # cube root, floor, means (double)
 FLOPS_SAMPLING = 30       # half a Box-Muller pair (log, sqrt, cos, sin) + select (integer Philox work not counted)
 
 
-# Instructions per 16 lanes and iteration in the compiled AVX-512 ADAN loop (objdump of the built
-# extension, GCC 12, csrc/gms_step.cpp adan_iteration<false>): arithmetic on the two FMA units
-# (fma/add/mul/sub/min/max and the vrcp14ps estimates) and square roots on the divider.
-LOOP_FMA_UNIT_INSTRUCTIONS = 66
-LOOP_SQRTS = 3
+# What was learnt about the ADAN loop on each machine this ran on (the VM's processor changes from
+# session to session). Throw-away variants of benchmarks/cpp/adan_loop_bench.cpp, not kept; one
+# thread, each against the unchanged loop in the same minute (single runs vary by about 5%).
+ROOFLINE_NOTES = {
+    "Intel Xeon @ 2.80GHz (AVX-512 on two 512-bit FMA units), 2026-11-25/26": (
+        "The VM exposes no hardware counters, so the gap between the loop and its bounds was narrowed "
+        "down with variants: dropping the 3 square roots, the 3 divisions, or both, changed nothing; "
+        "dropping the 12 stores of the optimizer state made it about 10% faster, dropping them and the "
+        "square roots and divisions about 35%; adding one independent Philox4x32-10 vector (8 lanes, about "
+        "58 integer vector instructions) per 16 lanes made it slower by that code's full stand-alone cost. "
+        "So the vector ports have no idle cycles to lend (which also rules out hiding the normals' Philox "
+        "work inside the fit): they are busier than the instruction count at the FMA rate suggests (square "
+        "roots and reciprocal estimates are several micro-ops each on these cores, and register copies take "
+        "issue slots), and the state stores add to it. One thing did help: the loop read the 13 iteration "
+        "constants through a reference, and since the state stores might alias them the compiler reloaded "
+        "them from memory on every vector; reading them from a local copy keeps them in registers and made "
+        "the loop about 14% faster, with bit-identical results. Also measured and not faster: two vectors "
+        "per pack (statement-level interleaving), an array-of-structures layout of the state, true "
+        "divisions for one, two or three of the parameters, -funroll-loops, -mtune=icelake-server, "
+        "64-element blocks; and earlier: the vectorised per-element loop with true divisions, "
+        "register-resident state over all iterations (spills, or a single latency-bound chain), deeper "
+        "software pipelining (two vectors of lag), blocks of 128 or 512 elements, rsqrt14 plus Newton "
+        "instead of vsqrtps. The loop kept issues the square roots and divisions of vector i-1 after the "
+        "FMA work of vector i."),
+    "AMD EPYC (Zen 4: 512-bit instructions on 256-bit units; GCC 12 targets it as znver3), 2026-11-26": (
+        "Its divider is twice as fast as the Intel core's per instruction (vdivps zmm above) while a "
+        "512-bit FMA issues at half the rate, so there the three divisions are true divisions "
+        "(GMS_TRUE_DIVISION in csrc/gms_step.cpp): 5% faster, three runs of three (10.1 against 10.6 ms). "
+        "Not faster there: two ADAN iterations per pass over a block (state kept in registers between them; "
+        "33% slower: each vector's work becomes one long dependency chain), -fschedule-insns "
+        "-fsched-pressure, -funroll-loops (16% slower), blocks of 128 or 512 elements, the portable loop "
+        "vectorised by GCC at 512 bits (4% slower) or 256 bits (31% slower). Without its square roots the "
+        "loop was 14% faster, so it is not bound by them either. The torch ops of (i) run about 1.4-2x "
+        "faster on this machine than on the Intel one (200-210 ms against 287-406 ms per step), while the "
+        "fused loop takes about the same time per element (10.1-10.6 against 11.2 ms on one thread): "
+        "the ratio to (i) is that much lower here."),
+}
+ROOFLINE_TAIL = (
+    "The part of the step outside the fit (moments, normals, mixture draw; measured in the section above) "
+    "is bound by the double-precision moments, Philox/Box-Muller and the first touch of the inputs in memory.")
 
-ROOFLINE_NOTES = (
-    "How the ADAN loop is bound. Per 16 lanes and iteration the compiled loop issues "
-    f"{LOOP_FMA_UNIT_INSTRUCTIONS} arithmetic instructions on the two 512-bit FMA units (including three "
-    f"vrcp14ps, since the divisions are a reciprocal estimate plus one Newton step) and {LOOP_SQRTS} vsqrtps "
-    "on the divider, which runs beside them. Loads and stores (24 and 15, all in L1) use other ports. The "
-    "sentence above compares the loop with the larger of the FMA-unit and divider times at the measured "
-    "instruction rates; the loop takes about twice as long. The VM exposes no hardware counters, so the gap "
-    "was narrowed down with throw-away variants of adan_loop_bench.cpp (not kept; one thread, each against "
-    "the unchanged loop in the same minute, single runs vary by about 5%): dropping the 3 square roots, the 3 "
-    "divisions, or both, changed nothing; dropping the 12 stores of the optimizer state made it about 10% "
-    "faster, dropping them and the square roots and divisions about 35%; adding one independent "
-    "Philox4x32-10 vector (8 lanes, about 58 integer vector instructions) per 16 lanes made it slower by that "
-    "code's full stand-alone cost. So the vector ports have no idle cycles to lend (which also rules out "
-    "hiding the normals' Philox work inside the fit): they are busier than the instruction count at the "
-    "FMA rate suggests (square roots and reciprocal estimates are several micro-ops each on these cores, "
-    "and register copies take issue slots), and the state stores add to it. One thing did help: the "
-    "loop read the 13 iteration constants through a reference, and since the state stores might alias "
-    "them the compiler reloaded them from memory on every vector (13 extra loads and more register "
-    "copies per 16 lanes); reading them from a local copy keeps them in registers and made the loop "
-    "about 14% faster, with bit-identical results. Also measured and not faster: "
-    "two vectors per pack (statement-level interleaving), an array-of-structures layout of the state, true "
-    "divisions for one, two or three of the parameters, -funroll-loops, -mtune=icelake-server, 64-element "
-    "blocks; and earlier: the vectorised per-element loop with true divisions, register-resident state over "
-    "all iterations (spills, or a single latency-bound chain), deeper software pipelining (two vectors of "
-    "lag), blocks of 128 or 512 elements, rsqrt14 plus Newton instead of vsqrtps. The loop kept issues the "
-    "square roots and divisions of vector i-1 after the FMA work of vector i. The part of the step outside "
-    "the fit (moments, normals, mixture draw; measured in the section above) is bound by the "
-    "double-precision moments, Philox/Box-Muller and the first touch of the inputs in memory."
-)
+# The mnemonics of the compiled ADAN loop by unit: square roots and divisions on the divider, the
+# other arithmetic on the FMA / FP-add units.
+DIVIDER = ("vsqrtps", "vdivps")
 
 
-def loop_bounds(ceilings: str, loop: str) -> str:
-    """One sentence comparing the measured ADAN loop with its FMA-unit and divider bounds."""
-    rate = dict(re.findall(r"(vfmadd zmm|vsqrtps zmm) ([\d.]+)", ceilings))
+def adan_loop_mix(flags: list[str]) -> dict[str, int] | None:
+    """Instructions per 16 lanes and iteration in the AVX-512 ADAN loop as g++ compiles it here
+    (adan_iteration<false> of csrc/gms_step.cpp, from the assembly of adan_loop_bench.cpp):
+    {'vsqrtps': .., 'vdivps': .., 'fma-unit': .., 'memory': ..}; None without g++ or that loop."""
+    if shutil.which("g++") is None:
+        return None
+    src = Path(__file__).parent / "cpp" / "adan_loop_bench.cpp"
+    asm = subprocess.run(["g++", *flags, "-std=c++17", "-S", str(src), "-o", "-"], check=True,
+                         capture_output=True, text=True).stdout.splitlines()
+    name = "_ZN3gms14adan_iterationILb0EEEvRNS_9AdanBlockIfEEiRKNS_9AdanPacksIDv16_fEE:"
+    if name not in asm:
+        return None
+    labels, body = {}, None
+    for i in range(asm.index(name), len(asm)):
+        if (m := re.match(r"^(\.L\d+):", asm[i])):
+            labels[m.group(1)] = i
+        if (m := re.match(r"\s+jne\s+(\.L\d+)", asm[i])) and m.group(1) in labels:
+            body = [line.split(None, 1) for line in asm[labels[m.group(1)] + 1:i] if line.strip()]
+            break
+    if body is None:
+        return None
+    vector = [op for op in body if op[0].startswith("v") and "zmm" in op[-1]]
+    mix = {d: sum(op[0] == d for op in vector) for d in DIVIDER}
+    mix["memory"] = sum("(" in op[-1] for op in vector)
+    mix["fma-unit"] = sum(op[0] not in DIVIDER and op[0] != "vmovaps" for op in vector)  # (copies, loads, stores)
+    return mix
+
+
+def loop_bounds(ceilings: str, loop: str, mix: dict[str, int]) -> str:
+    """Sentences comparing the measured ADAN loop with its FMA-unit and divider bounds."""
+    rate = {k: float(v) for k, v in re.findall(r"(vfmadd zmm|vsqrtps zmm|vdivps zmm) ([\d.]+)", ceilings)}
     ms = float(re.search(r"one thread: ([\d.]+) ms", loop).group(1))
     elements, iters = (int(v) for v in re.search(r"ADAN fit, (\d+) elements, (\d+) iterations", loop).groups())
     loop_ns = ms * 1e6 / (elements / 16 * iters)
-    fma_ns = LOOP_FMA_UNIT_INSTRUCTIONS / float(rate["vfmadd zmm"])
-    div_ns = LOOP_SQRTS / float(rate["vsqrtps zmm"])
-    return (f"Per 16 lanes and iteration: the loop takes {loop_ns:.1f} ns; the FMA units need {fma_ns:.1f} ns "
-            f"and the divider {div_ns:.1f} ns at the measured rates, so the loop runs at "
-            f"{100 * max(fma_ns, div_ns) / loop_ns:.0f}% of its throughput bound.")
+    fma_ns = mix["fma-unit"] / rate["vfmadd zmm"]
+    div_ns = mix["vsqrtps"] / rate["vsqrtps zmm"] + mix["vdivps"] / rate["vdivps zmm"]
+    return (f"Per 16 lanes and iteration the compiled loop issues {mix['fma-unit']} arithmetic instructions on "
+            f"the FMA and FP-add units, {mix['vsqrtps']} square roots and {mix['vdivps']} divisions on the divider "
+            f"(which runs beside them; where there are no divisions they are reciprocal estimates plus a Newton "
+            f"step, FMA-unit work), and {mix['memory']} instructions with a memory operand (loads, stores and "
+            f"loads folded into arithmetic, all in L1). The loop takes "
+            f"{loop_ns:.1f} ns; the FMA units need {fma_ns:.1f} ns at the measured FMA rate and the divider "
+            f"{div_ns:.1f} ns, so the loop runs at {100 * max(fma_ns, div_ns) / loop_ns:.0f}% of its "
+            "throughput bound.")
+
+
+def nominal_ghz() -> float:
+    """The clock the cycle counts are quoted at: the model name's, else the kernel's 'cpu MHz'."""
+    if (m := re.search(r"@ ([\d.]+)GHz", cpu_name())):
+        return float(m.group(1))
+    try:
+        mhz = re.search(r"cpu MHz\s*:\s*([\d.]+)", Path("/proc/cpuinfo").read_text())
+        return round(float(mhz.group(1)) / 1000, 2) if mhz else 2.8
+    except OSError:
+        return 2.8
 
 
 def flops_per_element(fit: str, options: dict | None = None) -> int:
@@ -337,8 +390,10 @@ def main() -> None:
                   "warm-up table below shows what that does to the first calls of a burst."]
         lines += [""] + parts + [""] + warm_up(schedule)
         ceilings = run_cpp_bench("vector_ceilings.cpp", ["-O2", "-march=native"])
-        loop = run_cpp_bench("adan_loop_bench.cpp", ["-O3", "-march=native", "-mprefer-vector-width=512",
-                                                     "-fno-math-errno", "-fno-wrapv", "-fopenmp"], "2.8")
+        loop_flags = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno", "-fno-wrapv",
+                      "-fopenmp"]
+        loop = run_cpp_bench("adan_loop_bench.cpp", loop_flags, str(nominal_ghz()))
+        mix = adan_loop_mix(loop_flags)
         lines += [
             "",
             "## Roofline",
@@ -363,8 +418,12 @@ def main() -> None:
         if ceilings and loop:
             lines += ["Instruction-level view of the ADAN loop, one thread, same run:", "",
                       f"- `benchmarks/cpp/vector_ceilings.cpp`: {ceilings}",
-                      f"- `benchmarks/cpp/adan_loop_bench.cpp`: {loop}", "", loop_bounds(ceilings, loop), ""]
-        lines += [ROOFLINE_NOTES]
+                      f"- `benchmarks/cpp/adan_loop_bench.cpp`: {loop}", ""]
+            if mix:
+                lines += [loop_bounds(ceilings, loop, mix), ""]
+        lines += ["What else was tried on the ADAN loop, by machine:", ""]
+        lines += [f"- {machine}: {notes}" for machine, notes in ROOFLINE_NOTES.items()]
+        lines += ["", ROOFLINE_TAIL]
     out = Path(__file__).parent / "results" / "cpu.md"
     out.parent.mkdir(exist_ok=True)
     out.write_text("\n".join(lines) + "\n")

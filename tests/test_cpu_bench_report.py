@@ -1,0 +1,37 @@
+"""benchmarks/run_cpu.py's roofline section: the ADAN loop's instruction mix read from the compiled
+loop, and the bound computed from it and the measured instruction rates."""
+import shutil
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import run_cpu  # noqa: E402
+
+LOOP_FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno", "-fno-wrapv", "-fopenmp"]
+
+
+def test_loop_bounds_take_the_larger_of_the_fma_and_divider_times():
+    ceilings = ("instructions per ns, one thread: vfmadd zmm 4.00, vfmadd ymm 8.00, vsqrtps zmm 0.500, "
+                "vdivps zmm 1.000, vrcp14ps zmm 4.00")
+    loop = ("ADAN fit, 307200 elements, 25 iterations, one thread: 9.60 ms, 50.0 cycles per 16 elements per "
+            "iteration at 2.60 GHz (checksum 1)")
+    # 9.6 ms over 307200 / 16 * 25 = 480,000 vector iterations: 20 ns each
+    text = run_cpu.loop_bounds(ceilings, loop, {"fma-unit": 40, "vsqrtps": 3, "vdivps": 4, "memory": 30})
+    assert "The loop takes 20.0 ns" in text
+    assert "the FMA units need 10.0 ns" in text and "the divider 10.0 ns" in text  # 3 / 0.5 + 4 / 1
+    assert "at 50% of its throughput bound" in text
+    text = run_cpu.loop_bounds(ceilings, loop, {"fma-unit": 60, "vsqrtps": 3, "vdivps": 0, "memory": 30})
+    assert "the FMA units need 15.0 ns" in text and "at 75% of its throughput bound" in text
+
+
+def test_adan_loop_mix_counts_the_compiled_loop():
+    assert shutil.which("g++") is not None  # (the extension is built with it)
+    mix = run_cpu.adan_loop_mix(LOOP_FLAGS)
+    avx512 = "avx512f" in Path("/proc/cpuinfo").read_text().split()
+    if not avx512:  # the portable loop only: no 16-lane loop to count
+        assert mix is None
+        return
+    # per 16 lanes and iteration: three square roots, and three divisions or none (reciprocal
+    # estimates instead), around 55-70 other arithmetic instructions
+    assert mix["vsqrtps"] == 3 and mix["vdivps"] in (0, 3)
+    assert 45 <= mix["fma-unit"] <= 80 and mix["memory"] >= 21
