@@ -69,10 +69,11 @@ ROOFLINE_NOTES = {
         "33% slower: each vector's work becomes one long dependency chain), -fschedule-insns "
         "-fsched-pressure, -funroll-loops (16% slower), blocks of 128 or 512 elements, the portable loop "
         "vectorised by GCC at 512 bits (4% slower) or 256 bits (31% slower). Without its square roots the "
-        "loop was 14% faster, so it is not bound by them either. The torch ops of (i) run about 1.4-2x "
-        "faster on this machine than on the Intel one (200-210 ms against 287-406 ms per step), while the "
-        "fused loop takes about the same time per element (10.1-10.6 against 11.2 ms on one thread): "
-        "the ratio to (i) is that much lower here."),
+        "loop was 14% faster, so it is not bound by them either. The torch ops of (i) run about 1.8x faster "
+        "on this machine than on the Intel one (157 / 210 ms per step, fastest / median call, against "
+        "287 / 406 ms), while the fused loop takes about the same time per element (10.1-12.0 against "
+        "11.2 ms on one thread): the ratio to (i) is that much lower here. Even at its throughput bound "
+        "(the sentence above) the loop would leave ADAN-25 short of 50x on this machine."),
 }
 ROOFLINE_TAIL = (
     "The part of the step outside the fit (moments, normals, mixture draw; measured in the section above) "
@@ -127,6 +128,13 @@ def loop_bounds(ceilings: str, loop: str, mix: dict[str, int]) -> str:
             f"{loop_ns:.1f} ns; the FMA units need {fma_ns:.1f} ns at the measured FMA rate and the divider "
             f"{div_ns:.1f} ns, so the loop runs at {100 * max(fma_ns, div_ns) / loop_ns:.0f}% of its "
             "throughput bound.")
+
+
+def fma_peak_gflops(ceilings: str, threads: int) -> float:
+    """fp32 FMA peak in GFLOP/s: the better of the 512- and 256-bit FMA rates (instructions per ns),
+    times their lanes, 2 flops per FMA and the threads."""
+    rate = {k: float(v) for k, v in re.findall(r"vfmadd (zmm|ymm) ([\d.]+)", ceilings)}
+    return max(rate["zmm"] * 16, rate["ymm"] * 8) * 2 * threads
 
 
 def nominal_ghz() -> float:
@@ -394,14 +402,19 @@ def main() -> None:
                       "-fopenmp"]
         loop = run_cpp_bench("adan_loop_bench.cpp", loop_flags, str(nominal_ghz()))
         mix = adan_loop_mix(loop_flags)
+        threads = torch.get_num_threads()
+        fma_peak = fma_peak_gflops(ceilings, threads) if ceilings else None
+        peak, peak_name = (fma_peak, "FMA peak") if fma_peak else (gflops_peak, "sgemm ceiling")
         lines += [
             "",
             "## Roofline",
             "",
             f"Measured ceilings on this machine: fp32 sgemm {gflops_peak:.0f} GFLOP/s (2048x2048 torch matmul, "
-            f"2 threads), memory copy {gbs_peak:.1f} GB/s (64 MiB torch copy, read + write).",
+            f"{threads} threads), memory copy {gbs_peak:.1f} GB/s (64 MiB torch copy, read + write)"
+            + (f", fp32 FMA peak {fma_peak:.0f} GFLOP/s (vector_ceilings.cpp's FMA rate below, the better of "
+               f"512 and 256 bits, times the lanes, 2 flops and {threads} threads)" if fma_peak else "") + ".",
             "",
-            "| elements | fit | flops / element | cpp kernel GFLOP/s (fastest call) | % of sgemm ceiling | "
+            f"| elements | fit | flops / element | cpp kernel GFLOP/s (fastest call) | % of {peak_name} | "
             "cpp kernel GB/s (20 B / element) | % of copy ceiling |",
             "|---|---|---|---|---|---|---|",
         ]
@@ -410,7 +423,7 @@ def main() -> None:
             f = flops_per_element(fit)
             gf = f * n / t["cpp-kernel"][0] / 1e9
             gb = 20 * n / t["cpp-kernel"][0] / 1e9
-            lines.append(f"| {n:,} | {fit} | {f} | {gf:.1f} | {100 * gf / gflops_peak:.0f}% | {gb:.2f} | "
+            lines.append(f"| {n:,} | {fit} | {f} | {gf:.1f} | {100 * gf / peak:.0f}% | {gb:.2f} | "
                          f"{100 * gb / gbs_peak:.0f}% |")
         lines += ["", f"Flops per element: ADAN's {FLOPS_ADAN_ITER} per iteration are counted in csrc/gms_step.cpp; "
                   f"moments ({FLOPS_MOMENTS}), closed fit ({FLOPS_CLOSED}) and sampling ({FLOPS_SAMPLING}) are "

@@ -35,3 +35,9 @@ def test_adan_loop_mix_counts_the_compiled_loop():
     # estimates instead), around 55-70 other arithmetic instructions
     assert mix["vsqrtps"] == 3 and mix["vdivps"] in (0, 3)
     assert 45 <= mix["fma-unit"] <= 80 and mix["memory"] >= 21
+
+
+def test_fma_peak_takes_the_better_vector_width():
+    ceilings = "instructions per ns, one thread: vfmadd zmm 3.50, vfmadd ymm 7.25, vsqrtps zmm 0.35"
+    assert run_cpu.fma_peak_gflops(ceilings, 2) == 7.25 * 8 * 2 * 2  # 256-bit wins: 232 GFLOP/s
+    assert run_cpu.fma_peak_gflops(ceilings.replace("3.50", "5.50"), 1) == 5.5 * 16 * 2
