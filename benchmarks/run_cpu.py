@@ -79,6 +79,9 @@ ROOFLINE_TAIL = (
     "The part of the step outside the fit (moments, normals, mixture draw; measured in the section above) "
     "is bound by the double-precision moments, Philox/Box-Muller and the first touch of the inputs in memory.")
 
+# How adan_loop_bench.cpp is compiled: as setup.py builds the extension on this machine.
+ADAN_LOOP_FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno", "-fno-wrapv", "-fopenmp"]
+
 # The mnemonics of the compiled ADAN loop by unit: square roots and divisions on the divider, the
 # other arithmetic on the FMA / FP-add units.
 DIVIDER = ("vsqrtps", "vdivps")
@@ -108,7 +111,8 @@ def adan_loop_mix(flags: list[str]) -> dict[str, int] | None:
     vector = [op for op in body if op[0].startswith("v") and "zmm" in op[-1]]
     mix = {d: sum(op[0] == d for op in vector) for d in DIVIDER}
     mix["memory"] = sum("(" in op[-1] for op in vector)
-    mix["fma-unit"] = sum(op[0] not in DIVIDER and op[0] != "vmovaps" for op in vector)  # (copies, loads, stores)
+    # (vmovaps: register copies, loads and stores)
+    mix["fma-unit"] = sum(op[0] not in DIVIDER and op[0] != "vmovaps" for op in vector)
     return mix
 
 
@@ -143,9 +147,9 @@ def nominal_ghz() -> float:
         return float(m.group(1))
     try:
         mhz = re.search(r"cpu MHz\s*:\s*([\d.]+)", Path("/proc/cpuinfo").read_text())
-        return round(float(mhz.group(1)) / 1000, 2) if mhz else 2.8
     except OSError:
-        return 2.8
+        mhz = None
+    return round(float(mhz.group(1)) / 1000, 2) if mhz else 2.8
 
 
 def flops_per_element(fit: str, options: dict | None = None) -> int:
@@ -398,10 +402,8 @@ def main() -> None:
                   "warm-up table below shows what that does to the first calls of a burst."]
         lines += [""] + parts + [""] + warm_up(schedule)
         ceilings = run_cpp_bench("vector_ceilings.cpp", ["-O2", "-march=native"])
-        loop_flags = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno", "-fno-wrapv",
-                      "-fopenmp"]
-        loop = run_cpp_bench("adan_loop_bench.cpp", loop_flags, str(nominal_ghz()))
-        mix = adan_loop_mix(loop_flags)
+        loop = run_cpp_bench("adan_loop_bench.cpp", ADAN_LOOP_FLAGS, str(nominal_ghz()))
+        mix = adan_loop_mix(ADAN_LOOP_FLAGS)
         threads = torch.get_num_threads()
         fma_peak = fma_peak_gflops(ceilings, threads) if ceilings else None
         peak, peak_name = (fma_peak, "FMA peak") if fma_peak else (gflops_peak, "sgemm ceiling")

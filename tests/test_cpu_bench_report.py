@@ -7,9 +7,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import run_cpu  # noqa: E402
 
-LOOP_FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno", "-fno-wrapv", "-fopenmp"]
-
-
 def test_loop_bounds_take_the_larger_of_the_fma_and_divider_times():
     ceilings = ("instructions per ns, one thread: vfmadd zmm 4.00, vfmadd ymm 8.00, vsqrtps zmm 0.500, "
                 "vdivps zmm 1.000, vrcp14ps zmm 4.00")
@@ -26,7 +23,7 @@ def test_loop_bounds_take_the_larger_of_the_fma_and_divider_times():
 
 def test_adan_loop_mix_counts_the_compiled_loop():
     assert shutil.which("g++") is not None  # (the extension is built with it)
-    mix = run_cpu.adan_loop_mix(LOOP_FLAGS)
+    mix = run_cpu.adan_loop_mix(run_cpu.ADAN_LOOP_FLAGS)
     avx512 = "avx512f" in Path("/proc/cpuinfo").read_text().split()
     if not avx512:  # the portable loop only: no 16-lane loop to count
         assert mix is None
