@@ -68,8 +68,10 @@ ROOFLINE_NOTES = {
         "Not faster there: two ADAN iterations per pass over a block (state kept in registers between them; "
         "33% slower: each vector's work becomes one long dependency chain), -fschedule-insns "
         "-fsched-pressure, -funroll-loops (16% slower), blocks of 128 or 512 elements, the portable loop "
-        "vectorised by GCC at 512 bits (4% slower) or 256 bits (31% slower). Without its square roots the "
-        "loop was 14% faster, so it is not bound by them either. The torch ops of (i) run about 1.8x faster "
+        "vectorised by GCC at 512 bits (4% slower) or 256 bits (31% slower), the software-pipelined loop on "
+        "256-bit vectors (14% slower), square roots from vrsqrt14ps and a Newton step (12% slower: that moves "
+        "divider work onto the FMA units, the tighter of the two). Without its square roots the loop was 14% "
+        "faster, so it is not bound by them either. The torch ops of (i) run about 1.8x faster "
         "on this machine than on the Intel one (157 / 210 ms per step, fastest / median call, against "
         "287 / 406 ms), while the fused loop takes about the same time per element (10.1-12.0 against "
         "11.2 ms on one thread): the ratio to (i) is that much lower here. Even at its throughput bound "
@@ -155,6 +157,18 @@ def nominal_ghz() -> float:
 def flops_per_element(fit: str, options: dict | None = None) -> int:
     iters = (FITS[fit] if options is None else options).get("fit_iters", 0)
     return FLOPS_MOMENTS + FLOPS_SAMPLING + (FLOPS_CLOSED if fit == "closed" else iters * FLOPS_ADAN_ITER)
+
+
+def flop_floor(elements: int, flops: int, peak_gflops: float, peak_name: str, baseline_s: list[float],
+               target: float = 50.0) -> str:
+    """A sentence comparing the time the step's flops take at the peak with what target x (i) allows
+    (baseline_s: (i)'s fastest and median call in seconds)."""
+    floor_ms = flops * elements / peak_gflops / 1e6
+    allowed = [b / target * 1e3 for b in baseline_s]
+    return (f"At the {peak_name} ({peak_gflops:.0f} GFLOP/s, every flop inside an FMA) the adan-25 step's "
+            f"{flops * elements / 1e6:.0f} MFLOP for {elements:,} elements take {floor_ms:.2f} ms; {target:.0f}x of (i) "
+            f"allows {allowed[0]:.2f} ms (fastest call) and {allowed[1]:.2f} ms (median call) for the whole step, "
+            f"that is {100 * floor_ms / allowed[0]:.0f}% and {100 * floor_ms / allowed[1]:.0f}% of the peak's rate.")
 
 
 def cpu_name() -> str:
@@ -430,6 +444,8 @@ def main() -> None:
         lines += ["", f"Flops per element: ADAN's {FLOPS_ADAN_ITER} per iteration are counted in csrc/gms_step.cpp; "
                   f"moments ({FLOPS_MOMENTS}), closed fit ({FLOPS_CLOSED}) and sampling ({FLOPS_SAMPLING}) are "
                   "estimates.", ""]
+        cifar = stats[("cifar10-b100", "adan-25")]["reference-loop"]
+        lines += [flop_floor(x_numel("cifar10-b100"), flops_per_element("adan-25"), peak, peak_name, list(cifar)), ""]
         if ceilings and loop:
             lines += ["Instruction-level view of the ADAN loop, one thread, same run:", "",
                       f"- `benchmarks/cpp/vector_ceilings.cpp`: {ceilings}",
