@@ -118,9 +118,14 @@ def adan_loop_mix(flags: list[str]) -> dict[str, int] | None:
     return mix
 
 
+def instruction_rates(ceilings: str) -> dict[str, float]:
+    """vector_ceilings.cpp's line as {'vfmadd zmm': instructions per ns, ...}."""
+    return {k: float(v) for k, v in re.findall(r"(v\w+ [xyz]mm) ([\d.]+)", ceilings)}
+
+
 def loop_bounds(ceilings: str, loop: str, mix: dict[str, int]) -> str:
     """Sentences comparing the measured ADAN loop with its FMA-unit and divider bounds."""
-    rate = {k: float(v) for k, v in re.findall(r"(vfmadd zmm|vsqrtps zmm|vdivps zmm) ([\d.]+)", ceilings)}
+    rate = instruction_rates(ceilings)
     ms = float(re.search(r"one thread: ([\d.]+) ms", loop).group(1))
     elements, iters = (int(v) for v in re.search(r"ADAN fit, (\d+) elements, (\d+) iterations", loop).groups())
     loop_ns = ms * 1e6 / (elements / 16 * iters)
@@ -139,8 +144,8 @@ def loop_bounds(ceilings: str, loop: str, mix: dict[str, int]) -> str:
 def fma_peak_gflops(ceilings: str, threads: int) -> float:
     """fp32 FMA peak in GFLOP/s: the better of the 512- and 256-bit FMA rates (instructions per ns),
     times their lanes, 2 flops per FMA and the threads."""
-    rate = {k: float(v) for k, v in re.findall(r"vfmadd (zmm|ymm) ([\d.]+)", ceilings)}
-    return max(rate["zmm"] * 16, rate["ymm"] * 8) * 2 * threads
+    rate = instruction_rates(ceilings)
+    return max(rate["vfmadd zmm"] * 16, rate["vfmadd ymm"] * 8) * 2 * threads
 
 
 def nominal_ghz() -> float:

@@ -1,11 +1,12 @@
 """benchmarks/run_cpu.py's roofline section: the ADAN loop's instruction mix read from the compiled
-loop, and the bound computed from it and the measured instruction rates."""
+loop, the bound computed from it and the measured instruction rates, and the step's flop floor."""
 import shutil
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import run_cpu  # noqa: E402
+
 
 def test_loop_bounds_take_the_larger_of_the_fma_and_divider_times():
     ceilings = ("instructions per ns, one thread: vfmadd zmm 4.00, vfmadd ymm 8.00, vsqrtps zmm 0.500, "
@@ -21,13 +22,13 @@ def test_loop_bounds_take_the_larger_of_the_fma_and_divider_times():
     assert "the FMA units need 15.0 ns" in text and "at 75% of its throughput bound" in text
 
 
-
 def test_flop_floor_compares_the_peak_time_with_what_the_target_allows():
     # 1000 flops x 200,000 elements = 200 MFLOP: 2.00 ms at 100 GFLOP/s; 50x of 0.1 s / 0.2 s allows 2 / 4 ms
     text = run_cpu.flop_floor(200_000, 1000, 100.0, "FMA peak", [0.1, 0.2])
     assert "200 MFLOP for 200,000 elements take 2.00 ms" in text
     assert "allows 2.00 ms (fastest call) and 4.00 ms (median call)" in text
     assert "that is 100% and 50% of the peak's rate" in text
+
 
 def test_adan_loop_mix_counts_the_compiled_loop():
     assert shutil.which("g++") is not None  # (the extension is built with it)
