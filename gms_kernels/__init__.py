@@ -27,6 +27,11 @@ _LAZY = {"GMSScheduler": "scheduler", "GMSSchedulerOutput": "scheduler", "models
          "train_heads": "training", "train_backbone": "training"}
 
 
+def __dir__() -> list[str]:
+    """The lazily loaded names too, so that tab completion and dir(gk) show them."""
+    return sorted(set(globals()) | set(_LAZY))
+
+
 def __getattr__(name: str):
     """Heavier parts (diffusers, the model zoo, training) load on first use."""
     if name not in _LAZY:

@@ -7,6 +7,14 @@ from pathlib import Path
 from typing import Sequence
 
 
+class UsageError(Exception):
+    """A mistake in the command line or its inputs: reported in one line, exit status 2."""
+
+
+# what the library raises on bad input (ValueError, TypeError from its checks; missing files)
+USER_ERRORS = (UsageError, ValueError, TypeError, FileNotFoundError, IsADirectoryError, PermissionError)
+
+
 def _oracle(args: argparse.Namespace) -> int:
     from .experiments import oracle_study as study
 
@@ -57,7 +65,7 @@ def _load_model(path: str, kind: str):
     except ModuleNotFoundError as exc:
         if exc.name != f"{__package__}.models":
             raise
-        raise SystemExit(f"--kind {kind} needs gms_kernels.models, which is not available here; save the "
+        raise UsageError(f"--kind {kind} needs gms_kernels.models, which is not available here; save the "
                          "network as TorchScript (torch.jit.save) and use --kind torchscript") from None
     return models.load(path, kind=kind)
 
@@ -84,7 +92,7 @@ def _read_images(paths: Sequence[str], data_range: tuple[float, float]):
         if arr.ndim == 3:
             arr = arr[None]
         if arr.ndim != 4:
-            raise SystemExit(f"{path}: expected an image or an array of images, got shape {arr.shape}")
+            raise UsageError(f"{path}: expected an image or an array of images, got shape {arr.shape}")
         channels_first = arr.shape[1] in (1, 3) and arr.shape[-1] not in (1, 3)
         x = torch.from_numpy(np.array(arr))  # a writable copy
         x = x if channels_first else x.permute(0, 3, 1, 2)
@@ -93,31 +101,15 @@ def _read_images(paths: Sequence[str], data_range: tuple[float, float]):
         batches.append(x.to(torch.float32))
     shapes = {tuple(b.shape[1:]) for b in batches}
     if len(shapes) != 1:
-        raise SystemExit(f"all inputs must have the same [C, H, W], got {sorted(shapes)}")
+        raise UsageError(f"all inputs must have the same [C, H, W], got {sorted(shapes)}")
     return torch.cat(batches)
-
-
-def _save_grid(columns, path: Path, data_range: tuple[float, float]) -> None:
-    """One row per image, the given [N, C, H, W] tensors side by side, 2-pixel white gaps."""
-    import numpy as np
-    import torch
-    from PIL import Image
-
-    lo, hi = data_range
-    pix = [((c.detach().to("cpu", torch.float64) - lo) / (hi - lo)).clamp(0, 1) for c in columns]
-    N, C, H, W = pix[0].shape
-    gap = 2
-    grid = np.ones((N * (H + gap) - gap, len(pix) * (W + gap) - gap, C))
-    for j, col in enumerate(pix):
-        for i in range(N):
-            grid[i * (H + gap):i * (H + gap) + H, j * (W + gap):j * (W + gap) + W] = col[i].permute(1, 2, 0).numpy()
-    img = (grid * 255).round().astype(np.uint8)
-    Image.fromarray(img[:, :, 0] if C == 1 else img[:, :, :3]).save(path)
 
 
 def _sdedit(args: argparse.Namespace) -> int:
     import numpy as np
+    import torch
 
+    from .images import image_grid
     from .schedule import Schedule
     from .sdedit import sdedit, stroke_guide
 
@@ -143,7 +135,8 @@ def _sdedit(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     columns = ([images] if args.stroke else []) + [guide, res.images]
-    _save_grid(columns, out / "sdedit_grid.png", data_range)
+    rows = torch.stack([c.detach().cpu().float() for c in columns], dim=1).flatten(0, 1)  # image i's columns in a row
+    image_grid(rows, nrow=len(columns), gap=2, data_range=data_range).save(out / "sdedit_grid.png")
     np.save(out / "sdedit_images.npy", res.images.detach().cpu().float().numpy())
     header = "input | guide | edited" if args.stroke else "guide | edited"
     print(f"SDEdit: {len(guide)} image(s), solver {args.solver}, t0 index {res.t0}, "
@@ -174,19 +167,21 @@ def _sample(args: argparse.Namespace) -> int:
     from .embedded import DIGITS_SHAPE, default_model
     from .images import image_grid
 
+    if args.npz and not args.npz.endswith(".npz"):
+        raise UsageError(f"--npz must name a .npz file, got {args.npz!r}")
+    if args.model and args.shape is None:
+        raise UsageError("--shape C H W is required with --model")
+    shape = tuple(args.shape) if args.model else DIGITS_SHAPE
+    if args.fd and shape != DIGITS_SHAPE:
+        raise UsageError("--fd measures digits (1x8x8) samples; use gk.metrics for other data")
     started = distributed.init_from_env()
     rank, world = distributed.world()
-    if args.model:
-        model = _load_model(args.model, args.kind)
-        if args.shape is None:
-            raise SystemExit("--shape C H W is required with --model")
-        shape = tuple(args.shape)
-    else:
-        model, shape = default_model(), DIGITS_SHAPE
+    model = _load_model(args.model, args.kind) if args.model else default_model()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = model.to(device)
-    options = {k: v for k, v in dict(fit=args.fit, select=args.select, fit_iters=args.fit_iters,
-                                     adan_precision=args.adan_precision).items() if v is not None}
+    options = {}
+    if args.solver == "gms":
+        options = dict(fit=args.fit, select=args.select, fit_iters=args.fit_iters, adan_precision=args.adan_precision)
     paths = distributed.sample_shards(model, args.out, args.num_samples, shape, shard_size=args.shard_size,
                                       batch_size=args.batch_size, seed=args.seed, progress=not args.quiet,
                                       device=device, steps=args.steps, solver=args.solver,
@@ -196,12 +191,17 @@ def _sample(args: argparse.Namespace) -> int:
         grid = Path(args.out) / "samples.png"
         image_grid(images[:100], nrow=10, scale=4).save(grid)
         print(f"{images.shape[0]} samples in {len(paths)} shard(s) in {args.out}; grid: {grid}")
+        if args.npz:
+            import numpy as np
+
+            from .images import to_uint8
+
+            np.savez(args.npz, arr_0=to_uint8(images))  # guided-diffusion's layout: uint8 [N, H, W, C]
+            print(f"wrote {args.npz} (arr_0: uint8 [N, H, W, C], as the FID tools read)")
         if args.fd:
             from .data import digits
             from .metrics import fd_digits
 
-            if tuple(images.shape[1:]) != DIGITS_SHAPE:
-                raise SystemExit("--fd measures digits (1x8x8) samples; use gk.metrics for other data")
             print(f"FD-digits: {fd_digits(images, digits('all')[0]):.3f}")
     if started:
         torch.distributed.destroy_process_group()
@@ -221,7 +221,7 @@ def _training_data(spec: str):
         return torch.from_numpy(np.load(spec)).float()
     data = torch.load(spec, map_location="cpu", weights_only=True)
     if not torch.is_tensor(data):
-        raise SystemExit(f"{spec}: expected a tensor [N, C, H, W]")
+        raise UsageError(f"{spec}: expected a tensor [N, C, H, W]")
     return data.float()
 
 
@@ -303,96 +303,109 @@ def _train_heads(args: argparse.Namespace) -> int:
 
 def _add_training_args(p: argparse.ArgumentParser, out: str, optimizer: str) -> None:
     p.add_argument("--data", default="digits", help="'digits' or a .npy/.pt tensor [N, C, H, W] in [-1, 1]")
-    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--steps", type=int, default=2000, help="optimiser steps")
     p.add_argument("--batch-size", type=int, default=128,
                    help="the global batch; under torchrun it is split evenly over the processes (a multiple of N)")
-    p.add_argument("--lr", type=float, default=2e-4)
-    p.add_argument("--optimizer", choices=["adan", "adam"], default=optimizer)
-    p.add_argument("--ema", type=float, default=0.9999)
+    p.add_argument("--lr", type=float, default=2e-4, help="learning rate")
+    p.add_argument("--optimizer", choices=["adan", "adam"], default=optimizer, help="optimiser")
+    p.add_argument("--ema", type=float, default=0.9999, help="EMA decay of the saved weights")
     p.add_argument("--checkpoint", default=None, help="resumable training state (written every 500 steps; "
                                                       "under torchrun by rank 0, on a file system all ranks read)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=out)
-    p.add_argument("--quiet", action="store_true")
+    _add_common(p, out)
+
+
+def _add_common(p: argparse.ArgumentParser, out: str) -> None:
+    p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument("--out", default=out, help="output path")
+    p.add_argument("--quiet", action="store_true", help="no progress bars (TQDM_DISABLE=1 also works)")
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                   help="show the full traceback of an error")
+
+
+def _add_sampler_args(p: argparse.ArgumentParser, steps: int, solvers: Sequence[str]) -> None:
+    from .backends import BACKENDS
+    from .schedule import TRAJECTORY_KINDS
+
+    p.add_argument("--steps", type=int, default=steps, help="sampling steps K")
+    p.add_argument("--solver", default="gms", choices=solvers, help="the reverse-step solver")
+    p.add_argument("--trajectory", default="even", choices=TRAJECTORY_KINDS, help="which time indices are visited")
+    p.add_argument("--fit", default="closed", choices=["closed", "adan"], help="GMS: the mixture fit")
+    p.add_argument("--select", default="sample", choices=["sample", "pixel"],
+                   help="GMS: one mixture component per sample or per pixel")
+    p.add_argument("--backend", default="auto", choices=BACKENDS, help="where the fused GMS step runs")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gms-kernels", description="Gaussian Mixture Solvers for diffusion models.")
-    sub = p.add_subparsers(dest="command")
-    d = sub.add_parser("digits", help="the default job: digits from the embedded model, GMS and the baselines "
-                                      "at K steps, FD table + grid")
-    d.add_argument("--steps", type=int, default=10)
-    d.add_argument("--samples", type=int, default=2000)
-    d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--out", default="gms_out")
-    d.add_argument("--quiet", action="store_true")
-    d.set_defaults(func=_digits)
+    from . import __version__
+    from .solvers import SOLVERS
 
-    s = sub.add_parser("sample", help="sample to resumable shards (the embedded digits model by default); "
-                                      "runs under torchrun --nproc_per_node N")
+    formatter = argparse.ArgumentDefaultsHelpFormatter
+    p = argparse.ArgumentParser(prog="gms-kernels", description="Gaussian Mixture Solvers for diffusion models. "
+                                "Without a command: the digits job.", formatter_class=formatter)
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    p.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    def command(name: str, text: str, func) -> argparse.ArgumentParser:
+        c = sub.add_parser(name, help=text, description=text, formatter_class=formatter)
+        c.set_defaults(func=func)
+        return c
+
+    d = command("digits", "the default job: digits from the embedded model, GMS and the baselines at K steps, "
+                          "FD table + grid", _digits)
+    d.add_argument("--steps", type=int, default=10, help="sampling steps K")
+    d.add_argument("--samples", type=int, default=2000, help="samples per solver")
+    _add_common(d, "gms_out")
+
+    s = command("sample", "sample to resumable shards (the embedded digits model by default); runs under "
+                          "torchrun --nproc_per_node N", _sample)
     s.add_argument("--model", help="a checkpoint for gk.models.load (default: the embedded digits model)")
-    s.add_argument("--kind", default="auto")
-    s.add_argument("--shape", type=int, nargs=3, metavar=("C", "H", "W"))
-    s.add_argument("--num-samples", type=int, default=100)
-    s.add_argument("--batch-size", type=int, default=250)
-    s.add_argument("--shard-size", type=int, default=1000)
-    s.add_argument("--steps", type=int, default=10)
-    s.add_argument("--solver", default="gms")
-    s.add_argument("--fit", choices=["closed", "adan"])
-    s.add_argument("--fit-iters", type=int, help="ADAN iterations per step (default 25)")
-    s.add_argument("--adan-precision", choices=["float32", "float64"],
-                   help="the fused kernels' ADAN loop (default float32; float64 follows the reference's fit exactly)")
-    s.add_argument("--select", choices=["sample", "pixel"])
-    s.add_argument("--trajectory", default="even")
-    s.add_argument("--backend", default="auto")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--kind", default="auto", help="the checkpoint's format (see gk.models.load), or torchscript")
+    s.add_argument("--shape", type=int, nargs=3, metavar=("C", "H", "W"), help="sample shape (needed with --model)")
+    s.add_argument("--num-samples", type=int, default=100, help="how many samples")
+    s.add_argument("--batch-size", type=int, default=250, help="samples per network call")
+    s.add_argument("--shard-size", type=int, default=1000, help="samples per shard file")
+    _add_sampler_args(s, 10, [name for name in SOLVERS if name != "exact"])
+    s.add_argument("--fit-iters", type=int, default=25, help="GMS with --fit adan: ADAN iterations per step")
+    s.add_argument("--adan-precision", choices=["float32", "float64"], default="float32",
+                   help="the fused kernels' ADAN loop (float64 follows the reference's fit exactly)")
     s.add_argument("--fd", action="store_true", help="report FD-digits of the samples at the end")
-    s.add_argument("--out", default="gms_out/samples")
-    s.add_argument("--quiet", action="store_true")
-    s.set_defaults(func=_sample)
+    s.add_argument("--npz", metavar="FILE.npz", help="also write all samples to this .npz (arr_0: uint8 [N, H, W, C])")
+    _add_common(s, "gms_out/samples")
 
     ddp = "; multi-process (DDP, --batch-size is the global batch): torchrun --nproc_per_node N -m gms_kernels "
-    text = "train a small eps UNet (pytorch-ddpm layout) on small data" + ddp + "train-backbone ..."
-    tb = sub.add_parser("train-backbone", help=text, description=text)
+    tb = command("train-backbone", "train a small eps UNet (pytorch-ddpm layout) on small data" + ddp
+                 + "train-backbone ...", _train_backbone)
     _add_training_args(tb, "gms_out/backbone.pt", "adam")
-    tb.add_argument("--T", type=int, default=1000)
-    tb.add_argument("--ch", type=int, default=32)
-    tb.add_argument("--ch-mult", type=int, nargs="+", default=[1, 2, 2])
-    tb.add_argument("--attn", type=int, nargs="*", default=[1])
-    tb.add_argument("--num-res-blocks", type=int, default=2)
-    tb.add_argument("--dropout", type=float, default=0.1)
-    tb.set_defaults(func=_train_backbone)
+    tb.add_argument("--T", type=int, default=1000, help="diffusion steps of the linear schedule")
+    tb.add_argument("--ch", type=int, default=32, help="base channels")
+    tb.add_argument("--ch-mult", type=int, nargs="+", default=[1, 2, 2], help="channel multiplier per level")
+    tb.add_argument("--attn", type=int, nargs="*", default=[1], help="levels with attention")
+    tb.add_argument("--num-res-blocks", type=int, default=2, help="residual blocks per level")
+    tb.add_argument("--dropout", type=float, default=0.1, help="dropout rate")
 
-    text = "train the e2/e3 heads on a frozen backbone (paper Alg. learning)" + ddp + "train-heads ..."
-    th = sub.add_parser("train-heads", help=text, description=text)
+    th = command("train-heads", "train the e2/e3 heads on a frozen backbone (paper Alg. learning)" + ddp
+                 + "train-heads ...", _train_heads)
     _add_training_args(th, "gms_out/moment_net.pt", "adan")
     th.add_argument("--model", required=True, help="the backbone checkpoint (gk.models.load)")
-    th.add_argument("--kind", default="auto")
-    th.add_argument("--head", choices=["conv", "res_conv"], default="conv")
-    th.add_argument("--orders", type=int, nargs="+", default=[2, 3])
-    th.set_defaults(func=_train_heads)
+    th.add_argument("--kind", default="auto", help="the checkpoint's format (see gk.models.load)")
+    th.add_argument("--head", choices=["conv", "res_conv"], default="conv", help="head architecture")
+    th.add_argument("--orders", type=int, nargs="+", default=[2, 3], help="moment orders of the extra heads")
 
-    o = sub.add_parser("oracle", help="solver study with exact heads on Gaussian-mixture data")
-    o.add_argument("--samples", type=int, default=20000)
-    o.add_argument("--steps", type=int, nargs="+", default=[2, 5, 10, 20, 50])
-    o.add_argument("--datasets", nargs="+", default=["1d", "8gauss"], choices=["1d", "8gauss"])
-    o.add_argument("--seed", type=int, default=0)
-    o.add_argument("--out", default="gms_out")
-    o.add_argument("--quiet", action="store_true")
-    o.set_defaults(func=_oracle)
+    o = command("oracle", "solver study with exact heads on Gaussian-mixture data", _oracle)
+    o.add_argument("--samples", type=int, default=20000, help="samples per solver and K")
+    o.add_argument("--steps", type=int, nargs="+", default=[2, 5, 10, 20, 50], help="the K values")
+    o.add_argument("--datasets", nargs="+", default=["1d", "8gauss"], choices=["1d", "8gauss"], help="data sets")
+    _add_common(o, "gms_out")
 
-    e = sub.add_parser("sdedit", help="stroke-based editing (SDEdit) of images with any solver")
+    e = command("sdedit", "stroke-based editing (SDEdit) of images with any solver", _sdedit)
     e.add_argument("--model", required=True, help="network returning the heads [e1, e2, e3] along dim 1")
     e.add_argument("--kind", default="auto",
                    help="model format: auto, torchscript, or a kind of gms_kernels.models.load "
                         "(pytorch-ddpm, improved-diffusion, diffusers, gms-heads, moment-net)")
     e.add_argument("--input", nargs="+", required=True, help=".png/.jpg images or .npy arrays")
     e.add_argument("--t0", type=_t0_arg, default=0.5, help="start index (e.g. 400) or fraction of T (e.g. 0.4)")
-    e.add_argument("--steps", type=int, default=50)
-    e.add_argument("--solver", default="gms", choices=["gms", "sn-ddpm", "ddpm", "ddpm-large", "ddim"])
-    e.add_argument("--trajectory", default="even", choices=["even", "linear", "quad", "leading", "trailing", "linspace"])
-    e.add_argument("--fit", default="closed", choices=["closed", "adan"])
-    e.add_argument("--select", default="sample", choices=["sample", "pixel"])
+    _add_sampler_args(e, 50, ["gms", "sn-ddpm", "ddpm", "ddpm-large", "ddim"])
     e.add_argument("--eta", type=float, default=0.0, help="DDIM's eta")
     e.add_argument("--stroke", type=int, default=0, metavar="BLOCK",
                    help="make stroke guides from the inputs with this block size (0: inputs are the guides)")
@@ -400,23 +413,27 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--schedule", default="linear", choices=["linear", "cosine"],
                    help="noise schedule when the model does not carry one")
     e.add_argument("--T", type=int, default=1000, help="number of training steps for --schedule")
-    e.add_argument("--time-input", default=None, choices=["index", "index+1", "scaled"])
-    e.add_argument("--data-range", type=float, nargs=2, default=[-1.0, 1.0])
-    e.add_argument("--seed", type=int, default=0)
-    e.add_argument("--backend", default="auto", choices=["auto", "torch", "cpp", "triton"])
-    e.add_argument("--device", default="cpu")
-    e.add_argument("--out", default="gms_out/sdedit")
-    e.add_argument("--quiet", action="store_true")
-    e.set_defaults(func=_sdedit)
+    e.add_argument("--time-input", default=None, choices=["index", "index+1", "scaled"],
+                   help="the network's time input (default: the model's own, else index)")
+    e.add_argument("--data-range", type=float, nargs=2, default=[-1.0, 1.0], help="the data's range LOW HIGH")
+    e.add_argument("--device", default="cpu", help="torch device")
+    _add_common(e, "gms_out/sdedit")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; a user error prints one line (``--debug``: the traceback) and exits 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = parser.parse_args(argv or ["digits"])
+    args = parser.parse_args(argv if [a for a in argv if a != "--debug"] else argv + ["digits"])
     args.argv = argv
-    return args.func(args)
+    try:
+        return args.func(args)
+    except USER_ERRORS as exc:
+        if args.debug:
+            raise
+        message = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        parser.exit(2, f"{parser.prog} {args.command}: error: {message}\n")
 
 
 if __name__ == "__main__":

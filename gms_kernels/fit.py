@@ -10,6 +10,7 @@ Two fits:
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -23,6 +24,8 @@ ADAN_EPS = 1e-8
 ADAN_INIT_BETA = 0.998
 ADAN_INIT_GAP = 1e-3
 ADAN_BETA_BOUNDS = (0.1, 1.2)
+# what the loss's mean runs over: each sample's elements (batch-independent) or the whole batch (official)
+ADAN_MEANS = ("sample", "batch")
 # The learning rates accepted, by every backend alike: far beyond the paper's 0.04-0.16 either way,
 # and within what the float32 fit of the fused kernels follows (it is far off at lr 1e4, NaN at 1e10)
 LR_RANGE = (1e-10, 100.0)
@@ -51,6 +54,20 @@ def check_weights(weights: Sequence[float]) -> tuple[float, float]:
     return w1, w2
 
 
+def check_var_floor(var_floor: float) -> float:
+    """The closed fit's variance floor, a real number in [0, 1] (a fraction of Var)."""
+    if isinstance(var_floor, bool) or not isinstance(var_floor, numbers.Real) or not 0.0 <= var_floor <= 1.0:
+        raise ValueError(f"var_floor must be a number in [0, 1] (a fraction of Var), got {var_floor!r}")
+    return float(var_floor)
+
+
+def check_fit_iters(iters: int) -> int:
+    """ADAN's iteration count, a non-negative integer."""
+    if isinstance(iters, bool) or not isinstance(iters, numbers.Integral) or iters < 0:
+        raise ValueError(f"fit_iters must be a non-negative integer, got {iters!r}")
+    return int(iters)
+
+
 def mixture_raw_moments(p: MixtureParams, weights: Sequence[float]) -> tuple[torch.Tensor, ...]:
     """First three raw moments of w1 N(mu1, s2) + w2 N(mu2, s2) (the model side of Eq. final_obj)."""
     w1, w2 = weights
@@ -76,8 +93,7 @@ def fit_closed(mom: TransitionMoments, weights: Sequence[float] = DEFAULT_WEIGHT
     M1 and Var still match exactly (the skew is then matched as far as the floor allows).
     """
     w1, w2 = check_weights(weights)
-    if not 0.0 <= var_floor <= 1.0:
-        raise ValueError(f"var_floor must lie in [0, 1], got {var_floor}")
+    var_floor = check_var_floor(var_floor)
     m1, var = mom.m1, mom.var.clamp_min(0.0)
     kappa3 = mom.m3 - 3 * m1 * var - m1**3
     delta = _cbrt(kappa3 / (w1 * w2 * (w2 - w1)))
@@ -135,10 +151,9 @@ def fit_adan(mom: TransitionMoments, weights: Sequence[float] = DEFAULT_WEIGHTS,
     independent of its batch; ``"batch"`` is the official behaviour.
     """
     w1, w2 = check_weights(weights)
-    if isinstance(iters, bool) or not isinstance(iters, int) or iters < 0:
-        raise ValueError(f"fit_iters must be a non-negative integer, got {iters!r}")
-    if mean_over not in ("sample", "batch"):
-        raise ValueError(f"mean_over must be 'sample' or 'batch', got {mean_over!r}")
+    iters = check_fit_iters(iters)
+    if mean_over not in ADAN_MEANS:
+        raise ValueError(f"mean_over must be one of {', '.join(ADAN_MEANS)}, got {mean_over!r}")
     rates = adan_learning_rates(iters, lr, t, T)
     m1, var, m3 = mom.m1, mom.var, mom.m3
     target2 = m1**2 + var

@@ -45,6 +45,9 @@ def split_heads(output: torch.Tensor, x_t: torch.Tensor, n_heads: int, solver: s
 
     ``check_finite=False`` leaves the NaN/inf check to the caller (:func:`gms_kernels.solvers.solver_step`
     makes it, inside the fused kernel where there is one)."""
+    if not torch.is_tensor(output):
+        raise TypeError(f"the model returned a {type(output).__name__}, expected one tensor holding the heads "
+                        "[e1, e2, e3] concatenated along dim 1 (wrap the network so that forward returns that)")
     if output.dim() < 2 or output.shape[0] != x_t.shape[0] or output.shape[2:] != x_t.shape[2:]:
         expected = f"[{x_t.shape[0]}, k*{x_t.shape[1]}" + "".join(f", {d}" for d in x_t.shape[2:]) + "]"
         raise ValueError(f"model output has shape {tuple(output.shape)}, expected {expected} "
@@ -56,10 +59,37 @@ def split_heads(output: torch.Tensor, x_t: torch.Tensor, n_heads: int, solver: s
                          f"channels for {c}-channel data, but the model gave {output.shape[1]}. "
                          "Concatenate the heads along dim 1 (see gk.models.MomentNet) or pick a solver "
                          "that needs fewer heads (ddpm/ddim: 1, sn-ddpm: 2, gms: 3).")
+    if output.shape[1] % c or output.shape[1] > len(HEAD_NAMES) * c:
+        raise ValueError(f"model output has {output.shape[1]} channels for {c}-channel data; expected {c}, {2 * c} "
+                         f"or {3 * c} (1 to 3 heads of {c} channels: {', '.join(HEAD_NAMES)})")
     heads = list(output.split(c, dim=1)[:n_heads])  # (views; one call for all heads)
     if check_finite and not all_finite(output[:, :n_heads * c]):
         check_inputs_finite(None, heads, where)
     return heads
+
+
+def check_state_tensor(x: object, name: str = "x_t") -> torch.Tensor:
+    """``x`` must be a floating-point tensor [N, C, ...] (a batch with a channel dimension)."""
+    if not torch.is_tensor(x):
+        raise TypeError(f"{name} must be a torch tensor [N, C, ...], got {type(x).__name__}")
+    if x.dim() < 2:
+        raise ValueError(f"{name} must be [N, C, ...] (a batch with a channel dimension), got shape {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
+    return x
+
+
+def check_model_dtype(model: object, dtype: torch.dtype) -> None:
+    """Refuse to feed ``dtype`` samples to a network whose parameters all have another float dtype
+    (the call would fail deep inside a layer)."""
+    params = getattr(model, "parameters", None)
+    if not callable(params):
+        return
+    dtypes = {p.dtype for p in params() if p.is_floating_point()}
+    if len(dtypes) == 1 and dtype not in dtypes:
+        (have,) = dtypes
+        raise ValueError(f"the samples are {dtype} but the model's parameters are {have}: convert the model "
+                         f"(model.to({dtype})) or sample in its dtype (dtype={have})")
 
 
 def check_inputs_finite(x_t: torch.Tensor | None, heads: list[torch.Tensor], where: str = "",

@@ -2,17 +2,19 @@
 from __future__ import annotations
 
 import functools
+import numbers
 from typing import Any, Callable, Sequence
 
 import torch
 from tqdm.auto import tqdm
 
-from .model_io import call_model, check_inputs_finite, check_time_input, split_heads
-from .moments import DataRange, check_data_range
+from .model_io import (call_model, check_inputs_finite, check_model_dtype, check_state_tensor, check_time_input,
+                       split_heads)
+from .moments import DataRange, check_data_range, transition_moments
 from .random import STREAM_INITIAL, GeneratorLike, SampleNoise
-from .schedule import DATA, Schedule, trajectory as make_trajectory
+from .schedule import DATA, Schedule, StepCoefficients, trajectory as make_trajectory
 from .backends import resolve_backend
-from .solvers import StepRandomness, get_solver, resolve_options, solver_step
+from .solvers import StepRandomness, denoise_coefficients, get_solver, resolve_options, solver_step
 
 Model = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -37,8 +39,10 @@ def step(x_t: torch.Tensor, model_output: torch.Tensor | None, t: int, s: int, s
     """
     spec = get_solver(solver)
     data_range = check_data_range(data_range)
+    check_state_tensor(x_t)
+    _check_explicit_randomness(x_t, noise, uniform)
     k = schedule.coefficients(t, s)
-    where = f"at t={t} "
+    where = f"at t={k.t} "
     heads = [] if spec.heads == 0 else split_heads(model_output, x_t, spec.heads, solver, where, check_finite=False)
     source = None
     if noise is None or uniform is None:
@@ -49,6 +53,16 @@ def step(x_t: torch.Tensor, model_output: torch.Tensor | None, t: int, s: int, s
     if x_s.dtype != x_t.dtype:
         x_s = x_s.to(x_t.dtype)
     return (x_s, info) if return_info else x_s
+
+
+def _check_explicit_randomness(x_t: torch.Tensor, noise: torch.Tensor | None, uniform: torch.Tensor | None) -> None:
+    if noise is not None and (not torch.is_tensor(noise) or noise.shape != x_t.shape):
+        got = tuple(noise.shape) if torch.is_tensor(noise) else type(noise).__name__
+        raise ValueError(f"noise must be a tensor shaped like x_t {tuple(x_t.shape)}, got {got}")
+    if uniform is not None and (not torch.is_tensor(uniform) or uniform.shape not in (x_t.shape[:1], x_t.shape)):
+        got = tuple(uniform.shape) if torch.is_tensor(uniform) else type(uniform).__name__
+        raise ValueError(f"uniform must be a tensor [N] = {tuple(x_t.shape[:1])} (one per sample) or shaped like "
+                         f"x_t {tuple(x_t.shape)} (one per element), got {got}")
 
 
 def _step_noise(generator: GeneratorLike, batch: int, first_index: int) -> SampleNoise:
@@ -79,7 +93,8 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
     (e1 alone suffices for ddpm/ddim, e1 and e2 for sn-ddpm). ``time_input`` is ``"index"``
     (integer t), ``"index+1"`` or ``"scaled"`` (t*1000/T); by default the model's ``time_input``
     attribute, else ``"index"``. Sample i is a function of (seed, ``first_index`` + i) only, so it
-    does not depend on the batch it is drawn in. ``callback`` receives a dict with step, t, s, x
+    does not depend on the batch it is drawn in. ``callback`` receives, after every step, a dict with
+    the keys of :func:`callback_info` (step, t, s, sigma, x, denoised: the same for every solver)
     and the step's fitted quantities. Solver options (e.g. fit, select, fit_iters, eta) go in
     ``solver_options``. ``backend`` picks the fused GMS step as in :func:`step`.
     """
@@ -89,32 +104,29 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
         model = default_model()
         if shape is None and x_T is None:
             shape = (16, *DIGITS_SHAPE)
-    spec = get_solver(solver)
-    if spec.name == "exact" and "oracle" not in solver_options:
-        solver_options["oracle"] = model
-    resolve_options(spec, solver_options)  # fail on bad options before any network call
-    data_range = check_data_range(data_range)
-    schedule = schedule if schedule is not None else getattr(model, "schedule", None) or Schedule.linear()
-    time_input = check_time_input(time_input or getattr(model, "time_input", "index"))
-    ts = make_trajectory(schedule, steps, trajectory)
+    plan = _plan(model, steps, solver, schedule, trajectory, data_range, time_input, solver_options)
+    spec, solver_options, data_range, schedule, time_input, ts = plan
 
     if x_T is None:
         if shape is None:
             raise ValueError("pass shape=(N, C, ...) or an initial x_T")
+        if not all(isinstance(d, numbers.Integral) and not isinstance(d, bool) and d > 0 for d in shape):
+            raise ValueError(f"shape must hold positive integers (N, C, ...), got {tuple(shape)}")
         shape = tuple(int(d) for d in shape)
         if len(shape) < 2:
             raise ValueError(f"shape must be (N, C, ...) with a channel dimension, got {shape}")
         noise = SampleNoise.create(generator, shape[0], first_index)
         x = noise.normal(STREAM_INITIAL, 0, shape[1:], device).to(dtype)  # (drawn where it is used)
     else:
+        check_state_tensor(x_T, "x_T")
         if shape is not None and tuple(shape) != tuple(x_T.shape):
             raise ValueError(f"shape {tuple(shape)} does not match x_T's shape {tuple(x_T.shape)}")
-        if x_T.dim() < 2:
-            raise ValueError(f"x_T must be [N, C, ...] with a channel dimension, got shape {tuple(x_T.shape)}")
         check_inputs_finite(x_T, [], x_name="x_T")
         x = x_T
         noise = SampleNoise.create(generator, x.shape[0], first_index)
 
+    if spec.heads:
+        check_model_dtype(model, x.dtype)
     backend = resolve_backend(backend, x.device)
     defer_check = backend == "triton" and callback is None  # a callback sees x at once: check at once
     pending = None
@@ -133,12 +145,57 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
                                   backend, callback is not None, where, None if pending is None else pending.flag)
         if pending is not None:
             pending.launched()
-        x = x_new.to(x.dtype)
+        x_prev, x = x, x_new.to(x.dtype)
         if callback is not None:
-            callback({"step": i, "t": t, "s": s, "x": x, **info})
+            e1 = heads[0] if heads else split_heads(call_model(model, x_prev, t, schedule.T, time_input), x_prev, 1,
+                                                      solver, where)[0]
+            callback({**info, **callback_info(i, k, x, x_prev, e1, data_range)})
     if pending is not None:
         pending.raise_if_set()
     return x
+
+
+def callback_info(i: int, k: StepCoefficients, x: torch.Tensor, x_t: torch.Tensor, e1: torch.Tensor,
+                  data_range: DataRange) -> dict[str, Any]:
+    """The keys every solver's callback gets, as in k-diffusion: step (also ``i``), t, s, ``sigma``
+    (the step's noise level sigma_t / a_t in k-diffusion's variance-exploding scale), x (the new
+    state x_s), and ``denoised``: E[x0|x_t] from e1, clamped to ``data_range`` as the solvers use it."""
+    denoised = transition_moments(x_t.to(torch.float64), e1.to(torch.float64), None, None,
+                                  denoise_coefficients(k), data_range).m1
+    return {"step": i, "i": i, "t": k.t, "s": k.s, "sigma": k.sigma_t / k.a_t, "x": x, "denoised": denoised.to(x.dtype)}
+
+
+def _plan(model: Model | None, steps: int, solver: str, schedule: Schedule | None, trajectory: str | Sequence[int],
+          data_range: DataRange, time_input: str | None, solver_options: dict[str, Any]) -> tuple:
+    """:func:`sample`'s arguments checked (before any network call) and completed with the model's
+    defaults: (solver, options, data range, schedule, time input, trajectory)."""
+    spec = get_solver(solver)
+    if spec.name == "exact" and "oracle" not in solver_options:
+        solver_options = dict(solver_options, oracle=model)
+    resolve_options(spec, solver_options)
+    data_range = check_data_range(data_range)
+    schedule = schedule if schedule is not None else getattr(model, "schedule", None) or Schedule.linear()
+    time_input = check_time_input(time_input or getattr(model, "time_input", "index"))
+    ts = make_trajectory(schedule, steps, trajectory)
+    return spec, solver_options, data_range, schedule, time_input, ts
+
+
+def check_sample_args(model: Model | None = None, steps: int = 10, solver: str = "gms",
+                      schedule: Schedule | None = None, trajectory: str | Sequence[int] = "even",
+                      data_range: DataRange = (-1.0, 1.0), *, time_input: str | None = None,
+                      dtype: torch.dtype = torch.float32, backend: str = "auto",
+                      device: torch.device | str | None = None, callback: Callable[[dict], None] | None = None,
+                      **solver_options: Any) -> None:
+    """Raise the error :func:`sample` would raise on these arguments, without sampling (so that a
+    caller can refuse a bad request before it writes anything)."""
+    if model is None:
+        from .embedded import default_model
+
+        model = default_model()
+    spec = _plan(model, steps, solver, schedule, trajectory, data_range, time_input, solver_options)[0]
+    if spec.heads:
+        check_model_dtype(model, dtype)
+    resolve_backend(backend, device or "cpu")
 
 
 class DeferredFiniteCheck:

@@ -8,6 +8,7 @@ Time indices are 0-based, t in [0, T-1]; the pseudo-index ``DATA = -1`` stands f
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -16,6 +17,17 @@ import torch
 DATA = -1  # pseudo time index of the clean data (a = 1, sigma = 0)
 
 TRAJECTORY_KINDS = ("even", "linear", "quad", "leading", "trailing", "linspace")
+
+
+def time_index(value: object, name: str = "time index") -> int:
+    """``value`` as an integer time index; a fractional one (999.7) is refused rather than truncated."""
+    if torch.is_tensor(value) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and float(value).is_integer():
+        return int(value)
+    raise ValueError(f"{name} must be an integer time index (0 <= t < T, or -1 for data), got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -86,7 +98,7 @@ class Schedule:
         return self.betas.numel()
 
     def _check(self, t: int) -> int:
-        t = int(t)
+        t = time_index(t)
         if not DATA <= t < self.T:
             raise ValueError(f"time index {t} is out of range: use 0 <= t < T = {self.T} (or -1 for data)")
         return t
@@ -103,7 +115,7 @@ class Schedule:
 
     def coefficients(self, t: int, s: int) -> StepCoefficients:
         """Step quantities of t -> s (s < t) from reference-notes 1 / paper appendix Eq. first."""
-        t, s = int(t), int(s)
+        t, s = time_index(t, "t"), time_index(s, "s")
         cached = self._coefficients.get((t, s))
         if cached is not None:
             return cached

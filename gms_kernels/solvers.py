@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
 from .backends import fused_step
-from .fit import DEFAULT_WEIGHTS, PAPER_LR_TABLES, check_weights, fit_adan, fit_closed
+from .fit import (ADAN_MEANS, DEFAULT_WEIGHTS, LR_RANGE, PAPER_LR_TABLES, check_fit_iters, check_var_floor,
+                  check_weights, fit_adan, fit_closed)
 from .kernels import FusedStepConfig, NonFiniteInput, make_config
 from .mixture import check_select, sample_mixture
 from .model_io import check_inputs_finite
@@ -124,7 +126,7 @@ def analytic_dpm_step(x_t, heads, k, rand, o):
 
 def ddim_step(x_t, heads, k, rand, o):
     """DDIM (Song et al. 2021, Eq. 12): a_s x0 + sqrt(sigma_s^2 - eta^2 lam2) eps + eta sqrt(lam2) z."""
-    x0 = transition_moments(x_t, heads[0], None, None, _to_data(k), o["data_range"]).m1  # clamped E[x0|x_t]
+    x0 = transition_moments(x_t, heads[0], None, None, denoise_coefficients(k), o["data_range"]).m1  # clamped E[x0|x_t]
     eps = (x_t - k.a_t * x0) / k.sigma_t
     eta2_lam2 = o["eta"] ** 2 * k.lam2
     x_s = k.a_s * x0 + math.sqrt(max(k.sigma_s**2 - eta2_lam2, 0.0)) * eps
@@ -155,8 +157,8 @@ def exact_step(x_t, heads, k, rand, o):
     return oracle.exact_step(x_t, k, rand.uniform(False), rand.normal()), {}
 
 
-def _to_data(k: StepCoefficients) -> StepCoefficients:
-    """Coefficients of t -> data, whose M1 is E[x0|x_t]."""
+def denoise_coefficients(k: StepCoefficients) -> StepCoefficients:
+    """Coefficients of t -> data (from step t -> s), whose M1 is E[x0|x_t]."""
     return StepCoefficients(t=k.t, s=DATA, a_t=k.a_t, sigma_t=k.sigma_t, a_s=1.0, sigma_s=0.0,
                             a_ts=k.a_t, beta_ts=k.sigma_t**2, c1=0.0, c2=1.0, lam2=0.0)
 
@@ -183,12 +185,19 @@ def get_solver(name: str) -> Solver:
 
 
 def resolve_options(solver: Solver, options: dict[str, Any]) -> dict[str, Any]:
-    """Defaults merged with the user's options, each checked."""
+    """Defaults merged with the user's options, each checked: the one validation every backend
+    relies on (the fused kernels take the resolved values as they are)."""
     unknown = sorted(set(options) - set(solver.options))
     if unknown:
         raise ValueError(f"unknown option(s) {', '.join(unknown)} for solver {solver.name!r}; "
                          f"valid: {', '.join(solver.options) or 'none'}")
     o = dict(solver.options, **options)
+    for name in ("gaussian_last_step", "denoise_final"):
+        if name in o and not isinstance(o[name], bool):
+            raise ValueError(f"{name} must be True or False, got {o[name]!r}")
+    if "clip_pixel" in o:
+        o["clip_pixel"] = _real(o["clip_pixel"], "clip_pixel", 0.0, math.inf, "the last step's std cap in pixel levels",
+                                open_low=True)
     if "fit" in o and o["fit"] not in FITS:
         raise ValueError(f"unknown fit {o['fit']!r}; valid: {', '.join(FITS)}")
     if o.get("adan_precision") not in ADAN_PRECISIONS:
@@ -198,11 +207,30 @@ def resolve_options(solver: Solver, options: dict[str, Any]) -> dict[str, Any]:
         check_select(o["select"])
     if "weights" in o:
         o["weights"] = check_weights(o["weights"])
-    if "lr" in o and isinstance(o["lr"], str) and o["lr"] not in PAPER_LR_TABLES:
-        raise ValueError(f"unknown lr {o['lr']!r}; use a number or one of {', '.join(PAPER_LR_TABLES)}")
-    if "eta" in o and not 0.0 <= float(o["eta"]) <= 1.0:
-        raise ValueError(f"eta must lie in [0, 1], got {o['eta']}")
+    if "var_floor" in o:
+        o["var_floor"] = check_var_floor(o["var_floor"])
+    if "fit_iters" in o:
+        o["fit_iters"] = check_fit_iters(o["fit_iters"])
+    if "lr" in o:
+        if isinstance(o["lr"], str):
+            if o["lr"] not in PAPER_LR_TABLES:
+                raise ValueError(f"unknown lr {o['lr']!r}; use a number or one of {', '.join(PAPER_LR_TABLES)}")
+        else:
+            o["lr"] = _real(o["lr"], "lr", *LR_RANGE, "ADAN's learning rate")
+    if "adan_mean" in o and o["adan_mean"] not in ADAN_MEANS:
+        raise ValueError(f"adan_mean must be one of {', '.join(ADAN_MEANS)}, got {o['adan_mean']!r}")
+    if "eta" in o:
+        o["eta"] = _real(o["eta"], "eta", 0.0, 1.0, "DDIM's eta")
     return o
+
+
+def _real(value: Any, name: str, low: float, high: float, what: str, open_low: bool = False) -> float:
+    """``value`` as a float, refused unless it is a real number in [low, high] (or (low, high])."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or not (low < value if open_low else low <= value) or not value <= high:
+        interval = f"{'(' if open_low else '['}{low:g}, {high:g}]"
+        raise ValueError(f"{name} ({what}) must be a number in {interval}, got {value!r}")
+    return float(value)
 
 
 def fused_config(name: str, options: dict[str, Any], k: StepCoefficients, data_range: DataRange, T: int,

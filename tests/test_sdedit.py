@@ -184,13 +184,13 @@ def test_cli_sdedit(tmp_path, tiny_model, capsys):
     text = capsys.readouterr().out
     assert "t0 index 299" in text and "mean L2 to guide" in text and text.count("image ") >= 3
     grid = Image.open(out / "sdedit_grid.png")
-    assert grid.size == (3 * 8 + 2 * 2, 3 * 8 + 2 * 2) and grid.mode == "RGB"  # input | guide | edited, 3 rows
+    assert grid.size == (3 * 8 + 4 * 2, 3 * 8 + 4 * 2) and grid.mode == "RGB"  # input | guide | edited, 3 rows; 2-px gaps
     edited = np.load(out / "sdedit_images.npy")
     assert edited.shape == (3, 3, 8, 8) and np.isfinite(edited).all()
     # --kind auto recognises the TorchScript archive; a PNG on its own
     rc = main(["sdedit", "--model", str(tiny_model), "--input", str(tmp_path / "one.png"),
                "--t0", "100", "--steps", "3", "--solver", "ddim", "--out", str(out), "--quiet"])
-    assert rc == 0 and Image.open(out / "sdedit_grid.png").size == (2 * 8 + 2, 8)
+    assert rc == 0 and Image.open(out / "sdedit_grid.png").size == (2 * 8 + 3 * 2, 8 + 2 * 2)
     assert "t0 index 100" in capsys.readouterr().out
 
 

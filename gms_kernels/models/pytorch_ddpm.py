@@ -219,29 +219,46 @@ class PytorchDDPMUNet(nn.Module):
     # -- reading a checkpoint's architecture -------------------------------------------------------
     @staticmethod
     def infer_config(state: Mapping[str, Any]) -> dict[str, Any] | None:
-        """The constructor arguments a pytorch-ddpm state dict was made with (dropout excepted), or None."""
-        try:
-            T, ch = state["time_embedding.timembedding.0.weight"].shape
-            in_channels = state["head.weight"].shape[1]
-            levels: list[list[int]] = [[]]
-            attn: set[int] = set()
-            n = 0
-            while True:
-                p = f"downblocks.{n}."
-                if p + "block1.2.weight" in state:
-                    levels[-1].append(state[p + "block1.2.weight"].shape[0])
-                    if p + "attn.proj_q.weight" in state:
-                        attn.add(len(levels) - 1)
-                elif p + "main.weight" in state:
-                    levels.append([])
-                else:
-                    break
-                n += 1
-            counts = {len(level) for level in levels}
-            if len(counts) != 1 or 0 in counts:
-                return None
-            ch_mult = [level[0] // ch for level in levels]
-            return {"T": int(T), "ch": int(ch), "ch_mult": ch_mult, "attn": sorted(attn),
-                    "num_res_blocks": counts.pop(), "in_channels": int(in_channels)}
-        except (KeyError, AttributeError, ValueError, TypeError, IndexError):
+        """The constructor arguments a pytorch-ddpm state dict was made with (dropout excepted), or None.
+
+        Each argument is read from any of several entries, so that a file with a few entries
+        missing is still compared with its own architecture (and its missing keys named)."""
+        def dim(keys: Sequence[str], axis: int) -> int | None:
+            for k in keys:
+                if isinstance(state.get(k), torch.Tensor) and state[k].dim() > axis:
+                    return int(state[k].shape[axis])
             return None
+
+        tdim = dim(["time_embedding.timembedding.1.weight", "time_embedding.timembedding.3.weight"], 0)
+        found = {
+            "T": dim(["time_embedding.timembedding.0.weight"], 0),
+            "ch": dim(["time_embedding.timembedding.0.weight", "time_embedding.timembedding.1.weight"], 1)
+            or dim(["head.weight", "head.bias"], 0) or (tdim // 4 if tdim else None),
+            "in_channels": dim(["head.weight"], 1) or dim(["tail.2.weight", "tail.2.bias"], 0),
+        }
+        blocks: dict[int, set[str]] = {}
+        for key in state:
+            parts = key.split(".")
+            if len(parts) > 2 and parts[0] == "downblocks" and parts[1].isdigit():
+                blocks.setdefault(int(parts[1]), set()).add(".".join(parts[2:]))
+        levels: list[list[int]] = [[]]
+        attn: set[int] = set()
+        for n in range(max(blocks, default=-1) + 1):
+            p, names = f"downblocks.{n}.", blocks.get(n, set())
+            if any(name.startswith("main.") for name in names):
+                levels.append([])
+                continue
+            width = dim([p + "block1.2.weight", p + "block1.2.bias", p + "temb_proj.1.weight",
+                         p + "block2.3.weight", p + "block2.0.weight"], 0)
+            if width is None:
+                return None  # a whole block is gone: the level structure cannot be read
+            levels[-1].append(width)
+            if any(name.startswith("attn.") for name in names):
+                attn.add(len(levels) - 1)
+        counts = {len(level) for level in levels}
+        if found["ch"] is None or found["in_channels"] is None or len(counts) != 1 or 0 in counts:
+            return None
+        if found["T"] is None:  # (only the sinusoid table tells T; the constructor's default stands in)
+            del found["T"]
+        return {**found, "ch_mult": [level[0] // found["ch"] for level in levels], "attn": sorted(attn),
+                "num_res_blocks": counts.pop()}
