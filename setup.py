@@ -12,7 +12,7 @@ import shutil
 import sys
 import tempfile
 
-from setuptools import find_packages, setup
+from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
 try:
@@ -129,34 +129,8 @@ def _extensions():
                               depends=["csrc/philox.h"], cxx_std=17)]
 
 
+# Name, version (gms_kernels.__version__), dependencies and entry points: pyproject.toml's [project].
 setup(
-    name="gms_kernels",
-    version="0.1.0",
-    description="Gaussian Mixture Solvers (GMS) for diffusion-model sampling: reference, fused kernels, CLI",
-    long_description=open("README.md", encoding="utf-8").read(),
-    long_description_content_type="text/markdown",
-    python_requires=">=3.10",
-    packages=find_packages(include=["gms_kernels", "gms_kernels.*"]),
-    package_data={"gms_kernels": ["assets/*.pt"]},
     ext_modules=_extensions(),
     cmdclass={"build_ext": OptionalBuildExt},
-    install_requires=[
-        "torch>=2.1",  # 2.13.0 (the local CPU wheel) satisfies it; install torch first to avoid a CUDA build
-        "numpy>=1.23",
-        "tqdm>=4.60",
-        "matplotlib>=3.6",
-        "pillow>=9",
-        "scikit-learn>=1.1",  # the digits data set
-        "diffusers>=0.25",  # GMSScheduler and UNet2DModel loading
-        "safetensors>=0.3",
-    ],
-    extras_require={
-        # (setuptools and pybind11: tests/test_portable_build.py builds a second, portable extension)
-        "test": ["pytest>=7", "setuptools>=64", "pybind11>=2.10",
-                 "triton>=3.0; platform_system == 'Linux' and platform_machine == 'x86_64'"],
-        "bench": ["pytest-benchmark>=4"],
-        # FID's InceptionV3; torch-fidelity pulls torchvision, whose PyPI wheels pin a (CUDA) torch: opt in
-        "fid": ["torch-fidelity>=0.3"],
-    },
-    entry_points={"console_scripts": ["gms-kernels=gms_kernels.cli:main"]},
 )
