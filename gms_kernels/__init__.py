@@ -19,11 +19,11 @@ __all__ = [
     "TransitionMoments", "X0Moments", "transition_moments", "x0_moments",
     "MixtureParams", "fit_adan", "fit_closed", "mixture_raw_moments", "sample_mixture",
     "SOLVERS", "solver_step", "estimate_gamma", "sample", "step", "GaussianMixtureOracle",
-    "SDEditResult", "sdedit", "stroke_guide", "data", "metrics", "models", "GMSScheduler", "GMSSchedulerOutput",
+    "SDEditResult", "sdedit", "stroke_guide", "data", "metrics", "models", "inception", "GMSScheduler", "GMSSchedulerOutput",
     "train_heads", "train_backbone",
 ]
 
-_LAZY = {"GMSScheduler": "scheduler", "GMSSchedulerOutput": "scheduler", "models": None,
+_LAZY = {"GMSScheduler": "scheduler", "GMSSchedulerOutput": "scheduler", "models": None, "inception": None,
          "train_heads": "training", "train_backbone": "training"}
 
 

@@ -48,39 +48,3 @@ def digits_features(images: torch.Tensor, net: DigitsClassifier | None = None, b
     net = net or load_digits_classifier()
     feats = [net.features(b.clamp(-1, 1)) for b in images.split(batch_size)]
     return torch.cat(feats).double()
-
-
-def inception_extractor(weights_path: str | Path | None):
-    """torch-fidelity's InceptionV3 (FID's 2048-d pool features) from a user-supplied weights file.
-
-    Nothing is downloaded: ``weights_path`` is required (e.g. torch-fidelity's
-    ``weights-inception-2015-12-05-6726825d.pth``). The file is first opened with
-    ``torch.load(weights_only=True)`` so that only plain tensors are ever read from it.
-    """
-    if weights_path is None:
-        raise ValueError("FID needs InceptionV3 weights and nothing can be downloaded: pass weights_path= the "
-                         "local file pt_inception-2015-12-05 / weights-inception-2015-12-05-6726825d.pth")
-    path = Path(weights_path)
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise ValueError(f"cannot read Inception weights {path} as a plain state dict: {exc}") from exc
-    if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
-        raise ValueError(f"{path} is not a state dict of tensors")
-    from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
-
-    return FeatureExtractorInceptionV3("inception-v3-compat", ["2048"], feature_extractor_weights_path=str(path)).eval()
-
-
-@torch.no_grad()
-def inception_features(images: torch.Tensor, extractor, data_range: tuple[float, float] = (-1.0, 1.0),
-                       batch_size: int = 200) -> torch.Tensor:
-    """float64 [N, 2048] features of images [N, C, H, W] in ``data_range`` (grey images are repeated to RGB)."""
-    lo, hi = data_range
-    feats = []
-    for b in images.split(batch_size):
-        u8 = ((b.float().cpu() - lo) / (hi - lo) * 255).round().clamp(0, 255).to(torch.uint8)
-        if u8.shape[1] == 1:
-            u8 = u8.repeat(1, 3, 1, 1)
-        feats.append(extractor(u8)[0].double())
-    return torch.cat(feats)

@@ -1,7 +1,9 @@
-"""Sample-quality metrics against data: Wasserstein-1, sliced W1, KDE log-likelihood, energy distance."""
+"""Sample-quality metrics against data: Wasserstein-1, sliced W1, KDE log-likelihood, energy distance,
+Fréchet distances (FD-digits, and FID with the torch-only InceptionV3 of gms_kernels.inception)."""
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -145,18 +147,31 @@ def load_stats(path) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.from_numpy(f["mu"]).double(), torch.from_numpy(f["sigma"]).double()
 
 
-def fid(samples: torch.Tensor, reference=None, *, weights_path=None, data_range=(-1.0, 1.0),
-        batch_size: int = 200) -> float:
-    """FID with torch-fidelity's InceptionV3 and user-supplied weights. ``reference`` is images
-    [N, C, H, W] in ``data_range``, or the path of a pytorch-fid .npz statistics file."""
-    from .features import inception_extractor, inception_features
+def fid(samples: torch.Tensor, reference: torch.Tensor | str | os.PathLike | None = None, *,
+        weights_path: str | os.PathLike | None = None, inception: torch.nn.Module | None = None,
+        data_range: tuple[float, float] = (-1.0, 1.0), batch_size: int = 200,
+        preprocess: str = "pytorch-fid", device: str | torch.device | None = None) -> float:
+    """FID with the FID InceptionV3 of ``gms_kernels.inception`` (torch only, nothing downloaded).
 
-    net = inception_extractor(weights_path)
-    stats = gaussian_stats(inception_features(samples, net, data_range, batch_size))
-    if isinstance(reference, (str, bytes)) or hasattr(reference, "__fspath__"):
-        ref = load_stats(reference)
-    elif torch.is_tensor(reference):
-        ref = gaussian_stats(inception_features(reference, net, data_range, batch_size))
-    else:
+    ``samples``: images [N, C, H, W] (C = 1 or 3) in ``data_range``, rounded to 8 bits as saved
+    images are. ``reference``: images likewise, or the path of a pytorch-fid .npz statistics file.
+    The network comes from ``weights_path``, the local file pt_inception-2015-12-05-6726825d.pth
+    (see gms_kernels.inception for where to get it), loaded on ``device`` (default: the samples'),
+    or is passed ready-made as ``inception`` (e.g. ``load_fid_inception(path, device="cuda")``).
+    ``preprocess`` (for the network loaded from ``weights_path``): "pytorch-fid" (default) or
+    "torch-fidelity" (TF 1.x resize), to compare with statistics made by either.
+    """
+    from .inception import inception_features, load_fid_inception, WEIGHTS_FILE, WEIGHTS_URL
+
+    if inception is None and weights_path is None:
+        raise ValueError(f"FID needs InceptionV3 weights and nothing is downloaded: pass weights_path= the local "
+                         f"file {WEIGHTS_FILE} (from {WEIGHTS_URL})")
+    from_stats = isinstance(reference, (str, bytes)) or hasattr(reference, "__fspath__")
+    if not from_stats and not torch.is_tensor(reference):
         raise ValueError("reference must be images [N, C, H, W] or a pytorch-fid .npz statistics path")
+    net = inception if inception is not None else load_fid_inception(
+        weights_path, preprocess, device=samples.device if device is None else device)
+    stats = gaussian_stats(inception_features(samples, net, data_range, batch_size))
+    ref = load_stats(reference) if from_stats else gaussian_stats(inception_features(reference, net, data_range,
+                                                                                     batch_size))
     return frechet_distance(*stats, *ref)
