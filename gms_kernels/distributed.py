@@ -15,9 +15,9 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
-from tqdm.auto import tqdm
 
 from .files import save_atomically
+from .progress import progress_bar
 from .sampling import check_sample_args, sample
 
 SHARD_FORMAT = "gms_kernels.shard/1"
@@ -99,7 +99,7 @@ def sample_shards(model: Callable, out_dir: str | Path, num_samples: int, sample
     if size > 1:
         dist.barrier()
     mine = [k for k in range(plan.num_shards) if k % size == rank and read_shard(shard_path(out, k)) is None]
-    for k in tqdm(mine, desc=f"rank {rank} shards", disable=not progress):
+    for k in progress_bar(mine, progress, desc=f"rank {rank} shards"):
         start, stop = plan.bounds(k)
         parts = []
         for first in range(start, stop, batch_size):

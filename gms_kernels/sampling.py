@@ -6,11 +6,11 @@ import numbers
 from typing import Any, Callable, Sequence
 
 import torch
-from tqdm.auto import tqdm
 
 from .model_io import (call_model, check_inputs_finite, check_model_dtype, check_state_tensor, check_time_input,
                        split_heads)
 from .moments import DataRange, check_data_range, transition_moments
+from .progress import progress_bar
 from .random import STREAM_INITIAL, GeneratorLike, SampleNoise
 from .schedule import DATA, Schedule, StepCoefficients, trajectory as make_trajectory
 from .backends import resolve_backend
@@ -130,7 +130,7 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
     backend = resolve_backend(backend, x.device)
     defer_check = backend == "triton" and callback is None  # a callback sees x at once: check at once
     pending = None
-    for i, t in enumerate(tqdm(ts, desc=f"{solver} K={steps}", disable=not progress, leave=False)):
+    for i, t in enumerate(progress_bar(ts, progress, desc=f"{solver} K={steps}", leave=False)):
         s = ts[i + 1] if i + 1 < len(ts) else DATA
         k = schedule.coefficients(t, s)
         heads, where = [], f"at step {i} (t={t}) "

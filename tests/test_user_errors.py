@@ -2,6 +2,8 @@
 anything runs or is written, by every backend alike, and the CLI reports it in one line."""
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -9,7 +11,8 @@ import torch
 
 import gms_kernels as gk
 from gms_kernels.cli import main
-from gms_kernels.distributed import load_shards
+from gms_kernels.distributed import load_shards, sample_shards
+from gms_kernels.embedded import default_model
 from gms_kernels.images import to_uint8
 from gms_kernels.models import PytorchDDPMUNet
 
@@ -193,6 +196,23 @@ def test_version_choices_and_defaults_in_help(capsys):
                 assert action.help, f"{name} {action.option_strings} has no help text"
         text = sub.format_help()
         assert "(default:" in text, name
+
+
+def test_tqdm_disable_is_obeyed(tmp_path, capsys):
+    """TQDM_DISABLE=1 switches off the bars of a run that asks for them (tqdm reads it at import, so
+    the check runs in a fresh interpreter; the same calls here, without it, do show their bars)."""
+    calls = ("gk.sample(shape=(2, 1, 8, 8), steps=3, progress=True); "
+             f"distributed.sample_shards(embedded.default_model(), {str(tmp_path / 'a')!r}, 2, (1, 8, 8), steps=2)")
+    run = subprocess.run([sys.executable, "-c", "import gms_kernels as gk; from gms_kernels import distributed, "
+                          "embedded; " + calls], env={**os.environ, "TQDM_DISABLE": "1"},
+                         capture_output=True, text=True, timeout=300, check=True)
+    assert "gms K=3" not in run.stderr and "shards" not in run.stderr, run.stderr
+    if os.environ.get("TQDM_DISABLE"):
+        return  # (this interpreter was started with it too)
+    gk.sample(shape=(2, 1, 8, 8), steps=3, progress=True)
+    sample_shards(default_model(), tmp_path / "b", 2, (1, 8, 8), steps=2)
+    err = capsys.readouterr().err
+    assert "gms K=3" in err and "rank 0 shards" in err
 
 
 def test_lazy_names_show_in_dir():
