@@ -25,12 +25,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from tqdm.auto import tqdm
+from torch.optim.swa_utils import AveragedModel
 
 from . import distributed
 from .files import save_atomically
 from .model_io import time_values
 from .optim import Adan
+from .progress import progress_bar
 from .schedule import Schedule
 
 CHECKPOINT_FORMAT = "gms_kernels.train/1"
@@ -44,27 +45,58 @@ class TrainResult:
 
 
 class EMA:
-    """Exponential moving average of parameters; the decay warms up as min(decay, (1+n)/(10+n))."""
+    """Exponential moving average of the trainable parameters, kept by torch's
+    :class:`~torch.optim.swa_utils.AveragedModel`; the decay warms up as min(decay, (1+n)/(10+n)) at
+    the n-th update, and the average starts at the weights the EMA is built from.
+
+    Only the given parameters are copied (a frozen backbone is not). ``shadow`` maps each name to its
+    averaged tensor; :meth:`state_dict` / :meth:`load_state_dict` keep the checkpoint format
+    ``{"decay", "updates", "shadow": {name: tensor}}``.
+    """
 
     def __init__(self, params: dict[str, torch.Tensor], decay: float):
+        if not 0.0 <= decay <= 1.0:
+            raise ValueError(f"ema_decay must lie in [0, 1], got {decay}")
         self.decay = decay
         self.updates = 0
-        self.shadow = {k: v.detach().clone() for k, v in params.items()}
+        self._names = list(params)
+        self._live = nn.ParameterList([p if isinstance(p, nn.Parameter) else nn.Parameter(p, requires_grad=False)
+                                       for p in params.values()])  # the live tensors themselves, not copies
+        self._average = AveragedModel(self._live, multi_avg_fn=self._lerp)  # deep-copies the live tensors
+        self._average.requires_grad_(False)
+        self._average.update_parameters(self._live)  # the first update copies: the average starts here
 
     @torch.no_grad()
-    def update(self, params: dict[str, torch.Tensor]) -> None:
-        self.updates += 1
+    def _lerp(self, averaged: list[torch.Tensor], current: list[torch.Tensor], _n_averaged) -> None:
+        # (the count is kept on the host: AveragedModel hands n_averaged over on the parameters' device)
         d = min(self.decay, (1 + self.updates) / (10 + self.updates))
-        for k, v in params.items():
-            self.shadow[k].lerp_(v.detach(), 1 - d)
+        torch._foreach_lerp_(averaged, current, 1 - d)
+
+    @property
+    def shadow(self) -> dict[str, torch.Tensor]:
+        return {k: p.detach() for k, p in zip(self._names, self._average.module.parameters())}
+
+    def update(self, params: dict[str, torch.Tensor] | None = None) -> None:
+        """One EMA step towards the live parameters (those given at construction; ``params``, if
+        given, must be the same tensors)."""
+        if params is not None and any(a is not b for a, b in zip(params.values(), self._live)):
+            raise ValueError("EMA.update: pass the parameters the EMA was built from")
+        self.updates += 1
+        self._average.update_parameters(self._live)
 
     def state_dict(self) -> dict:
-        return {"decay": self.decay, "updates": self.updates, "shadow": self.shadow}
+        return {"decay": self.decay, "updates": self.updates, "shadow": dict(self.shadow)}
 
+    @torch.no_grad()
     def load_state_dict(self, state: dict) -> None:
-        self.decay, self.updates = state["decay"], state["updates"]
+        shadow = self.shadow
+        if set(state["shadow"]) != set(shadow):
+            raise ValueError(f"EMA state holds {sorted(set(state['shadow']) ^ set(shadow))[:5]}, which do not "
+                             "match the parameters of this EMA")
+        self.decay, self.updates = state["decay"], int(state["updates"])
         for k, v in state["shadow"].items():
-            self.shadow[k].copy_(v)
+            shadow[k].copy_(v)
+        self._average.n_averaged.fill_(self.updates + 1)  # the initial copy counts as one
 
 
 def _trainable(module: nn.Module) -> dict[str, nn.Parameter]:
@@ -145,7 +177,7 @@ def _loop(module: nn.Module, loss_terms: Callable, data: torch.Tensor, schedule:
 
     local = batch_size // world
     mine = slice(rank * local, (rank + 1) * local)  # this rank's rows of the global batch
-    bar = tqdm(total=steps, initial=result.steps, desc=f"train {kind}", disable=not progress or rank != 0)
+    bar = progress_bar(total=steps, initial=result.steps, desc=f"train {kind}", enabled=progress and rank == 0)
     try:
         while result.steps < steps:
             # the global batch is drawn on every rank (same generator, same state), each keeps its rows
@@ -185,8 +217,9 @@ def _loop(module: nn.Module, loss_terms: Callable, data: torch.Tensor, schedule:
         del model  # drop DDP's hooks; the caller gets the plain module
         dist.barrier()  # the final checkpoint is complete before any rank returns (and may read it again)
     with torch.no_grad():  # the trained model is the EMA one
+        shadow = ema.shadow
         for k, p in params.items():
-            p.copy_(ema.shadow[k])
+            p.copy_(shadow[k])
     return result
 
 

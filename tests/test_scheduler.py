@@ -1,16 +1,18 @@
 """GMSScheduler: a diffusers scheduler around gk.step (issue 4 part 5)."""
 import collections
+import json
+import warnings
 
+import numpy as np
 import pytest
 import torch
 
 import gms_kernels as gk
 
-diffusers = pytest.importorskip("diffusers")
-from diffusers import DDPMPipeline, DDPMScheduler, UNet2DModel  # noqa: E402
-from diffusers.models.unets.unet_2d import UNet2DOutput  # noqa: E402
+from diffusers import DDIMPipeline, DDIMScheduler, DDPMPipeline, DDPMScheduler, UNet2DModel
+from diffusers.models.unets.unet_2d import UNet2DOutput
 
-from gms_kernels.scheduler import GMSScheduler, GMSSchedulerOutput  # noqa: E402
+from gms_kernels.scheduler import GMSScheduler, GMSSchedulerOutput, inference_timesteps  # noqa: E402
 
 C, H, W = 3, 6, 5
 
@@ -72,10 +74,12 @@ def test_bad_config(kwargs, match):
 
 def test_from_ddpm_config_and_roundtrip(tmp_path):
     ddpm = DDPMScheduler(beta_schedule="squaredcos_cap_v2", timestep_spacing="trailing", variance_type="fixed_large")
-    s = GMSScheduler.from_config(ddpm.config)
+    with pytest.warns(UserWarning, match="variance_type='fixed_large'"):
+        s = GMSScheduler.from_config(ddpm.config)
     assert s.config.beta_schedule == "squaredcos_cap_v2" and s.config.timestep_spacing == "trailing"
     assert s.config.solver == "gms"
-    s = GMSScheduler.from_config(ddpm.config, solver="sn-ddpm", timestep_spacing="even")
+    with pytest.warns(UserWarning, match="variance_type"):
+        s = GMSScheduler.from_config(ddpm.config, solver="sn-ddpm", timestep_spacing="even")
     assert s.config.solver == "sn-ddpm" and s.config.timestep_spacing == "even"
     with pytest.raises(ValueError, match="epsilon"):
         GMSScheduler.from_config(DDPMScheduler(prediction_type="v_prediction").config)
@@ -87,6 +91,99 @@ def test_from_ddpm_config_and_roundtrip(tmp_path):
     assert b._options == a._options and b._data_range == (0.0, 1.0)
 
 
+def _gms_warnings(fn):
+    """Run fn; return (its result, the messages of the UserWarnings raised from gms_kernels)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = fn()
+    return out, [str(w.message) for w in caught if "GMSScheduler" in str(w.message)]
+
+
+@pytest.mark.parametrize("source, data_range", [
+    (DDPMScheduler(clip_sample=False), None),
+    (DDPMScheduler(clip_sample=True, clip_sample_range=2.0), (-2.0, 2.0)),
+    (DDPMScheduler(clip_sample_range=0.5), (-0.5, 0.5)),  # clip_sample left at its default, True
+    (DDIMScheduler(clip_sample=False), None),
+    (DDIMScheduler(clip_sample_range=3.0), (-3.0, 3.0)),
+    (DDPMScheduler(), (-1.0, 1.0)),  # nothing set: GMSScheduler's default
+])
+def test_from_config_translates_clip_sample_to_data_range(source, data_range, tmp_path):
+    """Issue 24.1: clip_sample / clip_sample_range of a DDPM or DDIM config set data_range, without a
+    warning; the result survives save_pretrained / from_pretrained without being translated again."""
+    s, messages = _gms_warnings(lambda: GMSScheduler.from_config(source.config))
+    assert s._data_range == data_range and messages == []
+    assert (None if s.config.data_range is None else tuple(s.config.data_range)) == data_range
+    s.save_pretrained(tmp_path)
+    again, messages = _gms_warnings(lambda: GMSScheduler.from_pretrained(tmp_path))
+    assert again._data_range == data_range and messages == []
+    # an explicit data_range wins over clip_sample
+    explicit, messages = _gms_warnings(lambda: GMSScheduler.from_config(source.config, data_range=(0.0, 1.0)))
+    assert explicit._data_range == (0.0, 1.0) and messages == []
+
+
+def test_from_config_warns_once_about_thresholding_and_dropped_keys(tmp_path):
+    """Issue 24.1: thresholding=True has no equivalent (one clear warning); variance_type and any other
+    explicitly set key that is dropped is named in one warning; keys left at their defaults, or with
+    GMSScheduler's behaviour (set_alpha_to_one=True), give none."""
+    s, messages = _gms_warnings(lambda: GMSScheduler.from_config(
+        DDPMScheduler(thresholding=True, sample_max_value=2.5, clip_sample=False).config))
+    assert len(messages) == 1 and "thresholding=True" in messages[0] and "no equivalent" in messages[0]
+    assert "sample_max_value=2.5" in messages[0] and "data_range=None" in messages[0]
+    assert s._data_range is None and s.config.solver == "gms"
+
+    s, messages = _gms_warnings(lambda: GMSScheduler.from_config(DDPMScheduler(variance_type="fixed_small").config))
+    assert len(messages) == 1 and "variance_type='fixed_small'" in messages[0] and "solver='ddpm'" in messages[0]
+    assert s.config.solver == "gms"  # variance_type never picks the solver
+    s, messages = _gms_warnings(lambda: GMSScheduler.from_config(
+        DDPMScheduler(variance_type="learned_range").config, solver="sn-ddpm"))
+    assert len(messages) == 1 and "'learned_range'" in messages[0] and "solver='sn-ddpm'" in messages[0]
+    assert s.config.solver == "sn-ddpm"
+
+    _, messages = _gms_warnings(lambda: GMSScheduler.from_config(DDIMScheduler(set_alpha_to_one=False).config))
+    assert len(messages) == 1 and "set_alpha_to_one=False" in messages[0]
+    _, messages = _gms_warnings(lambda: GMSScheduler.from_config(
+        DDIMScheduler(set_alpha_to_one=True, thresholding=False, dynamic_thresholding_ratio=0.9).config))
+    assert messages == []
+
+    # a saved DDPM config (as on the Hub) sets every key: only variance_type is reported
+    DDPMScheduler(clip_sample=False).save_config(tmp_path)
+    s, messages = _gms_warnings(lambda: GMSScheduler.from_pretrained(tmp_path))
+    assert len(messages) == 1 and "variance_type='fixed_small'" in messages[0] and s._data_range is None
+
+    config = dict(DDPMScheduler().config, some_future_key=7)  # a key of no scheduler diffusers knows here
+    _, messages = _gms_warnings(lambda: GMSScheduler.from_config(config))
+    assert len(messages) == 1 and "some_future_key=7" in messages[0]
+
+
+def test_save_pretrained_with_tensor_options_round_trips(tmp_path):
+    """Issue 24.3: tensors, numpy arrays and tuples in solver_options (an Analytic-DPM gamma table with
+    NaN where it was not estimated), trained_betas and data_range are stored as lists, so
+    save_pretrained writes valid JSON, and from_pretrained gives back a scheduler that steps the same."""
+    gamma = torch.linspace(0.1, 0.9, 50, dtype=torch.float64)
+    gamma[::7] = float("nan")
+    betas = np.linspace(1e-3, 0.2, 50)
+    a = GMSScheduler(num_train_timesteps=50, trained_betas=betas, solver="analytic-dpm", backend="torch",
+                     data_range=torch.tensor([-2.0, 2.0]), solver_options={"gamma": gamma, "clip_pixel": np.float32(2)})
+    assert isinstance(a.config.solver_options["gamma"], list) and isinstance(a.config.trained_betas, list)
+    a.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "scheduler_config.json").read_text())
+    assert saved["solver_options"]["clip_pixel"] == 2.0 and len(saved["solver_options"]["gamma"]) == 50
+    b = GMSScheduler.from_pretrained(tmp_path)
+    for s in (a, b):
+        assert torch.equal(s._options["gamma"].nan_to_num(-1), gamma.nan_to_num(-1))
+        assert s._options["gamma"].dtype == torch.float64 and s._data_range == (-2.0, 2.0)
+    torch.testing.assert_close(b.schedule.betas, torch.as_tensor(betas), rtol=0, atol=0)
+    ts = [48, 30, 12]  # gamma is estimated there
+    x = x_at()
+    for s in (a, b):
+        s.set_timesteps(timesteps=ts)
+    for t_a, t_b in zip(a.timesteps, b.timesteps):
+        out = heads(k=1, seed=int(t_a))
+        assert torch.equal(a.step(out, t_a, x, generator=3).prev_sample, b.step(out, t_b, x, generator=3).prev_sample)
+    with pytest.raises(TypeError, match="cannot hold"):
+        GMSScheduler(solver_options={"var_floor": object()})
+
+
 # -- timesteps -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", gk.TRAJECTORY_KINDS)
 @pytest.mark.parametrize("K", [1, 7, 10])
@@ -94,13 +191,47 @@ def test_every_spacing(kind, K):
     s = GMSScheduler(timestep_spacing=kind)
     s.set_timesteps(K)
     assert s.timesteps.dtype == torch.long
-    assert s.timesteps.tolist() == gk.trajectory(1000, K, kind)
+    assert s.timesteps.tolist() == gk.trajectory(1000, K, kind)[:K]
+    assert len(s.timesteps) == K
     assert (s.timesteps[:-1] > s.timesteps[1:]).all()
     assert s.num_inference_steps == K
     if kind in ("leading", "trailing", "linspace"):  # diffusers' own spacings agree
         ref = DDPMScheduler(timestep_spacing=kind)
         ref.set_timesteps(K)
         assert s.timesteps.tolist() == ref.timesteps.tolist()
+
+
+class CountingUNet(UNet2DModel):
+    """A UNet2DModel that records the timestep of every forward call."""
+
+    def forward(self, sample, timestep, *args, **kwargs):
+        self.calls.append(int(timestep))
+        return super().forward(sample, timestep, *args, **kwargs)
+
+
+@pytest.mark.parametrize("kind", gk.TRAJECTORY_KINDS)
+def test_num_inference_steps_is_the_number_of_network_calls(kind):
+    """Issue 24.2: set_timesteps(N) means N network calls, as in diffusers, for every spacing: counted
+    inside DDPMPipeline and in a hand-written loop (also where "even" reaches t = 0 by itself, N > T/2)."""
+    unet = tiny_unet(9, cls=CountingUNet)
+    for n in (1, 2, 3, 10):
+        unet.calls = []
+        pipe = DDPMPipeline(unet=unet, scheduler=GMSScheduler(timestep_spacing=kind, backend="torch"))
+        pipe.set_progress_bar_config(disable=True)
+        pipe(num_inference_steps=n, batch_size=1, generator=torch.Generator().manual_seed(0), output_type="pt")
+        assert len(unet.calls) == n, (kind, n, unet.calls)
+        assert unet.calls == gk.trajectory(1000, n, kind)[:n]
+    T = 40
+    s = GMSScheduler(num_train_timesteps=T, timestep_spacing=kind, backend="torch", solver="ddpm")
+    x = x_at(1)
+    for n in (1, 2, 19, 20, 21, 22, 39, 40):
+        s.set_timesteps(n)
+        calls = 0
+        for t in s.timesteps:
+            calls += 1
+            x = s.step(heads(1, k=1, seed=calls), t, x, generator=0).prev_sample
+        assert calls == n == s.num_inference_steps
+        assert inference_timesteps(T, n, kind) == s.timesteps.tolist()
 
 
 def test_leading_steps_offset_matches_diffusers():
@@ -129,7 +260,7 @@ def test_custom_timesteps_and_errors():
     with pytest.raises(ValueError, match="integer"):
         s.set_timesteps(4.5)
     s.set_timesteps(torch.tensor(4))
-    assert s.timesteps.tolist() == gk.trajectory(1000, 4, "even")
+    assert s.timesteps.tolist() == gk.trajectory(1000, 4, "even")[:4]
 
 
 def test_previous_timestep_is_looked_up():
@@ -339,3 +470,13 @@ def test_ddpm_pipeline_other_solvers(solver, channels):
     gens = [torch.Generator().manual_seed(i) for i in range(2)]
     img = run_pipe(tiny_unet(channels), GMSScheduler(solver=solver), batch_size=2, generator=gens, output_type="np")
     assert img.shape == (2, 8, 8, 3) and img.min() >= 0 and img.max() <= 1
+
+
+def test_ddim_pipeline_replaces_the_scheduler():
+    """Issue 24.6 (documented in GMSScheduler's docstring): DDIMPipeline converts any scheduler to a
+    DDIMScheduler, so GMS must run in DDPMPipeline or a hand-written loop."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pipe = DDIMPipeline(unet=tiny_unet(9), scheduler=GMSScheduler())
+    assert type(pipe.scheduler) is DDIMScheduler
+    assert "DDIMPipeline" in GMSScheduler.__doc__ and "DDPMPipeline" in GMSScheduler.__doc__

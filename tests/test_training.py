@@ -1,9 +1,14 @@
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch import nn
+from torch.optim.swa_utils import AveragedModel
 
 import gms_kernels as gk
-from gms_kernels.training import train_backbone, train_heads
+from gms_kernels.training import EMA, train_backbone, train_heads
 
 
 class TinyMomentNet(nn.Module):
@@ -96,3 +101,73 @@ def test_bad_training_arguments():
         train_heads(TinyMomentNet(), torch.full((4, 1), float("nan")), steps=1, progress=False)
     with pytest.raises(ValueError, match="batch_size must be positive"):
         train_heads(TinyMomentNet(), _data(), steps=1, batch_size=0, progress=False)
+
+
+def test_ema_is_torch_averaged_model_with_the_warmup_decay():
+    """Issue 24.5: the EMA is torch's AveragedModel over the trainable parameters only (a frozen
+    backbone is not copied), starts at the initial weights, follows min(decay, (1+n)/(10+n)) exactly,
+    and resumes from its state_dict (format {"decay", "updates", "shadow": {name: tensor}}) exactly."""
+    torch.manual_seed(0)
+    net = TinyMomentNet()
+    params = {k: p for k, p in net.named_parameters() if p.requires_grad}
+    ema = EMA(params, decay=0.95)
+    assert isinstance(ema._average, AveragedModel)
+    assert sum(p.numel() for p in ema._average.parameters()) == sum(p.numel() for p in params.values())
+    want = {k: p.detach().clone() for k, p in params.items()}
+    g = torch.Generator().manual_seed(1)
+
+    def train_step(n):
+        with torch.no_grad():
+            for p in params.values():
+                p.add_(torch.randn(p.shape, generator=g))
+        d = min(0.95, (1 + n) / (10 + n))
+        for k, p in params.items():
+            want[k].lerp_(p.detach(), 1 - d)
+
+    for n in range(1, 41):
+        train_step(n)
+        ema.update(params)
+    assert ema.updates == 40
+    for k in params:
+        assert torch.equal(ema.shadow[k], want[k]), k
+    state = ema.state_dict()
+    assert set(state) == {"decay", "updates", "shadow"} and set(state["shadow"]) == set(params)
+    resumed = EMA(params, decay=0.5)
+    resumed.load_state_dict({"decay": state["decay"], "updates": state["updates"],
+                             "shadow": {k: v.clone() for k, v in state["shadow"].items()}})
+    for n in range(41, 46):
+        train_step(n)
+        ema.update(params)
+        resumed.update(params)
+    for k in params:
+        assert torch.equal(resumed.shadow[k], want[k]) and torch.equal(ema.shadow[k], want[k]), k
+    with pytest.raises(ValueError, match="ema_decay"):
+        EMA(params, decay=1.5)
+
+
+_PROGRESS_SCRIPT = """
+import sys
+import torch
+from torch import nn
+from gms_kernels.progress import progress_bar
+from gms_kernels.training import train_backbone
+
+net = nn.Linear(2, 1)
+model = nn.Module()
+model.net = net
+model.forward = lambda x, t: net(torch.cat([x, t.float()[:, None] / 1000], 1))
+train_backbone(model, torch.randn(8, 1), steps=2, batch_size=4, progress=True)
+print("helper", progress_bar(range(2), enabled=True).disable, progress_bar(range(2), enabled=False).disable)
+"""
+
+
+@pytest.mark.parametrize("env, shown", [({"TQDM_DISABLE": "1"}, False), ({}, True)])
+def test_progress_bar_obeys_tqdm_disable(env, shown):
+    """Issue 24.4: with progress=True the training bar still obeys TQDM_DISABLE=1 (tqdm reads it as the
+    default of `disable`, which an explicit disable=False overrode); without it, the bar is shown."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TQDM_")}
+    res = subprocess.run([sys.executable, "-c", _PROGRESS_SCRIPT], env={**base, **env}, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert ("train backbone" in res.stderr) == shown, res.stderr[-2000:]
+    assert f"helper {not shown} True" in res.stdout
