@@ -12,28 +12,23 @@ original x, t, y (about 100 KB in all). tests/test_upstream_fixtures.py rebuilds
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
+import sys
 from pathlib import Path
 
 import torch
 
-OUT = Path(__file__).resolve().parents[1] / "tests" / "data" / "upstream"
+TESTS = Path(__file__).resolve().parents[1] / "tests"
+sys.path.insert(0, str(TESTS))
+from test_upstream_fixtures import weights_digest  # noqa: E402  (the hash the tests check, defined once)
+
+OUT = TESTS / "data" / "upstream"
 STD = 0.05
 SOURCES = {  # name: (path under the shared fixtures, seed of the weights)
     "pytorch_ddpm_visible": ("upstream/pytorch_ddpm_visible.pt", 5),
     "iddpm_visible": ("upstream/iddpm_visible.pt", 6),
     "official_gms_iddpm_eps1": ("official_gms/iddpm/eps1.pt", 11),
 }
-
-
-def weights_digest(state: dict) -> str:
-    """SHA-256 over the keys and float32 bytes (the same function as in the test)."""
-    h = hashlib.sha256()
-    for key, value in state.items():
-        h.update(key.encode())
-        h.update(value.detach().to(torch.float32).contiguous().numpy().tobytes())
-    return h.hexdigest()
 
 
 def read_original(path: Path) -> tuple[dict, dict, torch.Tensor, torch.Tensor, torch.Tensor]:
