@@ -36,7 +36,13 @@ def time_tensor(t: int, batch: int, T: int, time_input: str = "index",
 
 
 def call_model(model: Callable, x: torch.Tensor, t: int, T: int, time_input: str = "index") -> torch.Tensor:
-    return model(x, time_tensor(t, x.shape[0], T, time_input, x.device))
+    try:
+        return model(x, time_tensor(t, x.shape[0], T, time_input, x.device))
+    except RuntimeError as exc:  # e.g. "Input type (double) and bias type (float) should be the same"
+        reason = dtype_mismatch(model, x.dtype)
+        if reason is None:
+            raise
+        raise ValueError(f"the model failed on its first call ({str(exc).splitlines()[0]}): {reason}") from exc
 
 
 def split_heads(output: torch.Tensor, x_t: torch.Tensor, n_heads: int, solver: str,
@@ -79,17 +85,18 @@ def check_state_tensor(x: object, name: str = "x_t") -> torch.Tensor:
     return x
 
 
-def check_model_dtype(model: object, dtype: torch.dtype) -> None:
-    """Refuse to feed ``dtype`` samples to a network whose parameters all have another float dtype
-    (the call would fail deep inside a layer)."""
+def dtype_mismatch(model: object, dtype: torch.dtype) -> str | None:
+    """Why a network whose parameters all have one other float dtype may fail on ``dtype`` inputs,
+    or None (a model may well cast its input itself, so this only explains a failure)."""
     params = getattr(model, "parameters", None)
     if not callable(params):
-        return
+        return None
     dtypes = {p.dtype for p in params() if p.is_floating_point()}
-    if len(dtypes) == 1 and dtype not in dtypes:
-        (have,) = dtypes
-        raise ValueError(f"the samples are {dtype} but the model's parameters are {have}: convert the model "
-                         f"(model.to({dtype})) or sample in its dtype (dtype={have})")
+    if len(dtypes) != 1 or dtype in dtypes:
+        return None
+    (have,) = dtypes
+    return (f"the samples are {dtype} but the model's parameters are {have}: convert the model "
+            f"(model.to({dtype})) or sample in its dtype (dtype={have})")
 
 
 def check_inputs_finite(x_t: torch.Tensor | None, heads: list[torch.Tensor], where: str = "",

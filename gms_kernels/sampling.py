@@ -7,8 +7,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .model_io import (call_model, check_inputs_finite, check_model_dtype, check_state_tensor, check_time_input,
-                       split_heads)
+from .model_io import call_model, check_inputs_finite, check_state_tensor, check_time_input, split_heads
 from .moments import DataRange, check_data_range, transition_moments
 from .progress import progress_bar
 from .random import STREAM_INITIAL, GeneratorLike, SampleNoise
@@ -125,8 +124,6 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
         x = x_T
         noise = SampleNoise.create(generator, x.shape[0], first_index)
 
-    if spec.heads:
-        check_model_dtype(model, x.dtype)
     backend = resolve_backend(backend, x.device)
     defer_check = backend == "triton" and callback is None  # a callback sees x at once: check at once
     pending = None
@@ -187,14 +184,14 @@ def check_sample_args(model: Model | None = None, steps: int = 10, solver: str =
                       device: torch.device | str | None = None, callback: Callable[[dict], None] | None = None,
                       **solver_options: Any) -> None:
     """Raise the error :func:`sample` would raise on these arguments, without sampling (so that a
-    caller can refuse a bad request before it writes anything)."""
+    caller can refuse a bad request before it writes anything). (``dtype`` and ``callback`` are
+    accepted so that :func:`sample`'s keyword arguments pass through; a dtype the model cannot take
+    shows only when it is called.)"""
     if model is None:
         from .embedded import default_model
 
         model = default_model()
-    spec = _plan(model, steps, solver, schedule, trajectory, data_range, time_input, solver_options)[0]
-    if spec.heads:
-        check_model_dtype(model, dtype)
+    _plan(model, steps, solver, schedule, trajectory, data_range, time_input, solver_options)
     resolve_backend(backend, device or "cpu")
 
 

@@ -229,7 +229,7 @@ def _real(value: Any, name: str, low: float, high: float, what: str, open_low: b
     ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
     if not ok or not (low < value if open_low else low <= value) or not value <= high:
         interval = f"{'(' if open_low else '['}{low:g}, {high:g}]"
-        raise ValueError(f"{name} ({what}) must be a number in {interval}, got {value!r}")
+        raise ValueError(f"{name} must be a number in {interval} ({what}), got {value!r}")
     return float(value)
 
 

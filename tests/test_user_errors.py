@@ -92,15 +92,21 @@ def test_sample_refuses_bad_shapes(shape):
         gk.sample(shape=shape, steps=2, progress=False)
 
 
-def test_sample_dtype_that_the_model_cannot_take_is_refused_before_any_call():
-    calls = []
+def test_sample_dtype_that_the_model_cannot_take_is_explained():
     model = gk.models.MomentNet(PytorchDDPMUNet(T=1000, ch=32, ch_mult=(1,), attn=(), num_res_blocks=1,
                                                 in_channels=1))
-    hooked = lambda x, t: calls.append(1) or model(x, t)  # noqa: E731
-    hooked.parameters = model.parameters
     with pytest.raises(ValueError, match="the samples are torch.float16 but the model's parameters are torch.float32"):
-        gk.sample(hooked, shape=(1, 1, 8, 8), steps=2, dtype=torch.float16, progress=False)
-    assert calls == []
+        gk.sample(model, shape=(1, 1, 8, 8), steps=2, dtype=torch.float16, progress=False)
+
+
+def test_a_model_that_casts_its_input_may_sample_in_another_dtype():
+    net = torch.nn.Conv2d(1, 3, 1)
+
+    def casting(x, t):
+        return net(x.float()).to(x.dtype)
+    casting.parameters = net.parameters
+    x = gk.sample(casting, shape=(2, 1, 4, 4), steps=2, dtype=torch.float64, progress=False, generator=0)
+    assert x.dtype == torch.float64 and torch.isfinite(x).all()
 
 
 # -- checkpoints --------------------------------------------------------------------------------

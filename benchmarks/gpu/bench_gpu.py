@@ -208,7 +208,7 @@ def loop_overhead(env: Setup, nets, schedule: gk.Schedule, turns: int = 7) -> li
         x_t, out = make_inputs(env.sizes[size][:1] + x.shape[1:] if env.smoke else env.sizes[size], env.device)
         c = x_t.shape[1]
         time_input = getattr(net, "time_input", "index")
-        model = lambda x_in, t_in: torch.cat([net(x_in, t_in), out[:, c:]], 1)
+        model = lambda x_in, t_in: torch.cat([net(x_in, t_in)[:, :c], out[:, c:]], 1)  # e1 of the net, e2, e3
         t_in = torch.full((x_t.shape[0],), 500, device=env.device)
         t_in = t_in if time_input != "scaled" else t_in.float() * 1000 / schedule.T
         for fit in ("closed", "adan-25"):
