@@ -46,8 +46,9 @@ namespace py = pybind11;
 #endif
 
 // The moment formulas are evaluated without fused multiply-adds, in the torch reference's order,
-// so that M1, Var and M3 come out bit-identical to the float64 reference (the cube root of the
-// closed-form fit is ill-conditioned near kappa3 = 0; identical inputs keep it out of the way).
+// so that M1, Var and M3 come out bit-identical to the float64 reference (kappa3 is a difference of
+// nearly equal numbers, and the closed-form fit's delta is steep near kappa3 = 0, with a slope
+// bounded by its knee: identical inputs keep rounding differences out of the way).
 #if defined(__clang__)
 #define GMS_NO_FMA_BEGIN _Pragma("clang fp contract(off)")
 #define GMS_NO_FMA_FN
@@ -83,6 +84,9 @@ constexpr int kBlock = GMS_BLOCK;  // elements per block: the ADAN state (21 arr
 constexpr double kAdanBeta1 = 0.9, kAdanBeta2 = 0.92, kAdanBeta3 = 0.92, kAdanEps = 1e-8;
 constexpr double kAdanInitBeta = 0.998, kAdanInitGap = 1e-3;
 constexpr double kAdanBetaLo = 0.1, kAdanBetaHi = 1.2;
+// fit.SKEW_KNEE: below this standardized skewness |kappa3| / Var^1.5 the closed fit's delta is the
+// straight line through 0 that meets the cube root there (see fit.fit_closed)
+constexpr double kSkewKnee = 1e-2;
 
 #if defined(__FMA__) || defined(__FP_FAST_FMA) || defined(__ARM_FEATURE_FMA)
 #define GMS_HAS_FMA 1
@@ -499,15 +503,29 @@ GMS_NO_FMA_FN void kappa3_block(int n, const double* __restrict M1, const double
     }
 }
 
-// fit.fit_closed in double: exact (M1, Var, M3) match with the variance floor. K3 holds kappa3
-// (from kappa3_block<true>). The two divisions of the reference are exact divisions (div_exact).
+// fit.knee_delta2: (kSkewKnee / |w1 w2 (w2 - w1)|)^(2/3), formed like it (the same libm pow), and
+// kept per thread for the last denominator (ClosedConsts is made per block: a pow per block of
+// 256 elements cost the closed step ~4%)
+inline double knee_delta2(double denom) {
+    static thread_local double last_denom = 0.0, last_knee2 = 0.0;
+    if (denom != last_denom) {
+        last_knee2 = denom == 0.0 ? 0.0 : std::pow(kSkewKnee / std::fabs(denom), 2.0 / 3.0);
+        last_denom = denom;
+    }
+    return last_knee2;
+}
+
+// fit.fit_closed in double: (M1, Var, M3) match with the variance floor and the knee near zero
+// skew. K3 holds kappa3 (from kappa3_block<true>). The two divisions of the reference are exact
+// divisions (div_exact).
 struct ClosedConsts {
-    double w1, w2, w12, denom, inv_denom, inv_w12, var_floor;
+    double w1, w2, w12, denom, inv_denom, inv_w12, var_floor, knee2;
     ClosedConsts(double w1_, double var_floor_) : w1(w1_), w2(1.0 - w1_), var_floor(var_floor_) {
         w12 = w1 * w2;
         denom = w12 * (w2 - w1);
         inv_denom = 1.0 / denom;
         inv_w12 = 1.0 / w12;
+        knee2 = knee_delta2(denom);
     }
 };
 
@@ -520,7 +538,11 @@ inline void closed_fit_block(int n, const double* __restrict M1, const double* _
     for (int i = 0; i < n; ++i) {
         const double m1 = M1[i];
         const double var = VAR[i] < 0.0 ? 0.0 : VAR[i];
-        double delta = cbrt_vec(div_exact(K3[i], denom, inv_denom));
+        const double q = div_exact(K3[i], denom, inv_denom);
+        double delta = cbrt_vec(q);
+        // below the knee (|delta| < knee_delta, i.e. |kappa3| / Var^1.5 < kSkewKnee): q / knee_delta^2
+        const double knee2 = c.knee2 * var;
+        delta = delta * delta < knee2 ? q / knee2 : delta;  // (false for Var = 0 and for NaN)
         double s2 = var - w12 * (delta * delta);
         const double floor = var_floor * var;
         const bool too_skewed = s2 < floor;
@@ -543,11 +565,11 @@ namespace v8 {
 // deviation is sq sqrt(var_floor) and its |delta| = sqrt((Var - floor) / (w1 w2)) is
 // sq sqrt((1 - var_floor) / (w1 w2)) (equal in exact arithmetic; within a few ulp here).
 struct ClosedVecConsts {
-    V w1, w2, w12, denom, inv_denom, var_floor, sd_floor, delta_floor;
+    V w1, w2, w12, denom, inv_denom, var_floor, sd_floor, delta_floor, knee2;
     explicit ClosedVecConsts(const ClosedConsts& c)
         : w1(bc(c.w1)), w2(bc(c.w2)), w12(bc(c.w12)), denom(bc(c.denom)), inv_denom(bc(c.inv_denom)),
           var_floor(bc(c.var_floor)), sd_floor(bc(std::sqrt(c.var_floor))),
-          delta_floor(bc(std::sqrt((1.0 - c.var_floor) / c.w12))) {}
+          delta_floor(bc(std::sqrt((1.0 - c.var_floor) / c.w12))), knee2(bc(c.knee2)) {}
 };
 
 template <int W>
@@ -555,14 +577,37 @@ GMS_NO_FMA_FN GMS_INLINE void closed_fit_w(const ClosedVecConsts& c, const V* m1
                                        V* p2, V* ps, V* sd) {
     GMS_NO_FMA_BEGIN
     const V zero = _mm512_setzero_pd();
-    V var[W], t[W], delta[W], s2[W], floor[W], sq[W];
-    __mmask8 skewed[W];
+    V var[W], t[W], delta[W], s2[W], floor[W], sq[W], knee2[W], line[W];
+    __mmask8 skewed[W], below[W], tiny_knee = 0;
     GMS_EACH {
         var[j] = _mm512_max_pd(zero, var_in[j]);  // (var < 0 ? 0 : var), NaN kept
         const V k3 = sub(sub(m3[j], mul(mul(bc(3.0), m1[j]), var[j])), mul(mul(m1[j], m1[j]), m1[j]));
         t[j] = div_exact(k3, c.denom, c.inv_denom);
     }
+    // the straight line below the knee (as closed_fit_block), q / knee2 with knee2 = knee_delta^2 Var,
+    // formed before the cube root (it does not need it: the out-of-order core overlaps the two
+    // chains) and without a division (vdivpd is slow and poorly pipelined, and early steps have
+    // every lane below the knee): r ~ 1/knee2 from vrcp14pd and one Newton step (2^-14 -> 2^-28),
+    // then y = q r and one residual step, y + (q - y knee2) r, which leaves ~2^-56 (about an ulp).
+    GMS_EACH {
+        knee2[j] = mul(c.knee2, var[j]);
+        V r = _mm512_rcp14_pd(knee2[j]);
+        r = mul(r, _mm512_fnmadd_pd(knee2[j], r, bc(2.0)));
+        const V y = mul(t[j], r);
+        line[j] = _mm512_fmadd_pd(_mm512_fnmadd_pd(y, knee2[j], t[j]), r, y);
+    }
     cbrt_w<W>(t, delta);
+    GMS_EACH {
+        below[j] = _mm512_cmp_pd_mask(mul(delta[j], delta[j]), knee2[j], _CMP_LT_OQ);  // (false for NaN)
+        delta[j] = _mm512_mask_mov_pd(delta[j], below[j], line[j]);
+        tiny_knee |= _mm512_mask_cmp_pd_mask(below[j], knee2[j], bc(0x1p-1000), _CMP_LT_OQ);
+    }
+    if (tiny_knee) {  // knee2 under 2^-1000 (Var ~ 1e-301), whose reciprocal could overflow: divide
+        GMS_EACH {
+            const __mmask8 tiny = _mm512_mask_cmp_pd_mask(below[j], knee2[j], bc(0x1p-1000), _CMP_LT_OQ);
+            delta[j] = _mm512_mask_div_pd(delta[j], tiny, t[j], knee2[j]);
+        }
+    }
     GMS_EACH {
         s2[j] = sub(var[j], mul(c.w12, mul(delta[j], delta[j])));
         floor[j] = mul(c.var_floor, var[j]);
@@ -1587,6 +1632,7 @@ PYBIND11_MODULE(_C, m) {
     m.attr("MODE_CLOSED") = static_cast<int>(gms::kClosed);
     m.attr("MODE_ADAN") = static_cast<int>(gms::kAdan);
     m.attr("MODE_DENOISE") = static_cast<int>(gms::kDenoise);
+    m.attr("CLOSED_SKEW_KNEE") = gms::kSkewKnee;  // fit.SKEW_KNEE (checked by the tests)
     m.def("fused_step", &gms::fused_step_py,
           "One fused GMS step over flattened float32 [N*D] buffers (see gms_kernels.kernels). "
           "e2/e3 may be None where the mode does not read them; mu1/mu2/s2 None skips writing them. "

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import gms_kernels as gk
-from gms_kernels.fit import adan_learning_rates, moment_residuals
+from gms_kernels.fit import SKEW_KNEE, adan_learning_rates, knee_delta2, moment_residuals
 
 
 def _moments_of(p, w=(1 / 3, 2 / 3)):
@@ -12,7 +12,14 @@ def _moments_of(p, w=(1 / 3, 2 / 3)):
     return gk.TransitionMoments(g1, g2 - g1**2, g3)
 
 
+def _standardized_skew(mom):
+    var = mom.var.clamp_min(0)
+    return (mom.m3 - 3 * mom.m1 * var - mom.m1**3) / var.pow(1.5)
+
+
 def test_closed_form_reproduces_feasible_moments_exactly():
+    """Exact above the knee; below it (|skew| < SKEW_KNEE) M1 and Var exact, the third moment within
+    the documented 2 / (3 sqrt 3) SKEW_KNEE Var^1.5."""
     g = torch.Generator().manual_seed(0)
     n = 1000
     mu1, mu2 = torch.randn(n, dtype=torch.float64, generator=g), torch.randn(n, dtype=torch.float64, generator=g)
@@ -20,11 +27,62 @@ def test_closed_form_reproduces_feasible_moments_exactly():
     mom = _moments_of(gk.MixtureParams(mu1, mu2, s2))
     mom.var = mom.var  # feasible whenever s2 >= floor * Var; use no floor here
     p = gk.fit_closed(mom, var_floor=0.0)
-    torch.testing.assert_close(p.mu1, mu1, rtol=1e-8, atol=1e-8)
-    torch.testing.assert_close(p.mu2, mu2, rtol=1e-8, atol=1e-8)
-    torch.testing.assert_close(p.s2, s2, rtol=1e-8, atol=1e-8)
-    for r in moment_residuals(p, mom, (1 / 3, 2 / 3)):
-        assert float(r.abs().max()) < 1e-10
+    above = _standardized_skew(mom).abs() >= SKEW_KNEE
+    assert 0 < int((~above).sum()) < n  # both sides of the knee are exercised
+    torch.testing.assert_close(p.mu1[above], mu1[above], rtol=1e-8, atol=1e-8)
+    torch.testing.assert_close(p.mu2[above], mu2[above], rtol=1e-8, atol=1e-8)
+    torch.testing.assert_close(p.s2[above], s2[above], rtol=1e-8, atol=1e-8)
+    r1, r2, r3 = moment_residuals(p, mom, (1 / 3, 2 / 3))
+    assert float(r1.abs().max()) < 1e-10 and float(r2.abs().max()) < 1e-10
+    assert float(r3[above].abs().max()) < 1e-10
+    bound = 2 / (3 * math.sqrt(3)) * SKEW_KNEE * mom.var.pow(1.5)
+    assert (r3.abs() <= bound * (1 + 1e-9) + 1e-12).all()
+
+
+def test_closed_form_knee_is_continuous_lipschitz_and_bounded():
+    """delta against the standardized skew g: the cube root above |g| = SKEW_KNEE, the straight line
+    through 0 below it, continuous at the knee; slope 1 / (w1 w2 (w2 - w1) knee_delta2) sd per unit
+    of g at most (51.3 at the default weights); third-moment error at most 0.385 SKEW_KNEE Var^1.5."""
+    w1, w2 = 1 / 3, 2 / 3
+    unit = w1 * w2 * (w2 - w1)
+    for var in (1e-6, 0.3, 4.0):
+        skews = torch.linspace(-3 * SKEW_KNEE, 3 * SKEW_KNEE, 6001, dtype=torch.float64)
+        m1 = torch.zeros_like(skews)  # (kappa3 = M3 without cancellation: the map itself is checked)
+        vv = torch.full_like(skews, var)
+        mom = gk.TransitionMoments(m1, vv, skews * var**1.5 + 3 * m1 * vv + m1**3)
+        p = gk.fit_closed(mom)
+        delta = (p.mu1 - p.mu2) / math.sqrt(var)
+        exact = torch.sign(skews) * (skews.abs() / unit).pow(1 / 3)
+        below = skews.abs() < SKEW_KNEE
+        torch.testing.assert_close(delta[~below], exact[~below], rtol=1e-6, atol=1e-9)
+        torch.testing.assert_close(delta[below], skews[below] / (unit * knee_delta2(w1)), rtol=1e-6, atol=1e-9)
+        slope = (delta.diff() / skews.diff()).abs().max()
+        assert float(slope) <= 1 / (unit * knee_delta2(w1)) * (1 + 1e-6)
+        assert 51.0 < 1 / (unit * knee_delta2(w1)) < 51.5
+        fitted = unit * delta**3
+        assert float((fitted - skews).abs().max()) <= 2 / (3 * math.sqrt(3)) * SKEW_KNEE * (1 + 1e-6)
+    # continuity at the knee, from both sides
+    var = 0.5
+    for g in (SKEW_KNEE * (1 - 1e-12), SKEW_KNEE * (1 + 1e-12)):
+        mom = gk.TransitionMoments(torch.zeros(1, dtype=torch.float64), torch.full((1,), var, dtype=torch.float64),
+                                   torch.full((1,), g * var**1.5, dtype=torch.float64))
+        p = gk.fit_closed(mom)
+        assert float((p.mu1 - p.mu2) / math.sqrt(var)) == pytest.approx((SKEW_KNEE / unit) ** (1 / 3), rel=1e-9)
+
+
+def test_closed_form_knee_with_the_heavier_component_first():
+    """Weights (2/3, 1/3): w2 - w1 < 0, the knee acts on |skew| alike and delta keeps the sign the fit needs."""
+    var = torch.full((4,), 0.5, dtype=torch.float64)
+    m1 = torch.full((4,), -0.1, dtype=torch.float64)
+    skews = torch.tensor([-0.5, -1e-3, 1e-3, 0.5], dtype=torch.float64)
+    mom = gk.TransitionMoments(m1, var, skews * var.pow(1.5) + 3 * m1 * var + m1**3)
+    p = gk.fit_closed(mom, weights=(2 / 3, 1 / 3))
+    r1, r2, r3 = moment_residuals(p, mom, (2 / 3, 1 / 3))
+    assert float(r1.abs().max()) < 1e-12 and float(r2.abs().max()) < 1e-12
+    assert float(r3[[0, 3]].abs().max()) < 1e-12  # above the knee: exact
+    fitted = (r3 + skews * var.pow(1.5)) / var.pow(1.5)
+    assert (torch.sign(fitted) == torch.sign(skews)).all()
+    assert float((fitted - skews).abs().max()) <= 2 / (3 * math.sqrt(3)) * SKEW_KNEE
 
 
 def test_closed_form_respects_the_floor_when_infeasible():
@@ -46,10 +104,11 @@ def test_closed_form_handles_zero_variance_and_symmetric_moments():
                                torch.tensor([0.0, 0.2], dtype=torch.float64), None)
     mom.m3 = mom.m1**3 + 3 * mom.m1 * mom.var  # zero skew
     p = gk.fit_closed(mom)
-    # rounding in kappa3 (~1e-19) is amplified by the cube root to ~1e-6 in delta
-    torch.testing.assert_close(p.mu1, mom.m1, rtol=0, atol=1e-5)
-    torch.testing.assert_close(p.mu2, mom.m1, rtol=0, atol=1e-5)
-    torch.testing.assert_close(p.s2, mom.var, rtol=0, atol=1e-10)
+    # rounding in kappa3 (~1e-17) stays rounding: below the knee delta is linear in kappa3 (the cube
+    # root made ~1e-6 of it)
+    torch.testing.assert_close(p.mu1, mom.m1, rtol=0, atol=1e-14)
+    torch.testing.assert_close(p.mu2, mom.m1, rtol=0, atol=1e-14)
+    torch.testing.assert_close(p.s2, mom.var, rtol=0, atol=1e-14)
 
 
 def test_weights_are_checked():

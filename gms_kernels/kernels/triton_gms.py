@@ -11,7 +11,8 @@ Contract: ``gms_kernels.kernels`` (``fused_step`` and :class:`FusedStepConfig`);
 * GAUSSIAN and CLOSED fit in fp32 on Var and kappa3 scaled by an exact power of two taken from
   Var's exponent: the fit then sees Var in [1, 4) whatever the magnitude of the moments, so
   kappa3 ~ Var^1.5 neither under- nor overflows fp32. The cube root is exp2(log2|q|/3) plus one
-  Newton step (no libdevice);
+  Newton step (no libdevice); below the knee of ``fit.fit_closed`` (standardized skewness under
+  ``SKEW_KNEE``) delta is linear in kappa3, as in the reference;
 * ADAN runs the loop of ``fit.fit_adan`` on the offsets a = mu1 - M1, b = mu2 - M1 with the
   residuals written about M1 (the same function without cancelling M1^3-sized terms), in fp32 by
   default (``ADAN_FP64``; ``adan_precision`` per call). A block that holds an element outside
@@ -35,7 +36,7 @@ import types
 
 import torch
 
-from ..fit import ADAN_BETA_BOUNDS, ADAN_BETAS, ADAN_EPS, ADAN_INIT_BETA, ADAN_INIT_GAP, MixtureParams
+from ..fit import ADAN_BETA_BOUNDS, ADAN_BETAS, ADAN_EPS, ADAN_INIT_BETA, ADAN_INIT_GAP, MixtureParams, knee_delta2
 from ..devices import to_device_async
 from ..random import STREAM_COMPONENT, STREAM_STEP_NOISE, check_counter_range, counter
 from . import ADAN_FP32_LIMITS, MODE_ADAN, MODE_CLOSED, MODE_DENOISE, MODE_GAUSSIAN, FusedStepConfig, NonFiniteInput
@@ -81,8 +82,8 @@ _cx = tl.constexpr if triton is not None else (lambda v: v)
 (S_A_T, S_SIGMA_T, S_RR, S_TWO_SIGMA, S_SIGMA_SQ, S_A_SQ, S_THREE_SIGMA, S_THREE_SIGMA_SQ, S_SIGMA_CU, S_A_CU,
  S_C, S_H, S_H_SQ, S_TWO_C, S_CC, S_THREE_C, S_THREE_C_C, S_C_CU, S_H_CU, S_TWO_C_H, S_HH, S_THREE_C_C_H,
  S_THREE_C_H_H, S_C1, S_C2, S_LAM2, S_C2_SQ, S_C2_CU, S_THREE_LAM2, S_VAR_CAP,
- S_W1, S_W2, S_W1W2, S_INV_SKEW, S_VAR_FLOOR, S_GRAD_SCALE) = (_cx(i) for i in range(36))
-_N_SCALARS = 36
+ S_W1, S_W2, S_W1W2, S_INV_SKEW, S_VAR_FLOOR, S_GRAD_SCALE, S_KNEE2) = (_cx(i) for i in range(37))
+_N_SCALARS = 37
 
 
 def _slot(c) -> int:
@@ -115,7 +116,7 @@ def _scalar_table(cfg: FusedStepConfig) -> list[float]:
         (S_VAR_CAP, cfg.var_cap),
         # fits
         (S_W1, w1), (S_W2, w2), (S_W1W2, w1 * w2), (S_INV_SKEW, 1.0 / (w1 * w2 * (w2 - w1)) if w1 != w2 else 0.0),
-        (S_VAR_FLOOR, cfg.var_floor), (S_GRAD_SCALE, cfg.grad_scale),
+        (S_VAR_FLOOR, cfg.var_floor), (S_GRAD_SCALE, cfg.grad_scale), (S_KNEE2, knee_delta2(w1)),
     ]
     table = [0.0] * _N_SCALARS
     for slot, value in slots:
@@ -378,6 +379,11 @@ if triton is not None:
                     y = tl.where(ok, ys + (safe / (ys * ys) - ys) * 0.3333333333333333,
                                  tl.where(aq > 0.0, y, 0.0))  # one Newton step for y^3 = |q|
                     delta = tl.where(q < 0.0, -y, y)
+                    # the knee of fit.fit_closed: q / knee_delta^2 where delta^2 < knee_delta^2 (the
+                    # scaling by powers of two commutes with it: delta ~ 2^-p, Var ~ 2^-2p, q ~ 2^-3p)
+                    knee2 = tl.load(SCAL + S_KNEE2).to(tl.float32) * vs
+                    below = delta * delta < knee2  # (False for Var = 0 and for NaN)
+                    delta = tl.where(below, q / tl.where(below, knee2, 1.0), delta)
                     s2s = vs - w1w2 * (delta * delta)
                     floor = tl.load(SCAL + S_VAR_FLOOR).to(tl.float32) * vs
                     too_skewed = s2s < floor
