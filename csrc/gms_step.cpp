@@ -222,7 +222,6 @@ GMS_NO_FMA_FN void moments_block(const Coefs& kref, int n, const float* __restri
         M1[i] = m1;
         if (HAS_VAR) {
             double var = k.lam2 + k.c2_sq * var_c;
-            if (RANGE) var = clampd(var, 0.0, k.h_sq);
             VAR[i] = var;
         }
         if (HAS_M3) {
@@ -323,7 +322,6 @@ GMS_NO_FMA_FN GMS_INLINE void moments8(const Coefs& k, V x, V e1, V e2, V e3, V&
     M1 = m1;
     if (HAS_VAR) {
         V var = add(bc(k.lam2), mul(bc(k.c2_sq), var_c));
-        if (RANGE != 0) var = clamp(var, zero, bc(k.h_sq));
         VAR = var;
     }
     if (HAS_M3) {

@@ -122,7 +122,10 @@ def transition_moments(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | N
     """(M1, Var, M3) of q(x_s|x_t) from as many heads as are given, with the reference clamps.
 
     ``x0_var`` overrides Var[x0|x_t] (Analytic-DPM's isotropic estimate needs only e1).
-    Var is clamped to [0, half_width^2] like the official code when ``data_range`` is set.
+    With ``data_range``, Var[x0|x_t] is clamped to [0, half_width^2], so Var lies in
+    [lam2, lam2 + c2^2 half_width^2]. (The official code also clamps Var itself to [0, 1]; for data in
+    [-1, 1] that never binds, since lam2 + c2^2 <= 1. Scaled to half_width^2 it would cut the unit-scale
+    posterior noise lam2 of narrower ranges, so it is not applied.)
     """
     m = x0_moments(x_t, e1, e2, e3, k.a_t, k.sigma_t)
     if x0_var is not None:
@@ -132,8 +135,6 @@ def transition_moments(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | N
     var = m3 = None
     if m.var is not None:
         var = second_central_moment(m.var, k)
-        if data_range is not None:
-            var = var.clamp(0.0, _half_width(data_range) ** 2)
     if m.m3 is not None:
         m3 = third_raw_moment(x_t, m, m1, k)
     return TransitionMoments(m1, var, m3)

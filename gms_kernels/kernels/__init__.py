@@ -5,7 +5,7 @@ return_params)``, whose meaning is defined by the torch reference (``solvers.gms
 last-step rules of ``solvers.solver_step``). Per element (sample i, element j of D):
 
 1. moments (fp64 in every backend): ``moments.x0_moments`` -> ``moments.clamp_x0_moments``
-   (when ``cfg.has_range``) -> M1, Var (clamped to [0, half^2] with a range), M3;
+   (when ``cfg.has_range``) -> M1, Var (no clamp of its own: Var[x0|x_t] is clamped), M3;
 2. by ``cfg.mode``: DENOISE writes M1; GAUSSIAN draws N(M1, min(Var, var_cap)); CLOSED and ADAN fit
    (mu1, mu2, s2) like ``fit.fit_closed`` / ``fit.fit_adan`` (learning rate ``cfg.lrs[k]`` at
    iteration k, gradient scale ``cfg.grad_scale`` = 2 / count), then draw

@@ -339,9 +339,7 @@ if triton is not None:
             c2_sq = tl.load(SCAL + S_C2_SQ)
             m1 = c1 * x + c2 * mean
             if NEED_VAR:
-                var = tl.load(SCAL + S_LAM2) + c2_sq * var
-                if HAS_RANGE:
-                    var = tl.minimum(tl.maximum(var, 0.0), tl.load(SCAL + S_H_SQ))
+                var = tl.load(SCAL + S_LAM2) + c2_sq * var  # (in [lam2, lam2 + c2^2 h^2] with a range)
             if NEED_M3:
                 c1x = c1 * x
                 c1x_sq = c1x * c1x
