@@ -21,6 +21,7 @@ from .progress import progress_bar
 from .sampling import check_sample_args, sample
 
 SHARD_FORMAT = "gms_kernels.shard/1"
+_NOT_RECORDED = ("callback",)  # sampling arguments that do not change the samples
 
 
 @dataclass
@@ -88,7 +89,7 @@ def sample_shards(model: Callable, out_dir: str | Path, num_samples: int, sample
     plan = ShardPlan(num_samples, shard_size)
     rank, size = world()
     meta = {"num_samples": num_samples, "shard_size": shard_size, "seed": seed, "shape": list(sample_shape),
-            "options": {k: json_value(v) for k, v in sample_kwargs.items()}}
+            "options": {k: json_value(v) for k, v in sample_kwargs.items() if k not in _NOT_RECORDED}}
     manifest = out / "manifest.json"
     if rank == 0:
         if manifest.exists() and json.loads(manifest.read_text()) != meta:

@@ -221,6 +221,15 @@ def test_tqdm_disable_is_obeyed(tmp_path, capsys):
     assert "gms K=3" in err and "rank 0 shards" in err
 
 
+def test_manifest_records_values_and_skips_callbacks(tmp_path):
+    seen = []
+    sample_shards(default_model(), tmp_path, 2, (1, 8, 8), steps=2, progress=False, callback=seen.append,
+                  schedule=gk.Schedule.linear(), fit="adan", weights=(0.25, 0.75))
+    options = json.loads((tmp_path / "manifest.json").read_text())["options"]
+    assert options["weights"] == [0.25, 0.75] and options["fit"] == "adan" and "callback" not in options
+    assert len(options["schedule"]["betas"]) == 1000 and seen
+
+
 def test_lazy_names_show_in_dir():
     names = dir(gk)
     for name in ("GMSScheduler", "GMSSchedulerOutput", "models", "train_heads", "train_backbone", "sample"):
