@@ -425,7 +425,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; a user error prints one line (``--debug``: the traceback) and exits 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = parser.parse_args(argv if [a for a in argv if a != "--debug"] else argv + ["digits"])
+    no_command = all(a == "--debug" for a in argv)  # then the digits job
+    args = parser.parse_args(argv + ["digits"] if no_command else argv)
     args.argv = argv
     try:
         return args.func(args)

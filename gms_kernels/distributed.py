@@ -16,7 +16,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from .files import save_atomically
+from .files import json_ready, save_atomically
+from .model_io import check_positive_ints
 from .progress import progress_bar
 from .sampling import check_sample_args, sample
 
@@ -78,18 +79,15 @@ def sample_shards(model: Callable, out_dir: str | Path, num_samples: int, sample
     ``sample_kwargs`` go to :func:`gms_kernels.sample` (steps, solver, schedule, options...).
     Collective: every rank of the process group must call it; it returns after all ranks finished.
     """
-    for name, value in (("num_samples", num_samples), ("shard_size", shard_size), ("batch_size", batch_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in sample_shape):
-        raise ValueError(f"sample_shape must hold positive integers (C, ...), got {tuple(sample_shape)}")
+    check_positive_ints((num_samples, shard_size, batch_size), "(num_samples, shard_size, batch_size)")
+    check_positive_ints(sample_shape, "sample_shape (C, ...)")
     check_sample_args(model, device=device, **sample_kwargs)  # a bad request writes nothing
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     plan = ShardPlan(num_samples, shard_size)
     rank, size = world()
     meta = {"num_samples": num_samples, "shard_size": shard_size, "seed": seed, "shape": list(sample_shape),
-            "options": {k: json_value(v) for k, v in sample_kwargs.items() if k not in _NOT_RECORDED}}
+            "options": {k: json_ready(v, k) for k, v in sample_kwargs.items() if k not in _NOT_RECORDED}}
     manifest = out / "manifest.json"
     if rank == 0:
         if manifest.exists() and json.loads(manifest.read_text()) != meta:
@@ -112,26 +110,6 @@ def sample_shards(model: Callable, out_dir: str | Path, num_samples: int, sample
     if size > 1:
         dist.barrier()
     return [shard_path(out, k) for k in range(plan.num_shards)]
-
-
-def json_value(value: Any) -> Any:
-    """A JSON-ready form of a sampling option (the manifest stores values, not their repr)."""
-    from .schedule import Schedule
-
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (list, tuple)):
-        return [json_value(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): json_value(v) for k, v in value.items()}
-    if torch.is_tensor(value):
-        return value.tolist()
-    if isinstance(value, Schedule):
-        return {"betas": value.betas.tolist()}
-    if isinstance(value, torch.dtype):
-        return str(value)
-    raise ValueError(f"cannot record the sampling option value {value!r} ({type(value).__name__}) in the "
-                     "run's manifest: pass numbers, strings, lists, tensors or a gk.Schedule")
 
 
 def load_shards(out_dir: str | Path) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """Calling a noise network and reading its heads, with checks that name what went wrong."""
 from __future__ import annotations
 
-from typing import Callable
+import numbers
+from typing import Callable, Sequence
 
 import torch
 
@@ -72,6 +73,13 @@ def split_heads(output: torch.Tensor, x_t: torch.Tensor, n_heads: int, solver: s
     if check_finite and not all_finite(output[:, :n_heads * c]):
         check_inputs_finite(None, heads, where)
     return heads
+
+
+def check_positive_ints(values: Sequence[object], name: str) -> tuple[int, ...]:
+    """``values`` (a shape, or counts) as ints, refused unless every one is a positive integer."""
+    if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v > 0 for v in values):
+        raise ValueError(f"{name} must hold positive integers, got {tuple(values)}")
+    return tuple(int(v) for v in values)
 
 
 def check_state_tensor(x: object, name: str = "x_t") -> torch.Tensor:

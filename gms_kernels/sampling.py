@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import functools
-import numbers
 from typing import Any, Callable, Sequence
 
 import torch
 
-from .model_io import call_model, check_inputs_finite, check_state_tensor, check_time_input, split_heads
+from .model_io import (call_model, check_inputs_finite, check_positive_ints, check_state_tensor, check_time_input,
+                       split_heads)
 from .moments import DataRange, check_data_range, transition_moments
 from .progress import progress_bar
 from .random import STREAM_INITIAL, GeneratorLike, SampleNoise
@@ -109,9 +109,7 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
     if x_T is None:
         if shape is None:
             raise ValueError("pass shape=(N, C, ...) or an initial x_T")
-        if not all(isinstance(d, numbers.Integral) and not isinstance(d, bool) and d > 0 for d in shape):
-            raise ValueError(f"shape must hold positive integers (N, C, ...), got {tuple(shape)}")
-        shape = tuple(int(d) for d in shape)
+        shape = check_positive_ints(shape, "shape (N, C, ...)")
         if len(shape) < 2:
             raise ValueError(f"shape must be (N, C, ...) with a channel dimension, got {shape}")
         noise = SampleNoise.create(generator, shape[0], first_index)

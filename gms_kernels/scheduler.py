@@ -37,13 +37,13 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-import numpy as np
 import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.utils import BaseOutput
 
 from .backends import BACKENDS, resolve_backend
+from .files import json_ready
 from .moments import check_data_range, clamp_x0_moments, x0_moments
 from .model_io import split_heads
 from .sampling import DeferredFiniteCheck, step as gk_step
@@ -125,26 +125,6 @@ def inference_timesteps(T: int, num_inference_steps: int, kind: str) -> list[int
         raise ValueError(f"timestep_spacing {kind!r} gives {len(ts)} timesteps for num_inference_steps="
                          f"{num_inference_steps} (T = {T})")
     return ts
-
-
-def _config_value(value: Any, name: str) -> Any:
-    """A JSON-safe copy of ``value`` for the scheduler's config: tensors, numpy arrays and tuples
-    become lists, numpy and 0-d tensor scalars become Python numbers (recursively). Anything else
-    that JSON cannot hold is an error now, rather than a failed ``save_pretrained`` later."""
-    if torch.is_tensor(value):
-        value = value.detach().cpu().tolist()
-    elif isinstance(value, (np.ndarray, np.generic)):
-        value = value.tolist()
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (list, tuple)):
-        return [_config_value(v, f"{name}[{i}]") for i, v in enumerate(value)]
-    if isinstance(value, dict):
-        if not all(isinstance(k, str) for k in value):
-            raise TypeError(f"{name} must have string keys to be saved in the scheduler config")
-        return {k: _config_value(v, f"{name}[{k!r}]") for k, v in value.items()}
-    raise TypeError(f"{name} is a {type(value).__name__}, which the scheduler config (JSON) cannot hold: use a "
-                    "number, a string, None, or a list / tuple / tensor / numpy array of numbers")
 
 
 # Keys of DDPMScheduler / DDIMScheduler configs that GMSScheduler has no argument for, and how
@@ -244,9 +224,9 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
             raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
         # the config is saved as JSON: keep tensors / arrays / tuples there as lists (the values are
         # registered before this body runs, so register the JSON-safe ones again)
-        trained_betas = _config_value(trained_betas, "trained_betas")
-        data_range = _config_value(data_range, "data_range")
-        solver_options = None if solver_options is None else _config_value(dict(solver_options), "solver_options")
+        trained_betas = json_ready(trained_betas, "trained_betas")
+        data_range = json_ready(data_range, "data_range")
+        solver_options = None if solver_options is None else json_ready(dict(solver_options), "solver_options")
         self.register_to_config(trained_betas=trained_betas, data_range=data_range, solver_options=solver_options)
         if trained_betas is not None and len(trained_betas) != num_train_timesteps:
             raise ValueError(f"trained_betas has {len(trained_betas)} entries but num_train_timesteps is "

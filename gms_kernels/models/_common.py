@@ -73,17 +73,12 @@ def read_torch_file(path: PathLike, map_location: Any = "cpu") -> Any:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
         refused = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)", str(e))
-        if refused:
+        if refused or "Weights only load failed" in str(e):
+            what = f"a Python object ({refused.group(1)})" if refused else "something other than plain data"
             raise ValueError(
-                f"{path}: the checkpoint holds a Python object ({refused.group(1)}) that torch.load(weights_only=True) "
-                "refuses to load; only tensors, numbers, strings and containers of them are read. If you trust the "
-                "file, load it once with weights_only=False and re-save just the state dict "
-                "(torch.save(model.state_dict(), path)).") from None
-        if "Weights only load failed" in str(e):
-            raise ValueError(
-                f"{path}: torch.load(weights_only=True) refused this checkpoint: it holds something other than "
-                "tensors, numbers, strings and containers of them (code or a Python object). If you trust the "
-                "file, load it once with weights_only=False and re-save just the state dict.") from None
+                f"{path}: the checkpoint holds {what} that torch.load(weights_only=True) refuses to load; only "
+                "tensors, numbers, strings and containers of them are read. If you trust the file, load it once "
+                "with weights_only=False and re-save just the state dict (torch.save(model.state_dict(), path)).") from None
         raise _unreadable(path, size, e) from None
     except RuntimeError as e:
         if "on a CUDA device but torch.cuda.is_available() is False" in str(e):
