@@ -1,7 +1,9 @@
 """``gk.models.load``: one entry point for every checkpoint format this package reads (offline, safe).
 
 Formats: pytorch-ddpm ``ckpt.pt`` ({net_model, ema_model, ...} or a raw state dict), improved-diffusion
-raw state dicts (``.pt`` or ``.safetensors``), diffusers UNet2DModel directories (config.json +
+raw state dicts (``.pt`` or ``.safetensors``), the DDIM repository's ``Model`` (raw state dicts, among them
+the DDPM CIFAR10/CelebA/LSUN checkpoints), the official GMS code's eps/eps^2/eps^3 files (merged into
+one network by :mod:`.official_gms`), diffusers UNet2DModel directories (config.json +
 diffusion_pytorch_model.safetensors / .bin, or a pipeline directory with a ``unet`` folder), and this
 package's MomentNet heads / whole-network files. Every file is read with ``weights_only=True``.
 """
@@ -11,7 +13,7 @@ import json
 import os
 import re
 import warnings
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -20,13 +22,16 @@ from ..schedule import Schedule
 from ._common import (check_state_dict, format_call, materialize, meta_model, mismatch_message, mismatch_report,
                       read_weights_file, strip_prefix)
 from .diffusers_unet import DiffusersUNet
+from .ddim_model import DDIMModel, resolve_resolution
 from .iddpm import IDDPMUNet
 from .moment_net import HEADS_FORMAT, NET_FORMAT, MomentNet
 from .pytorch_ddpm import PytorchDDPMUNet
 
-KINDS = ("auto", "pytorch-ddpm", "improved-diffusion", "diffusers", "gms-heads", "moment-net")
+KINDS = ("auto", "pytorch-ddpm", "improved-diffusion", "ddim", "gms-official", "diffusers", "gms-heads", "moment-net")
 DIFFUSERS_WEIGHTS = ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.bin")
 
+_DDIM_ARGS = ("ch", "out_ch", "ch_mult", "num_res_blocks", "attn_resolutions", "dropout", "resamp_with_conv",
+              "in_channels", "resolution")
 _DDPM_ARGS = ("T", "ch", "ch_mult", "attn", "num_res_blocks", "dropout", "in_channels")
 _IDDPM_ARGS = ("in_channels", "model_channels", "out_channels", "num_res_blocks", "attention_resolutions", "dropout",
                "channel_mult", "conv_resample", "num_heads", "num_heads_upsample", "use_scale_shift_norm")
@@ -34,11 +39,12 @@ _IDDPM_ARGS = ("in_channels", "model_channels", "out_channels", "num_res_blocks"
 _IDDPM_DEFAULTS = {"dropout": 0.0, "num_heads": 4, "num_heads_upsample": -1}
 
 
-def load(path_or_dir: str | os.PathLike, kind: str = "auto", *, map_location: Any = "cpu", **config: Any) -> nn.Module:
+def load(path_or_dir: str | os.PathLike | Sequence[str | os.PathLike], kind: str = "auto", *,
+         map_location: Any = "cpu", **config: Any) -> nn.Module:
     """Load a network as a gms_kernels model (eval mode), offline and with ``weights_only=True``.
 
     ``kind``: ``"auto"`` (detected from the content), ``"pytorch-ddpm"``, ``"improved-diffusion"``,
-    ``"diffusers"``, ``"gms-heads"`` or ``"moment-net"``. ``config`` by kind:
+    ``"ddim"``, ``"gms-official"``, ``"diffusers"``, ``"gms-heads"`` or ``"moment-net"``. ``config`` by kind:
 
     - pytorch-ddpm: PytorchDDPMUNet arguments (T, ch, ch_mult, attn, num_res_blocks, dropout,
       in_channels; read from the weights when left out), ``use_ema=True`` (ema_model, else net_model),
@@ -46,6 +52,13 @@ def load(path_or_dir: str | os.PathLike, kind: str = "auto", *, map_location: An
     - improved-diffusion: IDDPMUNet arguments (read from the weights when left out, except
       ``num_heads``, default 4 as in improved-diffusion's scripts, and ``dropout``), ``eps_only=True``
       (forward returns eps alone when sigma is learned), ``schedule``.
+    - ddim: DDIMModel arguments (ch, out_ch, ch_mult, num_res_blocks, attn_resolutions, dropout,
+      resamp_with_conv, in_channels, resolution; read from the weights except dropout and the image size:
+      pass ``resolution`` or ``attn_resolutions``), ``use_ema=True``, ``schedule``. Reads raw state dicts,
+      {ema_model, net_model} dicts and the DDIM repository's [model, optimizer, epoch, step, ema] lists.
+    - gms-official: a list of files [eps, eps^2, eps^3] (or [eps, eps^2], or one file) written by the
+      official GMS code, and the official constructor's arguments: see :func:`.official_gms.load_official`
+      (``shared_backbone``, ``backbone_rtol``, ``use_ema``, ``schedule``, ``time_input``).
     - diffusers: ``subfolder``, ``variant``, ``eps_only`` (see DiffusersUNet), ``schedule`` (default: read
       from a pipeline's ``scheduler/scheduler_config.json`` when there is one).
     - gms-heads: ``backbone`` (a module or a path loaded with this function): returns a MomentNet.
@@ -56,6 +69,13 @@ def load(path_or_dir: str | os.PathLike, kind: str = "auto", *, map_location: An
     """
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}; valid kinds: {', '.join(KINDS)}")
+    if kind == "gms-official" or isinstance(path_or_dir, (list, tuple)):
+        if kind not in ("auto", "gms-official"):
+            raise ValueError(f"a list of files is read by kind='gms-official' (official GMS [eps, eps^2, eps^3]), "
+                             f"got kind={kind!r}")
+        from .official_gms import load_official
+
+        return load_official(path_or_dir, map_location=map_location, **config)
     path = os.fspath(path_or_dir)
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such file or directory")
@@ -75,6 +95,12 @@ def load(path_or_dir: str | os.PathLike, kind: str = "auto", *, map_location: An
         return _load_pytorch_ddpm(path, data, map_location, **config)
     if kind == "improved-diffusion":
         return _load_iddpm(path, data, map_location, **config)
+    if kind == "ddim":
+        return _load_ddim(path, data, map_location, **config)
+    if kind == "gms-official":
+        from .official_gms import load_official
+
+        return load_official([path], map_location=map_location, **config)
     if kind == "gms-heads":
         return _load_heads(path, data, map_location, **config)
     _no_options("moment-net", config, ())
@@ -104,6 +130,12 @@ def _detect(path: str, data: Any) -> str:
         if fmt == NET_FORMAT:
             return "moment-net"
         if "ema_model" in data or "net_model" in data:
+            inner = data.get("ema_model", data.get("net_model"))
+            keys = strip_prefix(inner) if _is_state_dict(inner) else {}
+            if "time_embed.0.weight" in keys or "input_blocks.0.0.weight" in keys:
+                return "gms-official"  # the official GMS main.py's format around an improved-diffusion UNet
+            if "temb.dense.0.weight" in keys:
+                return "ddim"
             return "pytorch-ddpm"
         if _is_state_dict(data):
             keys = strip_prefix(data)
@@ -111,9 +143,14 @@ def _detect(path: str, data: Any) -> str:
                 return "pytorch-ddpm"
             if "time_embed.0.weight" in keys or "input_blocks.0.0.weight" in keys:
                 return "improved-diffusion"
+            if "temb.dense.0.weight" in keys:
+                return "ddim"
             if "conv_in.weight" in keys and any(k.startswith("time_embedding.linear_1") for k in keys):
                 raise ValueError(f"{path}: these are diffusers UNet2DModel weights; load the directory that holds "
                                  f"them with config.json: gk.models.load(<dir>)")
+    if isinstance(data, (list, tuple)) and data and _is_state_dict(data[0]) \
+            and "temb.dense.0.weight" in strip_prefix(data[0]):
+        return "ddim"  # the DDIM repository's [model, optimizer, epoch, step, (ema)] list
     top = list(data)[:8] if isinstance(data, Mapping) else type(data).__name__
     raise ValueError(f"{path}: cannot tell which network this file holds (top-level keys: {top}). Pass kind= one of "
                      f"{', '.join(k for k in KINDS if k != 'auto')}")
@@ -202,6 +239,26 @@ def _load_iddpm(path: str, data: Any, device: Any, **config: Any) -> IDDPMUNet:
     cfg = {**_IDDPM_DEFAULTS, **(inferred or {}), **args}
     model = _build_checked(IDDPMUNet, cfg, state, path, "improved-diffusion", inferred, device)
     model.eps_only = bool(extra.get("eps_only", True))
+    _set_schedule(model, extra.get("schedule"))
+    return model
+
+
+def _load_ddim(path: str, data: Any, device: Any, **config: Any) -> DDIMModel:
+    args, extra = _split(config, _DDIM_ARGS, ("use_ema", "schedule"), "ddim")
+    from .official_gms import family_of, read_state, split_head
+
+    state, where = read_state(path, data, use_ema=extra.get("use_ema", True), map_location=device)
+    if family_of(state) == "ddim" and split_head(state, "ddim")[1]:
+        raise ValueError(f"{where}: a DDIM Model with an official GMS head (before_out / norm_out2 / conv_out2): "
+                         "load it with the eps network: gk.models.load([eps, eps2, eps3], kind='gms-official', ...)")
+    inferred = DDIMModel.infer_config(state)
+    if inferred is not None:
+        try:
+            levels = inferred.pop("attn_levels")
+            inferred.update(resolve_resolution(levels, args.get("resolution"), args.get("attn_resolutions")))
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+    model = _build_checked(DDIMModel, {**(inferred or {}), **args}, state, where, "ddim", inferred, device)
     _set_schedule(model, extra.get("schedule"))
     return model
 

@@ -16,14 +16,16 @@ from torch import nn
 
 from ..schedule import Schedule
 from ._common import GroupNorm32, check_state_dict, format_call, group_count, materialize, read_torch_file
+from .ddim_model import DDIMModel
 from .diffusers_unet import DiffusersUNet, is_diffusers_unet
 from .iddpm import IDDPMUNet
+from .official_heads import OFFICIAL_HEAD_KINDS, build_official_head
 from .pytorch_ddpm import PytorchDDPMUNet
 
 HEADS_FORMAT = "gms_kernels.moment_heads"
 NET_FORMAT = "gms_kernels.moment_net"
 FORMAT_VERSION = 1
-HEAD_KINDS = ("conv", "res_conv")
+HEAD_KINDS = ("conv", "res_conv") + OFFICIAL_HEAD_KINDS  # the official GMS heads: see official_heads.py
 ORDERS = ((2,), (2, 3))
 
 
@@ -36,7 +38,7 @@ def as_backbone(model: nn.Module) -> nn.Module:
     if isinstance(model, nn.Module) and all(hasattr(model, a) for a in needed):
         return model
     raise TypeError(f"MomentNet cannot read features from a {type(model).__name__}: use gk.models.PytorchDDPMUNet, "
-                    "gk.models.IDDPMUNet, a diffusers UNet2DModel (or gk.models.DiffusersUNet), or a module with "
+                    "gk.models.IDDPMUNet, gk.models.DDIMModel, a diffusers UNet2DModel (or gk.models.DiffusersUNet), or a module with "
                     "forward_features(x, t) -> (h, temb, output) and feature_channels, temb_channels, eps_channels")
 
 
@@ -88,6 +90,15 @@ class ResConvHead(nn.Module):
         return self.out(self.res(h, temb))
 
 
+def _make_head(kind: str, backbone: nn.Module, channels: int, dropout: float) -> nn.Module:
+    f, e = int(backbone.feature_channels), int(backbone.temb_channels)
+    if kind == "conv":
+        return ConvHead(f, channels)
+    if kind == "res_conv":
+        return ResConvHead(f, e, channels, dropout)
+    return build_official_head(kind, backbone, channels, dropout)
+
+
 class MomentNet(nn.Module):
     """Frozen backbone + heads: ``forward(x, t) = cat([e1, e2, e3], dim=1)`` from one backbone pass.
 
@@ -96,28 +107,33 @@ class MomentNet(nn.Module):
       stays in eval mode even when ``.train()`` is called on the MomentNet; it runs under no_grad.
     - ``orders``: (2, 3) for [e1, e2, e3] (GMS) or (2,) for [e1, e2] (SN-DDPM).
     - ``head``: ``"conv"`` (GroupNorm -> SiLU -> zero-init 3x3 conv) or ``"res_conv"`` (a residual block
-      conditioned on the backbone's time embedding, then the conv head); one head per order.
+      conditioned on the backbone's time embedding, then the conv head); one head per order. The official
+      GMS heads (``"iddpm-simple"``, ``"iddpm-complex"``, ``"iddpm-complex2"``, ``"ddim-simple"``,
+      ``"ddim-complex"``, see :mod:`.official_heads`) are kinds too; a sequence gives one kind per order.
     ``time_input`` and ``schedule`` are the backbone's. Train the heads on targets eps^n (MSE).
     """
 
-    def __init__(self, backbone: nn.Module, orders: Sequence[int] = (2, 3), head: str = "conv",
+    def __init__(self, backbone: nn.Module, orders: Sequence[int] = (2, 3), head: str | Sequence[str] = "conv",
                  dropout: float = 0.0):
         super().__init__()
         orders = tuple(int(n) for n in orders)
         if orders not in ORDERS:
             raise ValueError(f"orders must be (2, 3) (heads e2, e3) or (2,) (head e2), got {orders}")
-        if head not in HEAD_KINDS:
-            raise ValueError(f"unknown head {head!r}; valid: {', '.join(HEAD_KINDS)}")
+        kinds = (head,) * len(orders) if isinstance(head, str) else tuple(head)
+        if len(kinds) != len(orders):
+            raise ValueError(f"head names {len(kinds)} kind(s) {list(kinds)} for {len(orders)} order(s) {orders}")
+        for kind in kinds:
+            if kind not in HEAD_KINDS:
+                raise ValueError(f"unknown head {kind!r}; valid: {', '.join(HEAD_KINDS)}")
         backbone = as_backbone(backbone)
         backbone.requires_grad_(False)
         backbone.eval()
         self.backbone = backbone
-        self.orders, self.head, self.dropout = orders, head, float(dropout)
+        self.orders, self.dropout = orders, float(dropout)
+        self.head = kinds[0] if len(set(kinds)) == 1 else list(kinds)  # (a list: what the saved config holds)
         self.channels = int(backbone.eps_channels)
-        f, e = int(backbone.feature_channels), int(backbone.temb_channels)
-        self.heads = nn.ModuleDict({
-            str(n): ConvHead(f, self.channels) if head == "conv" else ResConvHead(f, e, self.channels, dropout)
-            for n in orders})
+        self.heads = nn.ModuleDict({str(n): _make_head(kind, backbone, self.channels, dropout)
+                                    for n, kind in zip(orders, kinds)})
 
     # -- what gk.sample reads ------------------------------------------------------------------------
     @property
@@ -270,6 +286,11 @@ def _build_iddpm(spec: dict) -> tuple[nn.Module, bool]:
         return IDDPMUNet(**spec["config"]), True
 
 
+def _build_ddim(spec: dict) -> tuple[nn.Module, bool]:
+    with torch.device("meta"):
+        return DDIMModel(**spec["config"]), True
+
+
 def _build_diffusers(spec: dict) -> tuple[nn.Module, bool]:
     from diffusers import UNet2DModel
 
@@ -278,4 +299,5 @@ def _build_diffusers(spec: dict) -> tuple[nn.Module, bool]:
     return DiffusersUNet(UNet2DModel.from_config(config), eps_only=spec.get("eps_only")), False
 
 
-BACKBONES = {"pytorch-ddpm": _build_pytorch_ddpm, "improved-diffusion": _build_iddpm, "diffusers": _build_diffusers}
+BACKBONES = {"pytorch-ddpm": _build_pytorch_ddpm, "improved-diffusion": _build_iddpm, "ddim": _build_ddim,
+             "diffusers": _build_diffusers}

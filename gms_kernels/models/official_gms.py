@@ -1,0 +1,305 @@
+"""Checkpoints written by the official GMS code (Guohanzhong/GMS), merged into one network.
+
+The official sampler keeps three networks (eps, eps^2, eps^3) and runs all three at every step. The
+eps^2 and eps^3 networks are the eps network's backbone, frozen, plus one head (``out2`` for
+improved-diffusion's UNetModel, ``norm_out2``/``conv_out2`` with an optional ``before_out`` for the
+DDIM repository's Model). When the backbones agree, :func:`load_official` returns a :class:`MomentNet`
+on the eps network's backbone with the two official heads: ``forward(x, t) = cat([e1, e2, e3], 1)`` from
+one backbone pass (the paper's Eq. finalnoise). ``shared_backbone=False`` runs the networks as they are
+(:class:`SeparateNets`, one backbone pass per file).
+
+Each file is ``{'net_model', 'ema_model', 'optim', 'step'}`` (``ema_model`` is read, as the official
+sample.py does) or a raw state dict. Schedule: linear betas 1e-4..0.02 over T = 1000 (reference-notes 12).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from ..schedule import Schedule
+from ._common import check_state_dict, meta_model, materialize, read_torch_file, strip_prefix
+from .ddim_model import DDIMModel, resolve_resolution
+from .iddpm import IDDPMUNet
+from .loading import _IDDPM_ARGS, _IDDPM_DEFAULTS, _build_checked, _is_state_dict, _set_schedule
+from .moment_net import MomentNet
+from .official_heads import DDIM_MODES, IDDPM_MODES, build_official_head
+
+PathLike = str | os.PathLike
+FAMILIES = ("improved-diffusion", "ddim")
+# Head key prefixes of each family's *4Pretrained class (the rest of a file is the backbone)
+HEAD_PREFIXES = {"improved-diffusion": ("out2.",), "ddim": ("before_out.", "norm_out2.", "conv_out2.")}
+HEAD_MODES = {"improved-diffusion": IDDPM_MODES, "ddim": DDIM_MODES}
+HEAD_FAMILY = {"improved-diffusion": "iddpm", "ddim": "ddim"}
+
+DDIM_ARGS = ("ch", "out_ch", "ch_mult", "num_res_blocks", "attn_resolutions", "dropout", "resamp_with_conv",
+             "in_channels", "resolution")
+# Official constructor arguments that do not change the network here (checked where they could)
+IDDPM_IGNORED = ("dims", "num_classes", "use_checkpoint", "use_fp16", "image_size")
+HEAD_ARGS = ("mode", "head_out_channels", "head_out_ch")
+LOADER_ARGS = ("shared_backbone", "backbone_rtol", "use_ema", "schedule", "time_input")
+
+
+def gms_schedule() -> Schedule:
+    """The official GMS training schedule of every released model: linear betas 1e-4..0.02, T = 1000."""
+    with torch.device("cpu"):
+        return Schedule.linear(1000, 1e-4, 0.02)
+
+
+# -- reading the files ----------------------------------------------------------------------------
+def read_state(path: PathLike, data: Any = None, use_ema: bool = True, map_location: Any = "cpu") -> tuple[dict, str]:
+    """(state dict, where) of an official file: its ``ema_model`` (``net_model`` with use_ema=False), a raw
+    state dict, or a DDIM-repository list [model, optimizer, epoch, step, ema] (its last entry with EMA)."""
+    path = os.fspath(path)
+    data = read_torch_file(path, map_location) if data is None else data
+    where = path
+    if isinstance(data, Mapping) and ("ema_model" in data or "net_model" in data):
+        key = "ema_model" if use_ema else "net_model"
+        if key not in data:
+            other = "net_model" if use_ema else "ema_model"
+            raise ValueError(f"{path}: the checkpoint has no {key!r} (found {list(data)[:8]}); pass "
+                             f"use_ema={not use_ema} to load {other!r}")
+        state, where = data[key], f"{path} [{key}]"
+    elif isinstance(data, (list, tuple)) and data and _is_state_dict(data[0]):
+        use_last = use_ema and len(data) > 1 and _is_state_dict(data[-1])
+        state, where = (data[-1], f"{path} [EMA, last entry]") if use_last else (data[0], f"{path} [model, entry 0]")
+    else:
+        state = data
+    if not _is_state_dict(state):
+        raise ValueError(f"{where}: expected an official GMS checkpoint ({{'ema_model': state_dict, 'net_model': ...}}) "
+                         f"or a raw state dict of tensors, found {type(state).__name__}")
+    return strip_prefix(state), where
+
+
+def family_of(state: Mapping[str, Any]) -> str | None:
+    """``"improved-diffusion"``, ``"ddim"`` or None, from the backbone's first keys."""
+    if "time_embed.0.weight" in state or "input_blocks.0.0.weight" in state:
+        return "improved-diffusion"
+    if "temb.dense.0.weight" in state or ("conv_in.weight" in state and "mid.block_1.conv1.weight" in state):
+        return "ddim"
+    return None
+
+
+def split_head(state: Mapping[str, Any], family: str) -> tuple[dict, dict]:
+    """(backbone entries, head entries) of a state dict; head keys keep their names except ``out2.``'s prefix."""
+    prefixes = HEAD_PREFIXES[family]
+    backbone = {k: v for k, v in state.items() if not k.startswith(prefixes)}
+    head = {(k[len("out2."):] if family == "improved-diffusion" else k): v
+            for k, v in state.items() if k.startswith(prefixes)}
+    return backbone, head
+
+
+# -- backbone -------------------------------------------------------------------------------------
+def build_backbone(family: str, state: Mapping[str, Any], where: str, config: Mapping[str, Any],
+                   device: Any) -> nn.Module:
+    """The backbone of ``state`` (head entries removed), its shape read from the weights and the rest
+    from ``config`` (the official constructor's arguments), checked key by key."""
+    if family == "improved-diffusion":
+        args = {k: v for k, v in config.items() if k in _IDDPM_ARGS}
+        if config.get("dims", 2) != 2:
+            raise ValueError(f"dims={config['dims']!r}: only 2-D improved-diffusion networks (images) are supported")
+        if config.get("num_classes") is not None:
+            raise ValueError(f"num_classes={config['num_classes']!r}: class-conditional networks are not supported")
+        inferred = IDDPMUNet.infer_config(state)
+        cfg = {**_IDDPM_DEFAULTS, **(inferred or {}), **args}
+        model = _build_checked(IDDPMUNet, cfg, state, where, "improved-diffusion", inferred, device)
+        model.eps_only = True  # (UNetModel3OutChannels keeps eps of a learned-sigma output)
+        return model
+    args = {k: v for k, v in config.items() if k in DDIM_ARGS}
+    inferred = DDIMModel.infer_config(state)
+    if inferred is not None:
+        levels = inferred.pop("attn_levels")
+        try:
+            inferred.update(resolve_resolution(levels, args.get("resolution"), args.get("attn_resolutions")))
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+    cfg = {**(inferred or {}), **args}
+    if "resolution" not in cfg:
+        raise ValueError(f"{where}: pass resolution= (the image size; it is not stored in the weights)")
+    return _build_checked(DDIMModel, cfg, state, where, "ddim", inferred, device)
+
+
+def first_difference(reference: Mapping[str, torch.Tensor], other: Mapping[str, torch.Tensor],
+                     rtol: float) -> tuple[str, str] | None:
+    """(key, what differs) of the first entry of ``reference`` that ``other`` lacks or that differs by more
+    than rtol * max|reference entry| (rtol = 0: bit-exact), or an extra key of ``other``; None when equal."""
+    for key, ref in reference.items():
+        if key not in other:
+            return key, "missing"
+        val = other[key]
+        if val.shape != ref.shape:
+            return key, f"shape {list(val.shape)} vs {list(ref.shape)}"
+        if torch.equal(val, ref):  # (the usual case: a frozen backbone copied bit for bit)
+            continue
+        if rtol == 0 or not ref.is_floating_point():
+            return key, "values differ"
+        diff = (val.double() - ref.double()).abs().max().item()
+        scale = ref.double().abs().max().item()
+        if not diff <= rtol * max(scale, 1e-12):  # (NaN differences count as differences)
+            return key, f"max |difference| {diff:.3g} (largest |value| {scale:.3g})"
+    extra = [k for k in other if k not in reference]
+    return (extra[0], "not in the eps network") if extra else None
+
+
+# -- heads ----------------------------------------------------------------------------------------
+def detect_mode(family: str, head: Mapping[str, Any], backbone: nn.Module, where: str) -> str:
+    """The head mode whose layout has exactly the file's head keys (every mode is tried, none is assumed)."""
+    found = set(head)
+    for mode in HEAD_MODES[family]:
+        kind = f"{HEAD_FAMILY[family]}-{mode}"
+        built = meta_model(lambda: build_official_head(kind, backbone, backbone.eps_channels, 0.0))
+        if set(built.state_dict()) == found:
+            return kind
+    prefix = "out2." if family == "improved-diffusion" else ""
+    shown = ", ".join(sorted(prefix + k for k in found)[:10])
+    raise ValueError(f"{where}: the head keys match no official {family} head mode "
+                     f"({', '.join(HEAD_MODES[family])}); found {len(found)}: {shown}")
+
+
+def load_head(kind: str, backbone: nn.Module, head: Mapping[str, Any], where: str, dropout: float) -> nn.Module:
+    module = meta_model(lambda: build_official_head(kind, backbone, backbone.eps_channels, dropout))
+    check_state_dict(module, head, where, f"the official head {kind!r} on a backbone with "
+                     f"{backbone.feature_channels} feature channels")
+    return materialize(module, head, next(backbone.parameters()).device)
+
+
+# -- the whole network ----------------------------------------------------------------------------
+class SeparateNets(nn.Module):
+    """The official networks run one by one (``shared_backbone=False``): e1 from the eps network, e_n from
+    network n's own backbone and head. ``forward(x, t) = cat([e1, e2, e3], 1)`` costs one backbone pass per
+    network, as in the official sampler."""
+
+    def __init__(self, eps_net: nn.Module, head_nets: Sequence[MomentNet]):
+        super().__init__()
+        self.eps_net = eps_net
+        self.head_nets = nn.ModuleList(head_nets)
+        self.channels = int(eps_net.eps_channels)
+        self.requires_grad_(False)
+
+    @property
+    def time_input(self) -> str:
+        return self.eps_net.time_input
+
+    @property
+    def schedule(self) -> Schedule | None:
+        return self.eps_net.schedule
+
+    @schedule.setter
+    def schedule(self, value: Schedule | None) -> None:
+        for net in [self.eps_net, *self.head_nets]:
+            net.schedule = value
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor | int | float) -> torch.Tensor:
+        c = self.channels
+        outs = [self.eps_net(x, t)[:, :c]] + [net(x, t)[:, c:2 * c] for net in self.head_nets]
+        return torch.cat(outs, dim=1)
+
+
+def load_official(paths: PathLike | Sequence[PathLike], *, shared_backbone: bool = True, backbone_rtol: float = 1e-4,
+                  use_ema: bool = True, schedule: Schedule | None = None, time_input: str | None = None,
+                  map_location: Any = "cpu", **config: Any) -> nn.Module:
+    """Official GMS checkpoints [eps, eps^2, eps^3] (or [eps, eps^2] for SN-DDPM, or [eps]) as one network.
+
+    ``config``: the official constructor's arguments (improved-diffusion ``UNetModel``: in_channels,
+    model_channels, out_channels, num_res_blocks, attention_resolutions, dropout, channel_mult,
+    conv_resample, dims, num_classes, use_checkpoint, num_heads, num_heads_upsample,
+    use_scale_shift_norm; DDIM ``Model``: ch, out_ch, ch_mult, num_res_blocks, attn_resolutions, dropout,
+    resamp_with_conv, in_channels, resolution; and the heads' ``mode``, ``head_out_channels`` /
+    ``head_out_ch``). What the weights tell (widths, blocks, attention levels, head mode) is read from
+    them; the config fills the rest (num_heads, default 4; dropout; the DDIM ``resolution``) and is
+    checked against them.
+
+    The backbones of files 2 and 3 must equal the eps network's (each entry within ``backbone_rtol`` times
+    its largest value; 0 = bit-exact: an EMA of frozen weights may drift by rounding); else a ValueError
+    names the first differing key. ``shared_backbone=False`` skips the check and runs the networks
+    separately (:class:`SeparateNets`). Returns the eps network alone for one file, else a
+    :class:`MomentNet` with orders (2,) or (2, 3), carrying ``schedule`` (default: linear 1e-4..0.02, T=1000).
+    """
+    files = [os.fspath(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else list(paths))]
+    if not 1 <= len(files) <= 3:
+        raise ValueError(f"kind='gms-official' takes 1 to 3 files [eps, eps^2, eps^3], got {len(files)}")
+    bad = [k for k in config if k not in _IDDPM_ARGS + IDDPM_IGNORED + DDIM_ARGS + HEAD_ARGS]
+    if bad:
+        raise ValueError(f"unknown option(s) for kind 'gms-official': {', '.join(bad)}; valid: the official "
+                         f"constructor arguments ({', '.join(dict.fromkeys(_IDDPM_ARGS + IDDPM_IGNORED + DDIM_ARGS + HEAD_ARGS))}) "
+                         f"and {', '.join(LOADER_ARGS)}")
+    if not (isinstance(backbone_rtol, (int, float)) and backbone_rtol >= 0):
+        raise ValueError(f"backbone_rtol must be a number >= 0, got {backbone_rtol!r}")
+    states = [read_state(f, use_ema=use_ema, map_location=map_location) for f in files]
+    family = family_of(states[0][0])
+    if family is None:
+        raise ValueError(f"{states[0][1]}: not an improved-diffusion UNetModel nor a DDIM Model state dict "
+                         f"(first keys: {list(states[0][0])[:6]}); kind='gms-official' reads those two families")
+    parts = []
+    for n, (state, where) in enumerate(states):
+        if family_of(state) != family:
+            raise ValueError(f"{where}: holds a {family_of(state) or 'unknown'} network, but {states[0][1]} holds "
+                             f"a {family} one; all files must come from one family")
+        backbone_state, head = split_head(state, family)
+        if n == 0 and head:
+            raise ValueError(f"{where}: the first file must be the eps network, but it has head entries "
+                             f"({', '.join(sorted(head)[:4])}, ...): pass the files in the order [eps, eps^2, eps^3]")
+        if n > 0 and not head:
+            raise ValueError(f"{where}: file {n + 1} should be the eps^{n + 1} network, but it has no head "
+                             f"({' / '.join(HEAD_PREFIXES[family])}*): pass the files in the order [eps, eps^2, eps^3]")
+        parts.append((backbone_state, head, where))
+
+    eps_net = _with_schedule(build_backbone(family, parts[0][0], parts[0][2], config, map_location), schedule, time_input)
+    if len(files) == 1:
+        return eps_net.eval()
+    dropout = float(getattr(eps_net, "dropout", 0.0))
+    if not shared_backbone:
+        nets = []
+        for backbone_state, head, where in parts[1:]:
+            own = build_backbone(family, backbone_state, where, config, map_location)
+            nets.append(_head_net(own, [(head, where)], family, config, dropout))
+        net = SeparateNets(eps_net, nets)
+        _set_schedule_all(net, eps_net.schedule, time_input)
+        return net.eval()
+    for backbone_state, _, where in parts[1:]:
+        diff = first_difference(parts[0][0], backbone_state, float(backbone_rtol))
+        if diff is not None:
+            key, what = diff
+            raise ValueError(f"{where}: its backbone differs from the eps network's ({parts[0][2]}) at {key!r}: "
+                             f"{what}. These heads were not trained on this eps network's frozen backbone. Pass "
+                             "shared_backbone=False to run the networks separately (one backbone pass each), or "
+                             "backbone_rtol= to accept larger differences")
+    net = _head_net(eps_net, [(head, where) for _, head, where in parts[1:]], family, config, dropout)
+    return net.eval()
+
+
+def _head_net(backbone: nn.Module, heads: list[tuple[dict, str]], family: str, config: Mapping[str, Any],
+              dropout: float) -> MomentNet:
+    """A MomentNet on ``backbone`` whose heads are the official ones read from ``heads`` (one per order)."""
+    kinds = [detect_mode(family, head, backbone, where) for head, where in heads]
+    want = config.get("mode")
+    for kind, (_, where) in zip(kinds, heads):
+        if want is not None and kind != f"{HEAD_FAMILY[family]}-{want}":
+            raise ValueError(f"{where}: mode={want!r} was passed, but the head's keys are those of mode "
+                             f"{kind.partition('-')[2]!r}; leave mode out (it is read from the weights)")
+    out = config.get("head_out_channels", config.get("head_out_ch"))
+    if out is not None and int(out) != backbone.eps_channels:
+        raise ValueError(f"head_out_channels={out!r}: the heads must return the {backbone.eps_channels} data "
+                         "channels of the eps network")
+    orders = (2, 3)[:len(heads)]
+    with torch.device("meta"):
+        net = MomentNet(backbone, orders=orders, head=kinds, dropout=dropout)
+    for n, (head, where) in zip(orders, heads):
+        net.heads[str(n)] = load_head(kinds[n - 2], backbone, head, where, dropout)
+    return net
+
+
+def _with_schedule(model: nn.Module, schedule: Schedule | None, time_input: str | None) -> nn.Module:
+    _set_schedule(model, schedule or gms_schedule())
+    if time_input is not None:
+        from ..model_io import check_time_input
+
+        model.time_input = check_time_input(time_input)
+    return model
+
+
+def _set_schedule_all(net: SeparateNets, schedule: Schedule, time_input: str | None) -> None:
+    for m in [net.eps_net, *(h.backbone for h in net.head_nets)]:
+        _with_schedule(m, schedule, time_input)
