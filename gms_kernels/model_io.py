@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import numbers
-from typing import Callable, Sequence
+import sys
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -36,6 +37,35 @@ def time_tensor(t: int, batch: int, T: int, time_input: str = "index",
     return time_values(torch.full((batch,), int(t), dtype=torch.long, device=device), T, time_input)
 
 
+def adapt_model(model: Any) -> Any:
+    """A diffusers model passed as is, made a gms_kernels model: a ``UNet2DModel`` is wrapped in
+    :class:`gms_kernels.models.DiffusersUNet` (reads ``.sample`` of its ``UNet2DOutput``; time input: the
+    0-based index, as diffusers' pipelines pass it), a ``GMSDiffusersModel`` gives its gms_kernels
+    network. Anything else is returned unchanged."""
+    lib = sys.modules.get("diffusers")  # (never imports diffusers: a diffusers model means it is loaded)
+    if lib is None or not isinstance(model, lib.ModelMixin):
+        return model
+    from .models.diffusers_unet import DiffusersUNet, is_diffusers_unet
+
+    if is_diffusers_unet(model):
+        return DiffusersUNet(model)
+    if type(model).__name__ == "GMSDiffusersModel":
+        return model.net
+    raise TypeError(f"a diffusers {type(model).__name__} cannot be sampled directly: gms_kernels reads UNet2DModel "
+                    "and gk.models.GMSDiffusersModel; wrap it so that forward(x_t, t) returns one tensor holding "
+                    "the heads [e1, e2, e3] along dim 1")
+
+
+def check_model_heads(model: Any, n_heads: int, solver: str) -> None:
+    """Refuse, before sampling, a model that declares (``output_heads``) fewer heads than ``solver``
+    reads, with the model's own advice (``heads_hint``) on how to add them."""
+    have = getattr(model, "output_heads", None)
+    if isinstance(have, int) and have < n_heads:
+        hint = getattr(model, "heads_hint", "")
+        raise ValueError(f"solver {solver!r} needs {n_heads} heads ({', '.join(HEAD_NAMES[:n_heads])}) but the model "
+                         f"gives {have} ({', '.join(HEAD_NAMES[:have])})" + (f": {hint}" if hint else ""))
+
+
 def call_model(model: Callable, x: torch.Tensor, t: int, T: int, time_input: str = "index") -> torch.Tensor:
     try:
         return model(x, time_tensor(t, x.shape[0], T, time_input, x.device))
@@ -64,8 +94,9 @@ def split_heads(output: torch.Tensor, x_t: torch.Tensor, n_heads: int, solver: s
         need = ", ".join(HEAD_NAMES[:n_heads])
         raise ValueError(f"solver {solver!r} needs {n_heads} head(s) ({need}), i.e. {n_heads * c} output "
                          f"channels for {c}-channel data, but the model gave {output.shape[1]}. "
-                         "Concatenate the heads along dim 1 (see gk.models.MomentNet) or pick a solver "
-                         "that needs fewer heads (ddpm/ddim: 1, sn-ddpm: 2, gms: 3).")
+                         "Concatenate the heads along dim 1 (see gk.models.MomentNet; `gms-kernels train-heads "
+                         "--model CHECKPOINT` adds e2, e3 to an eps network) or pick a solver that needs fewer "
+                         "heads (ddpm/ddim: 1, sn-ddpm: 2, gms: 3).")
     if output.shape[1] % c or output.shape[1] > len(HEAD_NAMES) * c:
         raise ValueError(f"model output has {output.shape[1]} channels for {c}-channel data; expected {c}, {2 * c} "
                          f"or {3 * c} (1 to 3 heads of {c} channels: {', '.join(HEAD_NAMES)})")

@@ -6,13 +6,14 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .model_io import (call_model, check_inputs_finite, check_positive_ints, check_state_tensor, check_time_input,
-                       split_heads)
+from .model_io import (adapt_model, call_model, check_inputs_finite, check_model_heads, check_positive_ints,
+                       check_state_tensor, check_time_input, split_heads)
 from .moments import DataRange, check_data_range, transition_moments
 from .progress import progress_bar
 from .random import STREAM_INITIAL, GeneratorLike, SampleNoise
 from .schedule import DATA, Schedule, StepCoefficients, trajectory as make_trajectory
 from .backends import resolve_backend
+from .sde import SAMPLERS, eps_function
 from .solvers import StepRandomness, denoise_coefficients, get_solver, resolve_options, solver_step
 
 Model = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -37,6 +38,9 @@ def step(x_t: torch.Tensor, model_output: torch.Tensor | None, t: int, s: int, s
     Returns x_s in the dtype of x_t (and the fitted quantities if ``return_info``).
     """
     spec = get_solver(solver)
+    if spec.multi_call:
+        raise ValueError(f"solver {solver!r} makes two or more network calls per step and has no one-step form: "
+                         f"use gk.sample(..., solver={solver!r})")
     data_range = check_data_range(data_range)
     check_state_tensor(x_t)
     _check_explicit_randomness(x_t, noise, uniform)
@@ -103,6 +107,7 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
         model = default_model()
         if shape is None and x_T is None:
             shape = (16, *DIGITS_SHAPE)
+    model = adapt_model(model)  # a raw diffusers UNet2DModel / GMSDiffusersModel
     plan = _plan(model, steps, solver, schedule, trajectory, data_range, time_input, solver_options)
     spec, solver_options, data_range, schedule, time_input, ts = plan
 
@@ -123,6 +128,10 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
         noise = SampleNoise.create(generator, x.shape[0], first_index)
 
     backend = resolve_backend(backend, x.device)
+    if spec.multi_call:  # EDM-SDE, SEEDS-2, GGF: their own loops (float64 torch on every backend)
+        e1 = eps_function(model, schedule.T, time_input, solver, x.dtype)
+        return SAMPLERS[solver](e1, x, ts, schedule, noise, data_range, resolve_options(spec, solver_options),
+                                callback, progress)[0]
     defer_check = backend == "triton" and callback is None  # a callback sees x at once: check at once
     pending = None
     for i, t in enumerate(progress_bar(ts, progress, desc=f"{solver} K={steps}", leave=False)):
@@ -165,6 +174,7 @@ def _plan(model: Model | None, steps: int, solver: str, schedule: Schedule | Non
     """:func:`sample`'s arguments checked (before any network call) and completed with the model's
     defaults: (solver, options, data range, schedule, time input, trajectory)."""
     spec = get_solver(solver)
+    check_model_heads(model, spec.heads, spec.name)
     if spec.name == "exact" and "oracle" not in solver_options:
         solver_options = dict(solver_options, oracle=model)
     resolve_options(spec, solver_options)
@@ -189,7 +199,7 @@ def check_sample_args(model: Model | None = None, steps: int = 10, solver: str =
         from .embedded import default_model
 
         model = default_model()
-    _plan(model, steps, solver, schedule, trajectory, data_range, time_input, solver_options)
+    _plan(adapt_model(model), steps, solver, schedule, trajectory, data_range, time_input, solver_options)
     resolve_backend(backend, device or "cpu")
 
 
@@ -234,6 +244,7 @@ def estimate_gamma(model: Model, x0: torch.Tensor, schedule: Schedule, timesteps
 
     Returns a float64 table of length T, NaN where t was not estimated (default: all t).
     """
+    model = adapt_model(model)
     time_input = check_time_input(time_input or getattr(model, "time_input", "index"))
     steps = range(schedule.T) if timesteps is None else [int(t) for t in timesteps]
     table = torch.full((schedule.T,), float("nan"), dtype=torch.float64)

@@ -51,7 +51,8 @@ from .schedule import DATA, TRAJECTORY_KINDS, Schedule, trajectory
 from .solvers import SOLVERS, get_solver, resolve_options
 
 BETA_SCHEDULES = ("linear", "scaled_linear", "cosine", "squaredcos_cap_v2", "sigmoid")
-SCHEDULER_SOLVERS = tuple(name for name in SOLVERS if name != "exact")  # 'exact' needs an oracle object
+# 'exact' needs an oracle object; EDM-SDE, SEEDS-2 and GGF make several calls per step (gk.sample only)
+SCHEDULER_SOLVERS = tuple(name for name, spec in SOLVERS.items() if name != "exact" and not spec.multi_call)
 _GMS_KEYS = ("fit", "select", "fit_iters")
 
 
@@ -149,7 +150,9 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
             :func:`inference_timesteps`).
         steps_offset: added to the ``"leading"`` timesteps, as diffusers' DDPMScheduler does.
         solver: ``"gms"`` (3 heads), ``"sn-ddpm"`` (2), ``"ddpm"``, ``"ddpm-large"``, ``"ddim"`` (1), or
-            ``"analytic-dpm"`` (1, with ``solver_options={"gamma": table}``).
+            ``"analytic-dpm"`` (1, with ``solver_options={"gamma": table}``), or ``"seeds-1"`` (1; SEEDS-1, the
+            exponential SDE step in the noise prediction). EDM-SDE, SEEDS-2 and GGF make two network calls per
+            step on states only their sampler holds, so they have no scheduler form: use ``gk.sample``.
         fit, select, fit_iters: GMS options (ignored by the other solvers); eta: DDIM's eta.
         data_range: range of the data for the official clamps (like ``clip_sample``); ``None`` = off.
         backend: ``"auto"``, ``"torch"``, ``"cpp"`` or ``"triton"`` (see :func:`gms_kernels.step`).
@@ -307,6 +310,12 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
         if "variance_type" in foreign:
             variance_type = foreign.pop("variance_type")
             solver = kwargs.get("solver", config.get("solver", "gms"))
+            if variance_type in ("learned", "learned_range") and getattr(SOLVERS.get(solver), "heads", 0) > 1:
+                # the UNet of such a pipeline outputs [eps, variance]: never read the variance as E[eps^2]
+                raise ValueError(f"{source} has variance_type={variance_type!r}: its UNet's channels after eps are a "
+                                 f"learned variance, not the E[eps^2] (and E[eps^3]) heads that solver={solver!r} "
+                                 "reads. Add heads (gms-kernels train-heads --model PIPELINE_DIR, then "
+                                 "gk.models.export_diffusers), or convert with solver='ddpm', 'ddpm-large' or 'ddim'")
             hint = _VARIANCE_HINT.get(variance_type)
             dropped.append(f"variance_type={variance_type!r} (the solver sets the variance, here solver={solver!r}"
                            + (f"; DDPM's {variance_type!r} is solver={hint!r}" if hint else "") + ")")

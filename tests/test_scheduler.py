@@ -135,9 +135,12 @@ def test_from_config_warns_once_about_thresholding_and_dropped_keys(tmp_path):
     assert len(messages) == 1 and "variance_type='fixed_small'" in messages[0] and "solver='ddpm'" in messages[0]
     assert s.config.solver == "gms"  # variance_type never picks the solver
     s, messages = _gms_warnings(lambda: GMSScheduler.from_config(
-        DDPMScheduler(variance_type="learned_range").config, solver="sn-ddpm"))
-    assert len(messages) == 1 and "'learned_range'" in messages[0] and "solver='sn-ddpm'" in messages[0]
-    assert s.config.solver == "sn-ddpm"
+        DDPMScheduler(variance_type="learned_range").config, solver="ddim"))
+    assert len(messages) == 1 and "'learned_range'" in messages[0] and "solver='ddim'" in messages[0]
+    assert s.config.solver == "ddim"
+    # issue 22: with sn-ddpm or gms the learned variance channels would be read as E[eps^2]: refused
+    with pytest.raises(ValueError, match="learned variance"):
+        GMSScheduler.from_config(DDPMScheduler(variance_type="learned_range").config, solver="sn-ddpm")
 
     _, messages = _gms_warnings(lambda: GMSScheduler.from_config(DDIMScheduler(set_alpha_to_one=False).config))
     assert len(messages) == 1 and "set_alpha_to_one=False" in messages[0]

@@ -1,6 +1,8 @@
 """An adapter that makes a ``diffusers.UNet2DModel`` a gms_kernels model (diffusers is imported lazily)."""
 from __future__ import annotations
 
+import json
+import os
 import sys
 from typing import Any
 
@@ -8,6 +10,22 @@ import torch
 from torch import nn
 
 from ..schedule import Schedule
+
+
+LEARNED_VARIANCE = ("learned", "learned_range")
+
+
+def scheduler_config_near(path: str, subfolder: str | None) -> dict | None:
+    """The pipeline's ``scheduler/scheduler_config.json`` next to a UNet folder (or in it), if readable."""
+    root = path if subfolder else os.path.dirname(os.path.abspath(path))
+    for file in (os.path.join(root, "scheduler", "scheduler_config.json"), os.path.join(path, "scheduler_config.json")):
+        try:
+            with open(file) as f:
+                cfg = json.load(f)
+        except (OSError, ValueError):
+            continue
+        return cfg if isinstance(cfg, dict) else None
+    return None
 
 
 def is_diffusers_unet(module: Any) -> bool:
@@ -24,20 +42,30 @@ class DiffusersUNet(nn.Module):
     a learned variance too (out_channels = 2 * in_channels) and the whole output otherwise (e.g. a UNet
     trained to output [e1, e2, e3]); True/False force it. ``schedule``: the gk.Schedule the UNet was
     trained with, if known (the loader reads it from a pipeline's scheduler config).
-    :meth:`forward_features` returns (h, temb, output) of one pass, h being the input of ``conv_norm_out``.
+    ``variance_type``: the pipeline scheduler's ``variance_type`` when known (the loader reads it). With
+    ``"learned"`` / ``"learned_range"`` the channels after the first C are a learned variance: they are
+    never returned as E[eps^2] (``eps_only=False`` is refused). ``source``: the checkpoint path, named in
+    error messages. :meth:`forward_features` returns (h, temb, output) of one pass, h being the input of
+    ``conv_norm_out``.
     """
 
     time_input = "index"
     family = "diffusers"
 
-    def __init__(self, unet: nn.Module, schedule: Schedule | None = None, eps_only: bool | None = None):
+    def __init__(self, unet: nn.Module, schedule: Schedule | None = None, eps_only: bool | None = None,
+                 variance_type: str | None = None, source: str | None = None):
         super().__init__()
         if not is_diffusers_unet(unet):
             raise TypeError(f"DiffusersUNet wraps a diffusers.UNet2DModel, got {type(unet).__name__}")
         self.unet = unet
         self.schedule = schedule
+        self.variance_type, self.source = variance_type, source
         cfg = unet.config
         self.in_channels, self.out_channels = int(cfg.in_channels), int(cfg.out_channels)
+        if eps_only is False and self.learned_variance and self.out_channels == 2 * self.in_channels:
+            raise ValueError(f"{self._name()}: its scheduler has variance_type={variance_type!r}, so output channels "
+                             f"{self.in_channels}..{self.out_channels - 1} are a learned variance, not E[eps^2]: "
+                             f"eps_only=False would read them as a head. {self._add_heads_hint()}")
         self.eps_only = self.out_channels == 2 * self.in_channels if eps_only is None else bool(eps_only)
         self.feature_channels = int(unet.conv_norm_out.num_channels)
         self.temb_channels = int(unet.time_embedding.linear_2.out_features)
@@ -46,6 +74,40 @@ class DiffusersUNet(nn.Module):
     @property
     def config(self) -> dict[str, Any]:
         return dict(self.unet.config)
+
+    @property
+    def learned_variance(self) -> bool:
+        """True when the UNet's extra C channels are diffusers' learned variance: the scheduler says
+        so, or (no scheduler config known) out_channels = 2 * in_channels, DDPM's learned-variance layout."""
+        if self.variance_type is not None:
+            return self.variance_type in LEARNED_VARIANCE
+        return self.out_channels == 2 * self.in_channels
+
+    @property
+    def output_heads(self) -> int:
+        """How many heads [e1, e2, e3] forward returns (read by gk.sample's checks)."""
+        return 1 if self.eps_only else self.out_channels // self.in_channels
+
+    @property
+    def heads_hint(self) -> str:
+        """What to do when a solver needs more heads than this UNet gives (in gk.sample's error)."""
+        if self.eps_only and self.out_channels == 2 * self.in_channels:
+            what = (f"it predicts eps and, in its other {self.in_channels} channels, "
+                    + (f"a learned variance (variance_type={self.variance_type!r})" if self.variance_type else
+                       "(out_channels = 2 * in_channels) what diffusers' DDPM layout takes for a learned variance")
+                    + ", which gms_kernels never reads as E[eps^2]")
+        else:
+            what = f"it gives {self.output_heads} head(s) ({self.out_channels} output channels)"
+        return f"{self._name()}: {what}. {self._add_heads_hint()}"
+
+    def _name(self) -> str:
+        return f"the diffusers UNet2DModel at {self.source}" if self.source else "the diffusers UNet2DModel"
+
+    def _add_heads_hint(self) -> str:
+        where = self.source or "DIR"
+        return (f"Add the E[eps^2], E[eps^3] heads on its frozen backbone with `gms-kernels train-heads --model "
+                f"{where}` (--orders 2 for sn-ddpm alone; Python: gk.train_heads(gk.models.MomentNet(model), data)), "
+                "then sample the saved network; or use solver ddpm, ddpm-large or ddim, which read eps alone")
 
     def forward(self, x: torch.Tensor, t: torch.Tensor | int) -> torch.Tensor:
         out = self.unet(x, t).sample

@@ -21,7 +21,7 @@ from torch import nn
 from ..schedule import Schedule
 from ._common import (check_state_dict, format_call, materialize, meta_model, mismatch_message, mismatch_report,
                       read_weights_file, strip_prefix)
-from .diffusers_unet import DiffusersUNet
+from .diffusers_unet import DiffusersUNet, scheduler_config_near
 from .ddim_model import DDIMModel, resolve_resolution
 from .iddpm import IDDPMUNet
 from .moment_net import HEADS_FORMAT, NET_FORMAT, MomentNet
@@ -297,6 +297,10 @@ def _load_diffusers(path: str, subfolder: str | None = None, variant: str | None
         cfg = json.load(open(os.path.join(model_dir, "config.json")))
     except (OSError, ValueError) as e:
         raise ValueError(f"{model_dir}/config.json: cannot read it as JSON ({e}); restore the file") from None
+    if isinstance(cfg, dict) and cfg.get("_class_name") == "GMSDiffusersModel":  # gk.models.export_diffusers
+        from .diffusers_export import load_exported
+
+        return load_exported(model_dir)
     if not isinstance(cfg, dict) or cfg.get("_class_name", "UNet2DModel") != "UNet2DModel":
         name = cfg.get("_class_name") if isinstance(cfg, dict) else type(cfg).__name__
         raise ValueError(f"{model_dir}/config.json describes {name!r}, not a UNet2DModel; gms_kernels adapts "
@@ -327,7 +331,9 @@ def _load_diffusers(path: str, subfolder: str | None = None, variant: str | None
                                           "with save_pretrained, or fix config.json"))
     if schedule is None:
         schedule = _diffusers_schedule(path, subfolder)
-    return DiffusersUNet(unet.eval(), schedule=schedule, eps_only=eps_only).eval()
+    variance_type = (scheduler_config_near(path, subfolder) or {}).get("variance_type")
+    return DiffusersUNet(unet.eval(), schedule=schedule, eps_only=eps_only, variance_type=variance_type,
+                         source=path).eval()
 
 
 def _diffusers_schedule(path: str, subfolder: str | None) -> Schedule | None:

@@ -232,6 +232,18 @@ class MomentNet(nn.Module):
         torch.save({"format": NET_FORMAT, "version": FORMAT_VERSION, "backbone": backbone, "heads": self.head_config,
                     "state_dict": {k: v.detach().cpu() for k, v in self.state_dict().items()}}, path)
 
+    def save_pretrained(self, directory: str | os.PathLike, **kwargs: Any) -> Any:
+        """A ``DDPMPipeline`` directory with this network and a GMSScheduler: see
+        :func:`gms_kernels.models.export_diffusers` (same arguments, e.g. ``sample_size``)."""
+        from .diffusers_export import export_diffusers
+
+        return export_diffusers(self, directory, **kwargs)
+
+    @property
+    def output_heads(self) -> int:
+        """How many heads [e1, e2, e3] forward returns (read by gk.sample's checks)."""
+        return 1 + len(self.orders)
+
     @classmethod
     def load(cls, path: str | os.PathLike, data: dict | None = None, map_location: Any = "cpu") -> "MomentNet":
         """Rebuild a MomentNet saved with :meth:`save` (offline, weights_only)."""

@@ -1,0 +1,200 @@
+"""Back into diffusers: a gms_kernels network saved as a diffusers model + GMSScheduler pipeline directory.
+
+:func:`export_diffusers` writes a ``DDPMPipeline`` directory (``model_index.json``, ``unet/`` with
+``config.json`` + ``diffusion_pytorch_model.safetensors``, ``scheduler/scheduler_config.json``) that
+loads offline with this package and diffusers alone::
+
+    pipe = DDPMPipeline.from_pretrained(directory)          # unet: GMSDiffusersModel, scheduler: GMSScheduler
+    images = pipe(batch_size=16, num_inference_steps=10).images
+
+The unet is a :class:`GMSDiffusersModel` (``ModelMixin`` + ``ConfigMixin``): its config holds the
+network's own description (backbone family + constructor arguments, head kind and orders, time
+input, training betas) and its weights file the network's state dict, unchanged. ``forward(sample,
+timestep)`` returns ``UNet2DOutput(sample=cat([e1, e2, e3], 1))`` (3C channels for GMS heads, 2C for
+SN-DDPM heads, C for a bare eps network), from one backbone pass, with ``timestep`` the 0-based
+training index that diffusers' pipelines pass; it is converted to the network's own time input.
+
+Why a wrapper and not a ``UNet2DModel``: the heads read the backbone's last decoder feature through
+their own GroupNorm (or a residual block), which a single ``UNet2DModel`` output conv cannot hold,
+and most backbones (pytorch-ddpm, improved-diffusion, ...) are not UNet2DModels at all.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from diffusers import ModelMixin, SchedulerMixin  # (SchedulerMixin: diffusers' pipeline loader looks it up here)
+from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.models.unets.unet_2d import UNet2DOutput
+from torch import nn
+
+from ..files import json_ready
+from ..model_io import check_time_input, time_values
+from ..schedule import Schedule
+from .diffusers_unet import DiffusersUNet, is_diffusers_unet
+from .moment_net import BACKBONES, MomentNet
+
+__all__ = ["GMSDiffusersModel", "export_diffusers", "network_spec", "build_network", "ModelMixin", "SchedulerMixin"]
+
+
+def _backbone_spec(backbone: nn.Module) -> dict[str, Any]:
+    family = getattr(backbone, "family", None)
+    if family not in BACKBONES:
+        raise ValueError(f"export_diffusers knows the backbone families {', '.join(BACKBONES)}, not "
+                         f"{type(backbone).__name__}; wrap the network in one of gk.models' backbones")
+    config = backbone.config
+    if family == "diffusers":  # the UNet2DModel config without diffusers' private entries
+        config = {k: v for k, v in config.items() if not k.startswith("_")}
+    spec = {"family": family, "config": json_ready(config, f"the {family} backbone config")}
+    if family == "diffusers":
+        spec["eps_only"] = bool(backbone.eps_only)
+    return spec
+
+
+def network_spec(net: nn.Module) -> dict[str, Any]:
+    """A JSON description from which :func:`build_network` rebuilds ``net``'s architecture: a
+    MomentNet (backbone + heads) or a bare backbone (exported as an eps network, C channels)."""
+    if isinstance(net, MomentNet):
+        heads = {k: v for k, v in net.head_config.items() if k in ("orders", "head", "dropout")}
+        return {"type": "moment-net", "backbone": _backbone_spec(net.backbone), "heads": json_ready(heads)}
+    return {"type": "backbone", "backbone": _backbone_spec(as_gk_backbone(net))}
+
+
+def as_gk_backbone(net: nn.Module) -> nn.Module:
+    return DiffusersUNet(net) if is_diffusers_unet(net) else net
+
+
+def build_network(spec: dict[str, Any]) -> nn.Module:
+    """The network described by :func:`network_spec`, with uninitialised weights (load them next)."""
+    kind, backbone_spec = spec.get("type"), spec.get("backbone")
+    if kind not in ("moment-net", "backbone") or not isinstance(backbone_spec, dict) \
+            or backbone_spec.get("family") not in BACKBONES:
+        raise ValueError(f"not a gms_kernels network description: {json.dumps(spec)[:200]}; export it again "
+                         "with gk.models.export_diffusers")
+    backbone, on_meta = BACKBONES[backbone_spec["family"]](backbone_spec)
+    if on_meta:
+        backbone = backbone.to_empty(device="cpu")
+    if kind == "backbone":
+        if hasattr(backbone, "eps_only"):
+            backbone.eps_only = True  # the exported output is eps alone, never a learned-variance channel
+        return backbone.eval()
+    heads = spec.get("heads") or {}
+    return MomentNet(backbone, orders=heads.get("orders", (2, 3)), head=heads.get("head", "conv"),
+                     dropout=heads.get("dropout", 0.0)).eval()
+
+
+def _output_channels(net: nn.Module, channels: int) -> int:
+    return channels * (1 + len(net.orders)) if isinstance(net, MomentNet) else channels
+
+
+class GMSDiffusersModel(ModelMixin, ConfigMixin):
+    """A gms_kernels network as a diffusers model: ``forward(sample, timestep)`` returns
+    ``UNet2DOutput(sample=cat([e1, e2, e3], dim=1))`` (see the module docstring).
+
+    Config: ``network`` (:func:`network_spec`), ``in_channels``, ``out_channels``, ``sample_size``
+    (read by ``DDPMPipeline`` to size the noise), ``num_train_timesteps`` and ``time_input`` (how the
+    0-based index ``timestep`` becomes the network's time argument), ``trained_betas`` (the training
+    schedule, so that ``gk.sample`` on the reloaded network uses it; None if the network had none).
+    ``self.net`` is the gms_kernels network; ``gk.sample`` and ``gk.models.load`` use it directly.
+    """
+
+    @register_to_config
+    def __init__(self, network: dict | None = None, in_channels: int = 3, out_channels: int = 9,
+                 sample_size: int | Sequence[int] = 32, num_train_timesteps: int = 1000, time_input: str = "index",
+                 trained_betas: Sequence[float] | None = None):
+        super().__init__()
+        if network is None:
+            raise ValueError("GMSDiffusersModel needs the network description (config 'network'); build it with "
+                             "gk.models.export_diffusers or GMSDiffusersModel.from_network")
+        self.net = build_network(network)
+        self._time_input = check_time_input(time_input)
+        if trained_betas is not None:
+            self.net.schedule = Schedule.from_betas(trained_betas)
+
+    @classmethod
+    def from_network(cls, net: nn.Module, sample_size: int | Sequence[int] | None = None) -> "GMSDiffusersModel":
+        """Wrap ``net`` (a MomentNet or a backbone of gk.models; its weights are copied exactly)."""
+        spec = network_spec(net)
+        backbone = net.backbone if isinstance(net, MomentNet) else as_gk_backbone(net)
+        channels = int(backbone.eps_channels)
+        if sample_size is None:
+            if backbone_family(net) != "diffusers":
+                raise ValueError("pass sample_size= (the image height, or (height, width)): the network does not "
+                                 "record the resolution it was trained at, and DDPMPipeline needs it")
+            sample_size = backbone.config["sample_size"]
+        sample_size = sample_size if isinstance(sample_size, int) else [int(s) for s in sample_size]
+        schedule = getattr(net, "schedule", None)
+        T = schedule.T if schedule is not None else int(getattr(backbone, "T", 1000))
+        model = cls(network=spec, in_channels=channels, out_channels=_output_channels(net, channels),
+                    sample_size=sample_size, num_train_timesteps=T, time_input=getattr(net, "time_input", "index"),
+                    trained_betas=None if schedule is None else schedule.betas.tolist())
+        state = {k: v.detach().cpu() for k, v in net.state_dict().items()}
+        model.net.load_state_dict(state, strict=True)
+        return model.eval()
+
+    def forward(self, sample: torch.Tensor, timestep: torch.Tensor | int, class_labels: Any = None,
+                return_dict: bool = True) -> UNet2DOutput | tuple:
+        if class_labels is not None:
+            raise ValueError("GMSDiffusersModel is unconditional: class_labels must be None")
+        t = torch.as_tensor(timestep, device=sample.device)
+        if t.dim() == 0:
+            t = t.expand(sample.shape[0])
+        if t.is_floating_point() and not torch.equal(t, t.round()):
+            raise ValueError("GMSDiffusersModel takes the 0-based integer training index as timestep (as diffusers' "
+                             f"pipelines pass it), got {t.tolist()}")
+        out = self.net(sample, time_values(t, self.config.num_train_timesteps, self._time_input))
+        return UNet2DOutput(sample=out) if return_dict else (out,)
+
+
+def backbone_family(net: nn.Module) -> str | None:
+    backbone = net.backbone if isinstance(net, MomentNet) else as_gk_backbone(net)
+    return getattr(backbone, "family", None)
+
+
+def _scheduler_for(net: nn.Module, **scheduler_kwargs: Any):
+    """GMSScheduler on the network's training betas (the named linear schedule when they are exactly it)."""
+    from ..scheduler import GMSScheduler
+
+    schedule = getattr(net, "schedule", None) or Schedule.linear()
+    kwargs: dict[str, Any] = {"num_train_timesteps": schedule.T}
+    if not torch.equal(schedule.betas, Schedule.linear(schedule.T).betas):
+        kwargs["trained_betas"] = schedule.betas.tolist()
+    return GMSScheduler(**{**kwargs, **scheduler_kwargs})
+
+
+def export_diffusers(net: nn.Module, directory: str | os.PathLike, *, sample_size: int | Sequence[int] | None = None,
+                     scheduler: Any = None, **scheduler_kwargs: Any) -> Path:
+    """Write ``net`` (a MomentNet, or a bare backbone of gk.models) as a ``DDPMPipeline`` directory
+    with a :class:`GMSDiffusersModel` unet and a ``GMSScheduler`` (``scheduler``, or one built on the
+    network's training betas with ``scheduler_kwargs``, e.g. ``solver="sn-ddpm"``). Returns the path.
+
+    ``sample_size``: the image size for ``DDPMPipeline`` (needed unless the backbone is a UNet2DModel).
+    Reload with ``DDPMPipeline.from_pretrained(directory)``, ``GMSDiffusersModel.from_pretrained(
+    directory, subfolder="unet")`` or ``gk.models.load(directory)`` (the gms_kernels network itself).
+    """
+    from diffusers import DDPMPipeline
+
+    from ..scheduler import GMSScheduler
+
+    if scheduler is not None and scheduler_kwargs:
+        raise ValueError("pass either scheduler= or scheduler options, not both")
+    model = GMSDiffusersModel.from_network(net, sample_size)
+    scheduler = scheduler if scheduler is not None else _scheduler_for(net, **scheduler_kwargs)
+    if not isinstance(scheduler, GMSScheduler):
+        raise TypeError(f"scheduler must be a gk.GMSScheduler, got {type(scheduler).__name__}")
+    needed = scheduler._spec.heads * model.config.in_channels
+    if model.config.out_channels < needed:
+        raise ValueError(f"the scheduler's solver {scheduler.config.solver!r} reads {needed} channels but the network "
+                         f"gives {model.config.out_channels}; pick a solver for its heads (ddpm, ddim: 1 head; "
+                         "sn-ddpm: 2; gms: 3) or add heads (gms-kernels train-heads)")
+    DDPMPipeline(unet=model, scheduler=scheduler).save_pretrained(directory, safe_serialization=True)
+    return Path(directory)
+
+
+def load_exported(model_dir: str | os.PathLike) -> nn.Module:
+    """The gms_kernels network inside a :class:`GMSDiffusersModel` directory (config.json + weights)."""
+    model = GMSDiffusersModel.from_pretrained(os.fspath(model_dir), local_files_only=True, low_cpu_mem_usage=False)
+    return model.net.eval()
