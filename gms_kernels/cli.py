@@ -208,6 +208,56 @@ def _sample(args: argparse.Namespace) -> int:
     return 0
 
 
+def _key_values(pairs: Sequence[str] | None) -> dict:
+    """--load-option KEY=VALUE pairs: VALUE read as JSON (numbers, lists, true/false), else as text."""
+    import json
+
+    options = {}
+    for pair in pairs or ():
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--load-option takes KEY=VALUE, got {pair!r}")
+        try:
+            options[key] = json.loads(value)
+        except ValueError:
+            options[key] = value
+    return options
+
+
+def _reproduce(args: argparse.Namespace) -> int:
+    import os
+
+    import torch
+
+    from . import distributed
+    from .reproduce import command_line, reproduce
+
+    if (args.inception is None) == (args.feature_extractor is None):
+        raise UsageError("pass --inception FILE (the FID Inception weights, pt_inception-2015-12-05-6726825d.pth) "
+                         "or --feature-extractor FILE (a TorchScript module), not both")
+    extractor = None
+    if args.feature_extractor is not None:
+        if not os.path.isfile(args.feature_extractor) or not _is_torchscript(args.feature_extractor):
+            raise UsageError(f"--feature-extractor {args.feature_extractor}: not a TorchScript file (torch.jit.save)")
+        extractor = torch.jit.load(args.feature_extractor, map_location="cpu")
+    gms = dict(fit=args.fit, select=args.select, fit_iters=args.fit_iters)
+    started = distributed.init_from_env()
+    try:
+        res = reproduce(args.model, args.stats, args.out, inception_weights=args.inception, feature_extractor=extractor,
+                        steps=args.steps, solvers=args.solvers, num_samples=args.num_samples, seeds=args.seeds,
+                        shape=args.shape, kind=args.kind, load_options=_key_values(args.load_option),
+                        gms_options=gms, trajectory=args.trajectory, batch_size=args.batch_size,
+                        shard_size=args.shard_size, backend=args.backend, progress=not args.quiet,
+                        command=command_line(args.argv))
+        if res.path is not None:
+            print(res.table)
+            print(f"\nwrote {res.path}")
+    finally:
+        if started:
+            torch.distributed.destroy_process_group()
+    return 0
+
+
 def _training_data(spec: str):
     """--data: 'digits' (scikit-learn, [-1, 1]) or a .npy / .pt tensor [N, C, H, W] already in the data range."""
     import numpy as np
@@ -337,6 +387,8 @@ def _add_sampler_args(p: argparse.ArgumentParser, steps: int, solvers: Sequence[
 
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
+    from .backends import BACKENDS
+    from .schedule import TRAJECTORY_KINDS
     from .solvers import SOLVERS
 
     formatter = argparse.ArgumentDefaultsHelpFormatter
@@ -372,6 +424,37 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--fd", action="store_true", help="report FD-digits of the samples at the end")
     s.add_argument("--npz", metavar="FILE.npz", help="also write all samples to this .npz (arr_0: uint8 [N, H, W, C])")
     _add_common(s, "gms_out/samples")
+
+    r = command("reproduce", "the paper's FID protocol for checkpoints: samples per (solver, K) through the resumable "
+                             "sharded sampler, FID against dataset statistics, a Markdown table like the paper's; "
+                             "runs under torchrun --nproc_per_node N -m gms_kernels reproduce ...", _reproduce)
+    r.add_argument("--model", action="append", nargs="+", required=True, metavar="CHECKPOINT",
+                   help="a checkpoint for gk.models.load; several files after one --model make one network "
+                        "(e.g. the official eps eps2 eps3 files with --kind gms-official); repeat --model for more networks")
+    r.add_argument("--kind", default="auto", help="the checkpoints' format (see gk.models.load)")
+    r.add_argument("--load-option", action="append", metavar="KEY=VALUE",
+                   help="a gk.models.load option (VALUE as JSON, else text), e.g. num_heads=4; repeatable")
+    r.add_argument("--stats", required=True, help="the dataset's FID statistics (pytorch-fid .npz with mu, sigma)")
+    r.add_argument("--inception", help="the local FID Inception weights file (pt_inception-2015-12-05-6726825d.pth)")
+    r.add_argument("--feature-extractor", help="instead of --inception: a TorchScript module, uint8 [N, 3, H, W] -> "
+                                               "features [N, d] (the statistics must come from it)")
+    r.add_argument("--steps", type=int, nargs="+", default=[10, 20, 25, 40, 50, 100, 200, 1000], help="the K values")
+    r.add_argument("--solvers", nargs="+", default=["ddpm", "ddpm-large", "sn-ddpm", "gms"],
+                   choices=[name for name in SOLVERS if name != "exact"], help="the table's rows")
+    r.add_argument("--num-samples", type=int, default=50000, help="samples per (solver, K, seed)")
+    r.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds (several: mean and 95%% interval)")
+    r.add_argument("--shape", type=int, nargs=3, metavar=("C", "H", "W"),
+                   help="sample shape (needed unless the model is a diffusers UNet with a sample size)")
+    r.add_argument("--batch-size", type=int, default=250, help="samples per network call")
+    r.add_argument("--shard-size", type=int, default=1000, help="samples per shard file")
+    r.add_argument("--trajectory", default="even", choices=TRAJECTORY_KINDS, help="which time indices are visited")
+    r.add_argument("--fit", default="adan", choices=["closed", "adan"], help="GMS: the mixture fit (paper: adan)")
+    r.add_argument("--select", default="sample", choices=["sample", "pixel"], help="GMS: component draw per sample or pixel")
+    r.add_argument("--fit-iters", type=int, default=25, help="GMS with --fit adan: ADAN iterations per step (paper: 25)")
+    r.add_argument("--backend", default="auto", choices=BACKENDS, help="where the fused GMS step runs")
+    r.add_argument("--out", default="gms_out/reproduce", help="output folder (shards, fid.json per run, fid_table.md)")
+    r.add_argument("--quiet", action="store_true", help="no progress bars (TQDM_DISABLE=1 also works)")
+    r.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the full traceback of an error")
 
     ddp = "; multi-process (DDP, --batch-size is the global batch): torchrun --nproc_per_node N -m gms_kernels "
     tb = command("train-backbone", "train a small eps UNet (pytorch-ddpm layout) on small data" + ddp
