@@ -3,7 +3,10 @@ embedded digits network saved as a checkpoint, a small random feature extractor 
 statistics computed here; resume; one-line CLI errors."""
 import hashlib
 import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -154,3 +157,19 @@ def test_feature_size_must_match_the_statistics(fixtures, tmp_path):
     assert not (tmp_path / "out").exists()
     with pytest.raises(ValueError, match="exactly one of inception_weights"):
         reproduce([fixtures["ckpt"]], fixtures["stats"], tmp_path / "out", steps=(2,), num_samples=4, shape=SHAPE)
+
+
+def test_torchrun_two_processes_give_the_one_process_table(fixtures, tmp_path):
+    """Under torchrun the shards and the FIDs are split over the ranks; rank 0 writes the same table."""
+    out = tmp_path / "torchrun"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "gms_kernels",
+           "reproduce", "--model", str(fixtures["ckpt"]), "--stats", str(fixtures["stats"]), "--feature-extractor",
+           str(fixtures["scripted"]), "--steps", "2", "3", "--solvers", "ddpm", "gms", "--num-samples", "6",
+           "--shape", "1", "8", "8", "--shard-size", "4", "--batch-size", "4", "--fit-iters", "5", "--out", str(out),
+           "--quiet"]
+    subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), check=True, timeout=300, capture_output=True)
+    table = (out / "fid_table.md").read_text()
+    assert "2 process(es)" in table and "Command: `torchrun ... -m gms_kernels reproduce --model" in table
+    one = run(fixtures, tmp_path / "one")
+    rows = lambda text: [line for line in text.splitlines() if line.startswith("| ")]  # noqa: E731
+    assert rows(table) == rows(one.table)
