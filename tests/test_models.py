@@ -397,7 +397,7 @@ def test_key_and_shape_errors(ddpm_ckpt, tmp_path):
     assert "ch=32" in msg and "kind='pytorch-ddpm'" in msg
     with pytest.raises(ValueError, match="unknown option.*chanels.*valid: T, ch"):
         gm.load(path, chanels=3)
-    with pytest.raises(ValueError, match="unknown kind 'tf'.*auto, pytorch-ddpm, improved-diffusion, diffusers, "
+    with pytest.raises(ValueError, match="unknown kind 'tf'.*auto, pytorch-ddpm, improved-diffusion, ddim, gms-official, diffusers, "
                                          "gms-heads, moment-net"):
         gm.load(path, kind="tf")
     with pytest.raises(ValueError, match="improved-diffusion raw state dict"):

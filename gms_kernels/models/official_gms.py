@@ -104,7 +104,7 @@ def build_backbone(family: str, state: Mapping[str, Any], where: str, config: Ma
             raise ValueError(f"num_classes={config['num_classes']!r}: class-conditional networks are not supported")
         inferred = IDDPMUNet.infer_config(state)
         cfg = {**_IDDPM_DEFAULTS, **(inferred or {}), **args}
-        model = _build_checked(IDDPMUNet, cfg, state, where, "improved-diffusion", inferred, device)
+        model = _build_checked(IDDPMUNet, cfg, state, where, "gms-official", inferred, device)
         model.eps_only = True  # (UNetModel3OutChannels keeps eps of a learned-sigma output)
         return model
     args = {k: v for k, v in config.items() if k in DDIM_ARGS}
@@ -118,7 +118,7 @@ def build_backbone(family: str, state: Mapping[str, Any], where: str, config: Ma
     cfg = {**(inferred or {}), **args}
     if "resolution" not in cfg:
         raise ValueError(f"{where}: pass resolution= (the image size; it is not stored in the weights)")
-    return _build_checked(DDIMModel, cfg, state, where, "ddim", inferred, device)
+    return _build_checked(DDIMModel, cfg, state, where, "gms-official", inferred, device)
 
 
 def first_difference(reference: Mapping[str, torch.Tensor], other: Mapping[str, torch.Tensor],
@@ -133,11 +133,11 @@ def first_difference(reference: Mapping[str, torch.Tensor], other: Mapping[str, 
             return key, f"shape {list(val.shape)} vs {list(ref.shape)}"
         if torch.equal(val, ref):  # (the usual case: a frozen backbone copied bit for bit)
             continue
-        if rtol == 0 or not ref.is_floating_point():
+        if not ref.is_floating_point():
             return key, "values differ"
         diff = (val.double() - ref.double()).abs().max().item()
         scale = ref.double().abs().max().item()
-        if not diff <= rtol * max(scale, 1e-12):  # (NaN differences count as differences)
+        if rtol == 0 or not diff <= rtol * max(scale, 1e-12):  # (NaN differences count as differences)
             return key, f"max |difference| {diff:.3g} (largest |value| {scale:.3g})"
     extra = [k for k in other if k not in reference]
     return (extra[0], "not in the eps network") if extra else None
@@ -181,6 +181,11 @@ class SeparateNets(nn.Module):
     @property
     def time_input(self) -> str:
         return self.eps_net.time_input
+
+    @property
+    def output_heads(self) -> int:
+        """How many heads [e1, e2, e3] forward returns."""
+        return 1 + len(self.head_nets)
 
     @property
     def schedule(self) -> Schedule | None:
