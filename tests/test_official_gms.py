@@ -143,6 +143,24 @@ def test_auto_detection(tmp_path):
     assert gm.load(tmp_path / "raw.pt", kind="ddim", attn_resolutions=[8]).resolution == 16
 
 
+def test_raw_state_dicts_and_net_model(tmp_path):
+    """sample.py falls back to a raw state dict; use_ema=False reads net_model instead of ema_model."""
+    raw, net_only = [], []
+    for i, path in enumerate(files("iddpm"), start=1):
+        state = torch.load(path, weights_only=True)["net_model"]
+        torch.save(state, tmp_path / f"raw{i}.pt")
+        torch.save({"net_model": state, "step": 5}, tmp_path / f"net{i}.pt")
+        raw.append(tmp_path / f"raw{i}.pt")
+        net_only.append(tmp_path / f"net{i}.pt")
+    ref = expected("iddpm")
+    for paths, options in ((raw, {}), (net_only, {"use_ema": False})):
+        net = gm.load(paths, kind="gms-official", **options, **config("iddpm"))
+        with torch.no_grad():
+            assert rel_err(net(ref["x"], ref["t"])[:, 6:], ref["e3"]) < REL_TOL
+    with pytest.raises(ValueError, match=r"net1\.pt: the checkpoint has no 'ema_model' .* use_ema=False"):
+        gm.load(net_only, kind="gms-official", **config("iddpm"))
+
+
 # -- head modes the fixtures do not cover ---------------------------------------------------------
 def iddpm_res_layout(C, E, scale_shift):
     return {"in_layers.0.weight": (C,), "in_layers.0.bias": (C,), "in_layers.2.weight": (C, C, 3, 3),
