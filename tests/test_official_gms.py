@@ -374,6 +374,8 @@ def test_clear_errors(tmp_path):
         (dict(paths=[files("iddpm")[0], files("ddpm")[1]], **cfg_i), r"holds a ddim network, but .* improved-diffusion"),
         (dict(paths=files("iddpm") + files("iddpm")[:1], **cfg_i), r"takes 1 to 3 files"),
         (dict(paths=files("iddpm"), **cfg_i, backbone_rtol=-1), r"backbone_rtol must be a number >= 0"),
+        (dict(paths=files("iddpm"), **cfg_d), r"holds an improved-diffusion network, but the option\(s\) ch, out_ch, "
+         r"ch_mult, attn_resolutions, resamp_with_conv, resolution are the DDIM Model's"),
         (dict(paths=[tmp_path / "missing.pt"], **cfg_i), r"missing\.pt: no such file"),
     ]
     for kwargs, message in cases:

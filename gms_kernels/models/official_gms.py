@@ -237,6 +237,12 @@ def load_official(paths: PathLike | Sequence[PathLike], *, shared_backbone: bool
     if family is None:
         raise ValueError(f"{states[0][1]}: not an improved-diffusion UNetModel nor a DDIM Model state dict "
                          f"(first keys: {list(states[0][0])[:6]}); kind='gms-official' reads those two families")
+    own = (_IDDPM_ARGS + IDDPM_IGNORED if family == "improved-diffusion" else DDIM_ARGS) + HEAD_ARGS
+    foreign = [k for k in config if k not in own]
+    if foreign:
+        other = "DDIM Model" if family == "improved-diffusion" else "improved-diffusion UNetModel"
+        raise ValueError(f"{states[0][1]}: holds {'an' if family == 'improved-diffusion' else 'a'} {family} network, but the option(s) {', '.join(foreign)} are the "
+                         f"{other}'s; pass this family's constructor arguments ({', '.join(own)})")
     parts = []
     for n, (state, where) in enumerate(states):
         if family_of(state) != family:
