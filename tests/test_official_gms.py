@@ -9,7 +9,6 @@ description. Full-size configurations are checked by key and shape on the meta d
 import argparse
 import json
 import math
-import os
 from pathlib import Path
 
 import pytest
@@ -100,6 +99,8 @@ def test_two_files_for_sn_ddpm_and_one_for_eps(family):
     assert rel_err(e1, ref["e1"]) < REL_TOL and rel_err(e2, ref["e2"]) < REL_TOL
     assert only.shape == (3, 3, 16, 16) and rel_err(only, ref["e1"]) < REL_TOL
     assert eps.schedule.T == 1000
+    shifted = gm.load(files(family, 2), kind="gms-official", time_input="index+1", **config(family))
+    assert shifted.time_input == "index+1"  # (for checkpoints trained on t+1)
     # the sn-ddpm and ddpm solvers run on them; gms needs the third head and says so
     assert torch.isfinite(gk.sample(sn, shape=(2, 3, 16, 16), steps=3, solver="sn-ddpm", generator=0,
                                     progress=False)).all()

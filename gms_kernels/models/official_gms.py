@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
+from ..model_io import check_time_input
 from ..schedule import Schedule
 from ._common import check_state_dict, meta_model, materialize, read_torch_file, strip_prefix
 from .ddim_model import DDIMModel, resolve_resolution
@@ -223,26 +224,54 @@ def load_official(paths: PathLike | Sequence[PathLike], *, shared_backbone: bool
     :class:`MomentNet` with orders (2,) or (2, 3), carrying ``schedule`` (default: linear 1e-4..0.02, T=1000).
     """
     files = [os.fspath(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else list(paths))]
-    if not 1 <= len(files) <= 3:
-        raise ValueError(f"kind='gms-official' takes 1 to 3 files [eps, eps^2, eps^3], got {len(files)}")
-    bad = [k for k in config if k not in _IDDPM_ARGS + IDDPM_IGNORED + DDIM_ARGS + HEAD_ARGS]
-    if bad:
-        raise ValueError(f"unknown option(s) for kind 'gms-official': {', '.join(bad)}; valid: the official "
-                         f"constructor arguments ({', '.join(dict.fromkeys(_IDDPM_ARGS + IDDPM_IGNORED + DDIM_ARGS + HEAD_ARGS))}) "
-                         f"and {', '.join(LOADER_ARGS)}")
-    if not (isinstance(backbone_rtol, (int, float)) and backbone_rtol >= 0):
-        raise ValueError(f"backbone_rtol must be a number >= 0, got {backbone_rtol!r}")
+    _check_options(files, config, backbone_rtol)
     states = [read_state(f, use_ema=use_ema, map_location=map_location) for f in files]
     family = family_of(states[0][0])
     if family is None:
         raise ValueError(f"{states[0][1]}: not an improved-diffusion UNetModel nor a DDIM Model state dict "
                          f"(first keys: {list(states[0][0])[:6]}); kind='gms-official' reads those two families")
+    _check_family_options(family, config, states[0][1])
+    parts = _split_files(states, family)
+    eps_net = build_backbone(family, parts[0][0], parts[0][2], config, map_location)
+    _with_schedule(eps_net, schedule, time_input)
+    if len(files) == 1:
+        return eps_net.eval()
+    dropout = float(getattr(eps_net, "dropout", 0.0))
+    if not shared_backbone:
+        nets = [_head_net(build_backbone(family, backbone_state, where, config, map_location), [(head, where)],
+                          family, config, dropout) for backbone_state, head, where in parts[1:]]
+        net = SeparateNets(eps_net, nets)
+        for m in [net.eps_net, *(h.backbone for h in net.head_nets)]:
+            _with_schedule(m, eps_net.schedule, time_input)
+        return net.eval()
+    _check_shared(parts, float(backbone_rtol))
+    return _head_net(eps_net, [(head, where) for _, head, where in parts[1:]], family, config, dropout).eval()
+
+
+def _check_options(files: list[str], config: Mapping[str, Any], backbone_rtol: Any) -> None:
+    if not 1 <= len(files) <= 3:
+        raise ValueError(f"kind='gms-official' takes 1 to 3 files [eps, eps^2, eps^3], got {len(files)}")
+    known = tuple(dict.fromkeys(_IDDPM_ARGS + IDDPM_IGNORED + DDIM_ARGS + HEAD_ARGS))
+    bad = [k for k in config if k not in known]
+    if bad:
+        raise ValueError(f"unknown option(s) for kind 'gms-official': {', '.join(bad)}; valid: the official "
+                         f"constructor arguments ({', '.join(known)}) and {', '.join(LOADER_ARGS)}")
+    if not (isinstance(backbone_rtol, (int, float)) and backbone_rtol >= 0):
+        raise ValueError(f"backbone_rtol must be a number >= 0, got {backbone_rtol!r}")
+
+
+def _check_family_options(family: str, config: Mapping[str, Any], where: str) -> None:
+    """Refuse the other family's constructor arguments (they would be ignored)."""
     own = (_IDDPM_ARGS + IDDPM_IGNORED if family == "improved-diffusion" else DDIM_ARGS) + HEAD_ARGS
     foreign = [k for k in config if k not in own]
     if foreign:
-        other = "DDIM Model" if family == "improved-diffusion" else "improved-diffusion UNetModel"
-        raise ValueError(f"{states[0][1]}: holds {'an' if family == 'improved-diffusion' else 'a'} {family} network, but the option(s) {', '.join(foreign)} are the "
-                         f"{other}'s; pass this family's constructor arguments ({', '.join(own)})")
+        article, other = ("an", "DDIM Model") if family == "improved-diffusion" else ("a", "improved-diffusion UNetModel")
+        raise ValueError(f"{where}: holds {article} {family} network, but the option(s) {', '.join(foreign)} are "
+                         f"the {other}'s; pass this family's constructor arguments ({', '.join(own)})")
+
+
+def _split_files(states: list[tuple[dict, str]], family: str) -> list[tuple[dict, dict, str]]:
+    """(backbone entries, head entries, where) per file; the first file has no head, the others one each."""
     parts = []
     for n, (state, where) in enumerate(states):
         if family_of(state) != family:
@@ -256,29 +285,19 @@ def load_official(paths: PathLike | Sequence[PathLike], *, shared_backbone: bool
             raise ValueError(f"{where}: file {n + 1} should be the eps^{n + 1} network, but it has no head "
                              f"({' / '.join(HEAD_PREFIXES[family])}*): pass the files in the order [eps, eps^2, eps^3]")
         parts.append((backbone_state, head, where))
+    return parts
 
-    eps_net = _with_schedule(build_backbone(family, parts[0][0], parts[0][2], config, map_location), schedule, time_input)
-    if len(files) == 1:
-        return eps_net.eval()
-    dropout = float(getattr(eps_net, "dropout", 0.0))
-    if not shared_backbone:
-        nets = []
-        for backbone_state, head, where in parts[1:]:
-            own = build_backbone(family, backbone_state, where, config, map_location)
-            nets.append(_head_net(own, [(head, where)], family, config, dropout))
-        net = SeparateNets(eps_net, nets)
-        _set_schedule_all(net, eps_net.schedule, time_input)
-        return net.eval()
+
+def _check_shared(parts: list[tuple[dict, dict, str]], rtol: float) -> None:
+    """The backbones of files 2, 3 must be the eps network's (else one pass cannot serve all heads)."""
     for backbone_state, _, where in parts[1:]:
-        diff = first_difference(parts[0][0], backbone_state, float(backbone_rtol))
+        diff = first_difference(parts[0][0], backbone_state, rtol)
         if diff is not None:
             key, what = diff
             raise ValueError(f"{where}: its backbone differs from the eps network's ({parts[0][2]}) at {key!r}: "
                              f"{what}. These heads were not trained on this eps network's frozen backbone. Pass "
                              "shared_backbone=False to run the networks separately (one backbone pass each), or "
                              "backbone_rtol= to accept larger differences")
-    net = _head_net(eps_net, [(head, where) for _, head, where in parts[1:]], family, config, dropout)
-    return net.eval()
 
 
 def _head_net(backbone: nn.Module, heads: list[tuple[dict, str]], family: str, config: Mapping[str, Any],
@@ -305,12 +324,5 @@ def _head_net(backbone: nn.Module, heads: list[tuple[dict, str]], family: str, c
 def _with_schedule(model: nn.Module, schedule: Schedule | None, time_input: str | None) -> nn.Module:
     _set_schedule(model, schedule or gms_schedule())
     if time_input is not None:
-        from ..model_io import check_time_input
-
         model.time_input = check_time_input(time_input)
     return model
-
-
-def _set_schedule_all(net: SeparateNets, schedule: Schedule, time_input: str | None) -> None:
-    for m in [net.eps_net, *(h.backbone for h in net.head_nets)]:
-        _with_schedule(m, schedule, time_input)
