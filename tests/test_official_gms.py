@@ -494,6 +494,8 @@ def test_full_size_iddpm_official_heads(mode):
                                 attention_resolutions=(2, 4), dropout=0.3, channel_mult=(1, 2, 2, 2), num_heads=4,
                                 use_scale_shift_norm=True)
         net = gm.MomentNet(backbone, head=f"iddpm-{mode}")
+    # improved-diffusion's CIFAR10 network has 52,546,438 numbers with 6 outputs; GMS keeps 3 (eps only)
+    assert sum(p.numel() for p in backbone.parameters()) == 52_546_438 - 3 * (128 * 3 * 3 + 1)
     head = {"out2." + k[len("heads.3."):]: s for k, s in shapes(net).items() if k.startswith("heads.3.")}
     assert head == iddpm_head_layout(mode, 128, 512, 3, True)
     fake = {k[len("out2."):]: torch.empty(s, device="meta") for k, s in head.items()}
