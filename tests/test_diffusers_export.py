@@ -74,6 +74,9 @@ def test_reloaded_outputs_equal_the_network_bit_for_bit(digits_dir):
     assert torch.equal(loaded.schedule.betas, gk.Schedule.linear().betas)
     with pytest.raises(ValueError, match="integer training index"):
         unet(x, torch.tensor(3.5))
+    assert gm.load(digits_dir, schedule=gk.Schedule.cosine(1000)).schedule.T == 1000  # options still apply
+    with pytest.raises(ValueError, match="eps_only does not apply"):
+        gm.load(digits_dir, eps_only=True)
 
 
 def test_ddpm_pipeline_runs_gms_from_the_saved_directory(digits_dir):
@@ -223,3 +226,18 @@ def test_gms_scheduler_from_a_learned_variance_config_refuses_sn_ddpm_and_gms():
             gk.GMSScheduler.from_config(cfg, solver=solver)
     with pytest.warns(UserWarning, match="variance_type"):
         assert gk.GMSScheduler.from_config(cfg, solver="ddpm").config.solver == "ddpm"
+
+
+def test_saved_unet_and_scheduler_stepped_with_an_int_seed_are_gk_sample(digits_dir):
+    """What DDPMPipeline changes against gk.sample is only where randomness comes from (torch
+    generators for x_T and one seed per step): the directory's unet and scheduler, stepped over
+    gk.sample's trajectory with gk.sample's int seed, give gk.sample's samples exactly."""
+    pipe = quiet_pipe(digits_dir)
+    x_T = torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(9))
+    want = gk.sample(default_model(), x_T=x_T, steps=5, generator=11, progress=False)
+    sched = pipe.scheduler
+    sched.set_timesteps(timesteps=gk.trajectory(sched.schedule, 5, "even"))
+    x = x_T
+    for t in sched.timesteps:
+        x = sched.step(pipe.unet(x, t).sample, t, x, generator=11).prev_sample
+    assert torch.equal(x, want)

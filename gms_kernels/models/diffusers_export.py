@@ -194,7 +194,17 @@ def export_diffusers(net: nn.Module, directory: str | os.PathLike, *, sample_siz
     return Path(directory)
 
 
-def load_exported(model_dir: str | os.PathLike) -> nn.Module:
-    """The gms_kernels network inside a :class:`GMSDiffusersModel` directory (config.json + weights)."""
-    model = GMSDiffusersModel.from_pretrained(os.fspath(model_dir), local_files_only=True, low_cpu_mem_usage=False)
+def load_exported(model_dir: str | os.PathLike, schedule: Schedule | None = None, variant: str | None = None,
+                  eps_only: bool | None = None) -> nn.Module:
+    """The gms_kernels network inside a :class:`GMSDiffusersModel` directory (config.json + weights);
+    ``schedule`` replaces the stored training betas."""
+    if eps_only is not None:
+        raise ValueError(f"{model_dir}: eps_only does not apply to an exported gms_kernels network (its outputs are "
+                         "the heads it was exported with)")
+    if schedule is not None and not isinstance(schedule, Schedule):
+        raise ValueError(f"schedule must be a gk.Schedule, got {type(schedule).__name__}")
+    model = GMSDiffusersModel.from_pretrained(os.fspath(model_dir), variant=variant, local_files_only=True,
+                                              low_cpu_mem_usage=False)
+    if schedule is not None:
+        model.net.schedule = schedule
     return model.net.eval()

@@ -300,7 +300,7 @@ def _load_diffusers(path: str, subfolder: str | None = None, variant: str | None
     if isinstance(cfg, dict) and cfg.get("_class_name") == "GMSDiffusersModel":  # gk.models.export_diffusers
         from .diffusers_export import load_exported
 
-        return load_exported(model_dir)
+        return load_exported(model_dir, schedule=schedule, variant=variant, eps_only=eps_only)
     if not isinstance(cfg, dict) or cfg.get("_class_name", "UNet2DModel") != "UNet2DModel":
         name = cfg.get("_class_name") if isinstance(cfg, dict) else type(cfg).__name__
         raise ValueError(f"{model_dir}/config.json describes {name!r}, not a UNet2DModel; gms_kernels adapts "
