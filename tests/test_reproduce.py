@@ -173,3 +173,19 @@ def test_torchrun_two_processes_give_the_one_process_table(fixtures, tmp_path):
     one = run(fixtures, tmp_path / "one")
     rows = lambda text: [line for line in text.splitlines() if line.startswith("| ")]  # noqa: E731
     assert rows(table) == rows(one.table)
+
+
+def test_reproduce_reads_an_inception_weights_file(fixtures, tmp_path):
+    """The --inception route: the FID InceptionV3 from a local weights file (random weights here, in the
+    pytorch-fid file's layout), 2048-d features, statistics made with the same file."""
+    from gms_kernels.inception import random_state_dict
+
+    weights = tmp_path / "pt_inception-random.pth"
+    torch.save(random_state_dict(0), weights)
+    stats = dataset_stats(gk.data.digits("all")[0][:4], tmp_path / "stats.npz", inception_weights=weights)
+    assert load_stats(stats)[0].shape == (2048,)
+    res = reproduce([fixtures["ckpt"]], stats, tmp_path / "out", inception_weights=weights, steps=(2,),
+                    solvers=("ddpm",), num_samples=2, shape=SHAPE, progress=False)
+    record = json.loads((tmp_path / "out" / "digits_net.pt" / "seed0" / "ddpm" / "K2" / "fid.json").read_text())
+    assert record["extractor"] == "inception:" + hashlib.sha256(weights.read_bytes()).hexdigest()
+    assert res.fids[("digits_net.pt", "ddpm", 2)] == [record["fid"]] and record["fid"] > 0
