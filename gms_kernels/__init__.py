@@ -20,10 +20,11 @@ __all__ = [
     "MixtureParams", "fit_adan", "fit_closed", "mixture_raw_moments", "sample_mixture",
     "SOLVERS", "solver_step", "estimate_gamma", "sample", "step", "GaussianMixtureOracle",
     "SDEditResult", "sdedit", "stroke_guide", "data", "metrics", "models", "inception", "GMSScheduler", "GMSSchedulerOutput",
-    "train_heads", "train_backbone",
+    "train_heads", "train_backbone", "reproduce",
 ]
 
 _LAZY = {"GMSScheduler": "scheduler", "GMSSchedulerOutput": "scheduler", "models": None, "inception": None,
+         "reproduce": None,
          "train_heads": "training", "train_backbone": "training"}
 
 
