@@ -1,5 +1,13 @@
-"""Data sets the project can use offline: scikit-learn's 8x8 digits, scaled to [-1, 1]."""
+"""Data sets the project can use offline, scaled to [-1, 1]: scikit-learn's 8x8 digits, and grey patches of
+the photos bundled in scikit-image's wheel (split by photo; needs scikit-image: ``pip install 'gms_kernels[patches]'``).
+
+Patch photos, their splits and licences (from the ``skimage.data`` docstrings): see :data:`PATCH_PHOTOS`.
+Left out: photos whose docstring states no licence (moon, page, stereo_motorcycle, ...), synthetic or binary
+images (checkerboard, logo, horse, ...), and images that need a download (eagle, lily, ...).
+"""
 from __future__ import annotations
+
+from functools import lru_cache
 
 import torch
 
@@ -24,3 +32,85 @@ def digits(split: str = "all", test_fraction: float = 0.2, seed: int = 0) -> tup
     n_test = int(round(test_fraction * x.shape[0]))
     idx = perm[:n_test] if split == "test" else perm[n_test:]
     return x[idx], y[idx]
+
+
+# --- natural-image patches (scikit-image's bundled photos) -------------------------------------------------------
+
+# Photos bundled in scikit-image's wheel whose docstrings state a free licence, assigned to splits BY PHOTO (no
+# photo contributes to two splits). name -> (split, licence as the skimage.data docstring states it).
+PATCH_PHOTOS: dict[str, tuple[str, str]] = {
+    "astronaut": ("train", "public domain (NASA)"),
+    "camera": ("train", "CC0 (Lav Varshney)"),
+    "coffee": ("train", "CC0 (Rachel Michetti)"),
+    "rocket": ("train", "public domain (SpaceX)"),
+    "hubble_deep_field": ("train", "public domain (NASA)"),
+    "brick": ("train", "CC0 (CC0Textures)"),
+    "grass": ("train", "CC0 (CC0Textures)"),
+    "clock": ("validation", "public domain (Stefan van der Walt)"),
+    "coins": ("validation", "no known copyright restrictions (Brooklyn Museum)"),
+    "chelsea": ("test", "CC0 (Stefan van der Walt)"),
+    "gravel": ("test", "CC0 (CC0Textures)"),
+}
+PATCH_SPLITS = ("train", "validation", "test")
+# patches drawn from each photo of a split (every photo weighs the same within its split)
+PATCHES_PER_PHOTO = {"train": 7000, "validation": 3000, "test": 5000}
+_LUMA = (0.2125, 0.7154, 0.0721)  # ITU-R BT.709 weights, as skimage.color.rgb2gray uses
+
+
+def patch_photos(split: str) -> tuple[str, ...]:
+    """The scikit-image photos of a patch split, in their fixed order."""
+    if split not in PATCH_SPLITS:
+        raise ValueError(f"unknown split {split!r}; valid: {', '.join(PATCH_SPLITS)}")
+    return tuple(name for name, (s, _) in PATCH_PHOTOS.items() if s == split)
+
+
+@lru_cache(maxsize=None)
+def photo_grey(name: str) -> torch.Tensor:
+    """A bundled scikit-image photo as float64 [H, W] grey intensity in [0, 1] (uint8 / 255; colour photos
+    through the BT.709 luma weights). Nothing is downloaded: these files ship inside the wheel."""
+    if name not in PATCH_PHOTOS:
+        raise ValueError(f"unknown patch photo {name!r}; valid: {', '.join(PATCH_PHOTOS)}")
+    try:
+        import skimage.data
+    except ImportError as exc:
+        raise ImportError("the natural-image patches need scikit-image: pip install 'gms_kernels[patches]' "
+                          "(or pip install scikit-image)") from exc
+    img = torch.as_tensor(getattr(skimage.data, name)())
+    if img.dtype != torch.uint8:
+        raise ValueError(f"skimage.data.{name} is {img.dtype}, expected uint8")
+    img = img.to(torch.float64) / 255.0
+    if img.dim() == 3:
+        img = (img[..., :3] * torch.tensor(_LUMA, dtype=torch.float64)).sum(-1)
+    return img
+
+
+def patches(split: str = "train", size: int = 8, per_photo: int | None = None, seed: int = 0) -> torch.Tensor:
+    """Grey natural-image patches as float32 [N, 1, size, size] in [-1, 1], from scikit-image's bundled photos.
+
+    Splits are by photo (:data:`PATCH_PHOTOS`): train 7 photos, validation 2, test 2. From each photo of
+    the split, ``per_photo`` patches (default :data:`PATCHES_PER_PHOTO`) are cut at uniformly random
+    positions, drawn from a generator seeded by ``seed`` and the photo's place in :data:`PATCH_PHOTOS`,
+    so the same arguments always give the same patches. Scaling is fixed and global: grey intensity
+    v in [0, 1] (uint8 / 255) -> 2 v - 1. Patches are not normalised one by one: their contrast
+    (flat sky next to sharp edges) is the heavy-tailed, non-Gaussian part of their distribution.
+    Rows are ordered photo by photo.
+    """
+    if not isinstance(size, int) or size < 2:
+        raise ValueError(f"size must be an integer >= 2, got {size!r}")
+    names = patch_photos(split)
+    count = PATCHES_PER_PHOTO[split] if per_photo is None else per_photo
+    if not isinstance(count, int) or count < 1:
+        raise ValueError(f"per_photo must be a positive integer, got {per_photo!r}")
+    out = []
+    for name in names:
+        img = photo_grey(name)
+        h, w = img.shape
+        if h < size or w < size:
+            raise ValueError(f"photo {name} ({h}x{w}) is smaller than the patch size {size}")
+        g = torch.Generator().manual_seed(seed * 1000 + list(PATCH_PHOTOS).index(name))
+        top = torch.randint(0, h - size + 1, (count,), generator=g)
+        left = torch.randint(0, w - size + 1, (count,), generator=g)
+        rows = (top[:, None] + torch.arange(size))[:, :, None]   # [N, size, 1]
+        cols = (left[:, None] + torch.arange(size))[:, None, :]  # [N, 1, size]
+        out.append(img[rows, cols])
+    return (2.0 * torch.cat(out) - 1.0).to(torch.float32).unsqueeze(1)

@@ -1,7 +1,9 @@
-"""The embedded default model: a small UNet on 8x8 digits with e2/e3 heads, shipped in assets/.
+"""The embedded models, shipped in assets/ with fp16 weights (the heads were trained on the fp16-rounded backbone).
 
-Trained by python/train_digits_model.py; ``gk.sample()`` and ``gms-kernels sample`` use it when no
-model is given. Weights are stored in fp16 (the heads were trained on the fp16-rounded backbone).
+- :func:`default_model`: a small UNet on 8x8 digits with e2/e3 heads (python/train_digits_model.py);
+  ``gk.sample()`` and ``gms-kernels sample`` use it when no model is given.
+- :func:`patches_model`: a smaller UNet on 8x8 grey natural-image patches (``gk.data.patches``, train
+  split) with e2/e3 heads (python/train_patches_model.py).
 """
 from __future__ import annotations
 
@@ -14,6 +16,9 @@ DIGITS_MODEL = ASSETS / "digits_gms.pt"
 EMBEDDED_FORMAT = "gms_kernels.embedded/1"
 DIGITS_CONFIG = dict(T=1000, ch=32, ch_mult=(1, 2, 2), attn=(1,), num_res_blocks=2, dropout=0.1, in_channels=1)
 DIGITS_SHAPE = (1, 8, 8)
+PATCHES_MODEL = ASSETS / "patches_gms.pt"
+PATCHES_CONFIG = dict(T=1000, ch=32, ch_mult=(1, 2), attn=(), num_res_blocks=1, dropout=0.0, in_channels=1)
+PATCHES_SHAPE = (1, 8, 8)
 _cache: dict[str, torch.nn.Module] = {}
 
 
@@ -23,30 +28,46 @@ def build_digits_backbone() -> torch.nn.Module:
     return PytorchDDPMUNet(**DIGITS_CONFIG)
 
 
-def save_embedded(net: torch.nn.Module, path: str | Path = DIGITS_MODEL) -> int:
-    """Save a digits MomentNet in the compact shipped format; returns the file size in bytes."""
+def build_patches_backbone() -> torch.nn.Module:
+    from .models import PytorchDDPMUNet
+
+    return PytorchDDPMUNet(**PATCHES_CONFIG)
+
+
+def save_embedded(net: torch.nn.Module, path: str | Path = DIGITS_MODEL, config: dict = DIGITS_CONFIG) -> int:
+    """Save a MomentNet (its backbone built from ``config``) in the compact shipped format; returns the
+    file size in bytes."""
     state = {k: (v.half() if v.is_floating_point() else v) for k, v in net.state_dict().items()}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"format": EMBEDDED_FORMAT, "config": DIGITS_CONFIG, "orders": list(net.orders),
+    torch.save({"format": EMBEDDED_FORMAT, "config": config, "orders": list(net.orders),
                 "head": net.head, "state": state}, path)
     return path.stat().st_size
 
 
-def default_model(path: str | Path = DIGITS_MODEL) -> torch.nn.Module:
-    """The shipped digits MomentNet (float32, eval mode; cached)."""
+def _load_embedded(path: str | Path, build, what: str, script: str) -> torch.nn.Module:
     key = str(path)
     if key not in _cache:
         from .models import MomentNet
 
         path = Path(path)
         if not path.exists():
-            raise ValueError(f"the embedded digits model is missing ({path}): run python/train_digits_model.py "
-                             "or pass a model")
+            raise ValueError(f"the embedded {what} model is missing ({path}): run {script} or pass a model")
         data = torch.load(path, map_location="cpu", weights_only=True)
         if not isinstance(data, dict) or data.get("format") != EMBEDDED_FORMAT:
             raise ValueError(f"{path} is not a gms_kernels embedded model file")
-        net = MomentNet(build_digits_backbone(), orders=tuple(data["orders"]), head=data["head"])
+        net = MomentNet(build(), orders=tuple(data["orders"]), head=data["head"])
         net.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in data["state"].items()})
         _cache[key] = net.eval()
     return _cache[key]
+
+
+def default_model(path: str | Path = DIGITS_MODEL) -> torch.nn.Module:
+    """The shipped digits MomentNet (float32, eval mode; cached)."""
+    return _load_embedded(path, build_digits_backbone, "digits", "python/train_digits_model.py")
+
+
+def patches_model(path: str | Path = PATCHES_MODEL) -> torch.nn.Module:
+    """The shipped 8x8 natural-image patches MomentNet (float32, eval mode; cached). Data: ``gk.data.patches``
+    (grey, [-1, 1]); linear schedule T=1000, eps backbone plus conv heads for E[eps^2], E[eps^3]."""
+    return _load_embedded(path, build_patches_backbone, "patches", "python/train_patches_model.py")

@@ -1,0 +1,94 @@
+"""Train the shipped patches model: a small UNet on 8x8 grey natural-image patches plus e2/e3 heads.
+
+    nice -n 5 python python/train_patches_model.py       # ~20 min on 2 busy CPU cores, seeded
+
+Data: ``gk.data.patches`` (scikit-image's bundled photos, split by photo). Stage 1 trains the eps
+backbone on the train split; its EMA weights are kept every --eval-every steps and scored on the
+validation split (eps MSE at a fixed seeded draw of t and noise); the best one is kept (the choice of
+the number of backbone steps). Stage 2 rounds that backbone to fp16 (the weights that ship), freezes
+it and trains conv heads for eps^2 and eps^3 (paper Alg. learning); their validation losses are
+printed. The MomentNet is saved in fp16 to gms_kernels/assets/patches_gms.pt (< 5 MB).
+
+Checkpoints and the validation record live in --work, so an interrupted run resumes where it stopped.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from gms_kernels.data import patches
+from gms_kernels.embedded import PATCHES_CONFIG, PATCHES_MODEL, build_patches_backbone, save_embedded
+from gms_kernels.experiments.patches_study import eps_losses
+from gms_kernels.files import save_atomically
+from gms_kernels.models import MomentNet
+from gms_kernels.training import train_backbone, train_heads
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--backbone-steps", type=int, default=2400)
+    p.add_argument("--eval-every", type=int, default=600, help="validation of the backbone every this many steps")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--head-steps", type=int, default=800)
+    p.add_argument("--head-batch-size", type=int, default=256)
+    p.add_argument("--head-lr", type=float, default=1e-3)
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (more than the free cores slows training down many times over)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--work", default="gms_out/patches_training")
+    p.add_argument("--out", default=str(PATCHES_MODEL))
+    args = p.parse_args()
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    train, val = patches("train"), patches("validation")
+    print(f"patches: train {tuple(train.shape)}, validation {tuple(val.shape)}")
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    record_path = work / "validation.json"
+    record = json.loads(record_path.read_text()) if record_path.exists() else {"backbone": {}}
+
+    backbone = build_patches_backbone()
+    print(f"backbone {PATCHES_CONFIG}: {sum(q.numel() for q in backbone.parameters()):,} parameters")
+    for stop in range(args.eval_every, args.backbone_steps + 1, args.eval_every):
+        snapshot = work / f"backbone_ema_{stop}.pt"
+        if str(stop) not in record["backbone"] or not snapshot.exists():
+            t0 = time.perf_counter()
+            train_backbone(backbone, train, steps=stop, batch_size=args.batch_size, lr=args.lr, optimizer="adam",
+                           ema_decay=0.999, checkpoint=work / "backbone.pt", seed=args.seed, progress=False)
+            backbone.eval()  # train_backbone left the EMA weights in the module
+            save_atomically(backbone.state_dict(), snapshot)
+            losses = eps_losses(backbone, val, seed=args.seed)
+            record["backbone"][str(stop)] = {"val_mse_e1": losses["mse_e1"], "trivial": losses["trivial_e1"],
+                                             "seconds": time.perf_counter() - t0}
+            record_path.write_text(json.dumps(record, indent=1))
+        r = record["backbone"][str(stop)]
+        print(f"backbone step {stop}: validation eps MSE {r['val_mse_e1']:.4f} (trivial {r['trivial']:.4f})")
+    best = min(record["backbone"], key=lambda s: record["backbone"][s]["val_mse_e1"])
+    print(f"chosen: the EMA backbone after {best} steps")
+    backbone.load_state_dict(torch.load(work / f"backbone_ema_{best}.pt", map_location="cpu", weights_only=True))
+    with torch.no_grad():  # ship fp16 weights: train the heads on exactly those
+        for prm in backbone.parameters():
+            prm.copy_(prm.half().float())
+    net = MomentNet(backbone, orders=(2, 3), head="conv")
+    t0 = time.perf_counter()
+    train_heads(net, train, steps=args.head_steps, batch_size=args.head_batch_size, lr=args.head_lr,
+                optimizer="adan", ema_decay=0.999, checkpoint=work / f"heads_from_{best}.pt", seed=args.seed + 1,
+                progress=False)
+    net.eval()
+    losses = eps_losses(net, val, seed=args.seed)
+    record["chosen_backbone_steps"] = int(best)
+    record["heads"] = {**losses, "seconds": time.perf_counter() - t0}
+    record_path.write_text(json.dumps(record, indent=1))
+    print("validation losses of the MomentNet: " + ", ".join(f"{k} {v:.4f}" for k, v in losses.items()))
+    size = save_embedded(net, args.out, PATCHES_CONFIG)
+    print(f"wrote {args.out} ({size / 1e6:.2f} MB)")
+
+
+if __name__ == "__main__":
+    main()
