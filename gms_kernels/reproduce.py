@@ -173,72 +173,92 @@ def reproduce(checkpoints: Sequence[str | os.PathLike | Sequence[str | os.PathLi
     ``shape``: (C, H, W), needed unless the network is a diffusers UNet with a sample size.
     Collective under torchrun: every rank calls it; sampling and FIDs are split over the ranks.
     """
-    from .inception import inception_features
-    from .metrics import frechet_distance, gaussian_stats, load_stats
-    from .models import load
+    from .metrics import load_stats
 
     groups = _checkpoint_groups(checkpoints)
     _check_request(solvers, steps, num_samples, seeds, shape)
     if not os.path.isfile(stats):
         raise FileNotFoundError(f"FID statistics {stats}: no such file (a pytorch-fid .npz with mu and sigma)")
-    ref_mu, ref_sigma = load_stats(stats)
-    rank, size = distributed.world()
+    ref = load_stats(stats)
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     extractor, extractor_id = _feature_extractor(inception_weights, feature_extractor, device)
     gms = {**GMS_PAPER_OPTIONS, **(gms_options or {})}
-    out = Path(out_dir)
+    sampling = dict(trajectory=trajectory, data_range=data_range, backend=backend, device=device)
     labels = _labels(groups)
+    networks = _load_networks(groups, labels, kind, load_options, shape, solvers, steps, gms, sampling)
+    _check_features(extractor, ref[0], networks[0][2], data_range, stats)
 
-    models = []  # every network loaded and every request checked before anything is written
+    out = Path(out_dir)
+    runs = []  # (label, seed, solver, K, run directory)
+    for label, model, sample_shape in networks:
+        for seed in seeds:
+            for solver in solvers:
+                for k in steps:
+                    run = out / label / f"seed{seed}" / solver / f"K{k}"
+                    distributed.sample_shards(model, run, num_samples, sample_shape, shard_size=shard_size,
+                                              batch_size=batch_size, seed=seed, progress=progress, steps=k,
+                                              solver=solver, **sampling, **(gms if solver == "gms" else {}))
+                    runs.append((label, seed, solver, k, run))
+    del networks
+
+    key = {"stats_sha256": file_sha256(stats), "extractor": extractor_id}
+    _measure_fids([run for *_, run in runs], extractor, ref, key, data_range, fid_batch_size)
+    result = ReproduceResult()
+    for label, seed, solver, k, run in runs:
+        result.fids.setdefault((label, solver, k), []).append(_read_fid(run, key)["fid"])
+    if distributed.world()[0] == 0:
+        hashes = {label: [(p, file_sha256(p)) for p in group] for group, label in zip(groups, labels)}
+        result.table = report(result.fids, labels, solvers, steps, hashes=hashes, stats=(os.fspath(stats),
+                              key["stats_sha256"]), extractor=extractor_id, num_samples=num_samples, seeds=seeds,
+                              trajectory=trajectory, gms_options=gms if "gms" in solvers else None, command=command)
+        result.path = write_atomically(out / "fid_table.md", lambda tmp: tmp.write_text(result.table + "\n"))
+    return result
+
+
+def _load_networks(groups: list[list[str]], labels: list[str], kind: str, load_options: dict[str, Any] | None,
+                   shape: Sequence[int] | None, solvers: Sequence[str], steps: Sequence[int], gms: dict[str, Any],
+                   sampling: dict[str, Any]) -> list[tuple[str, nn.Module, tuple[int, ...]]]:
+    """(label, network, sample shape) per checkpoint group, every (solver, K) request checked on it,
+    so that a bad input is refused before anything is written."""
+    from .models import load
+
+    networks = []
     for group, label in zip(groups, labels):
-        model = load(group[0] if len(group) == 1 else group, kind=kind, **(load_options or {})).to(device).eval()
+        model = load(group[0] if len(group) == 1 else group, kind=kind, **(load_options or {}))
+        model = model.to(sampling["device"]).eval()
         sample_shape = tuple(shape) if shape is not None else model_shape(model)
         if sample_shape is None:
             raise ValueError(f"{label}: pass shape=(C, H, W) (--shape C H W): the network does not record its image size")
         for solver in solvers:
             for k in steps:
-                check_sample_args(model, steps=k, solver=solver, trajectory=trajectory, data_range=data_range,
-                                  backend=backend, device=device, **(gms if solver == "gms" else {}))
-        models.append((label, model, sample_shape))
-    _check_features(extractor, ref_mu, sample_shape, data_range, stats)
+                check_sample_args(model, steps=k, solver=solver, **sampling, **(gms if solver == "gms" else {}))
+        networks.append((label, model, sample_shape))
+    return networks
 
-    runs = []  # (label, seed, solver, K, run directory)
-    for label, model, sample_shape in models:
-        for seed in seeds:
-            for solver in solvers:
-                for k in steps:
-                    run = out / label / f"seed{seed}" / solver / f"K{k}"
-                    options = gms if solver == "gms" else {}
-                    distributed.sample_shards(model, run, num_samples, sample_shape, shard_size=shard_size,
-                                              batch_size=batch_size, seed=seed, progress=progress, device=device,
-                                              steps=k, solver=solver, trajectory=trajectory, data_range=data_range,
-                                              backend=backend, **options)
-                    runs.append((label, seed, solver, k, run))
-    del models
 
-    stats_id = file_sha256(stats)
-    for i, (_, _, _, _, run) in enumerate(runs):  # FIDs spread over the ranks; each kept in its run folder
-        if i % size == rank and _read_fid(run, stats_id, extractor_id) is None:
-            images = distributed.load_shards(run)
-            feats = inception_features(images, extractor, data_range, fid_batch_size)
-            value = frechet_distance(*gaussian_stats(feats), ref_mu, ref_sigma)
-            record = {"format": FID_FORMAT, "fid": value, "num_samples": int(images.shape[0]),
-                      "stats_sha256": stats_id, "extractor": extractor_id}
-            write_atomically(run / "fid.json", lambda tmp: tmp.write_text(json.dumps(record, indent=1)), str(rank))
+def _measure_fids(runs: list[Path], extractor: nn.Module, ref: tuple[torch.Tensor, torch.Tensor], key: dict[str, str],
+                  data_range: tuple[float, float], batch_size: int) -> None:
+    """Write each run's fid.json unless a valid one is there; the runs are spread over the ranks."""
+    from .inception import inception_features
+    from .metrics import frechet_distance, gaussian_stats
+
+    rank, size = distributed.world()
+    for i, run in enumerate(runs):
+        if i % size != rank or _read_fid(run, key) is not None:
+            continue
+        images = distributed.load_shards(run)
+        value = frechet_distance(*gaussian_stats(inception_features(images, extractor, data_range, batch_size)), *ref)
+        record = {"format": FID_FORMAT, "fid": value, "num_samples": int(images.shape[0]), **key,
+                  "shards": _shard_signature(run)}
+        write_atomically(run / "fid.json", lambda tmp: tmp.write_text(json.dumps(record, indent=1)), str(rank))
     if size > 1:
         torch.distributed.barrier()
 
-    result = ReproduceResult()
-    for label, seed, solver, k, run in runs:
-        result.fids.setdefault((label, solver, k), []).append(_read_fid(run, stats_id, extractor_id)["fid"])
-    if rank == 0:
-        hashes = {label: [(p, file_sha256(p)) for p in group] for group, label in zip(groups, labels)}
-        result.table = report(result.fids, labels, solvers, steps, hashes=hashes, stats=(os.fspath(stats), stats_id),
-                              extractor=extractor_id, num_samples=num_samples, seeds=seeds, trajectory=trajectory,
-                              gms_options=gms if "gms" in solvers else None, command=command)
-        result.path = write_atomically(out / "fid_table.md", lambda tmp: tmp.write_text(result.table + "\n"))
-    return result
+
+def _shard_signature(run: Path) -> list:
+    """Name, size and modification time of each shard: a resampled shard invalidates the stored FID."""
+    return [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(run.glob("shard_*.pt"))]
 
 
 def _labels(groups: list[list[str]]) -> list[str]:
@@ -254,14 +274,15 @@ def _labels(groups: list[list[str]]) -> list[str]:
     return labels
 
 
-def _read_fid(run: Path, stats_id: str, extractor_id: str) -> dict | None:
-    """The run's stored FID when it was measured against these statistics with this extractor."""
+def _read_fid(run: Path, key: dict[str, str]) -> dict | None:
+    """The run's stored FID when it was measured on these very shards, against these statistics, with
+    this extractor (``key``); else None."""
     try:
         record = json.loads((run / "fid.json").read_text())
     except (OSError, ValueError):
         return None
-    same = record.get("format") == FID_FORMAT and record.get("stats_sha256") == stats_id \
-        and record.get("extractor") == extractor_id
+    same = record.get("format") == FID_FORMAT and all(record.get(k) == v for k, v in key.items()) \
+        and record.get("shards") == _shard_signature(run)
     return record if same else None
 
 

@@ -91,14 +91,18 @@ def test_reproduce_end_to_end_table_fids_and_hashes(fixtures, tmp_path):
 def test_rerun_resumes_without_resampling(fixtures, tmp_path):
     first = run(fixtures, tmp_path)
     before = shard_times(tmp_path)
+    fids_written = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("fid.json")}
     again = run(fixtures, tmp_path)
-    assert shard_times(tmp_path) == before and again.fids == first.fids  # nothing resampled, FIDs reused
+    assert shard_times(tmp_path) == before and again.fids == first.fids  # nothing resampled
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("fid.json")} == fids_written  # nor measured again
     victim = tmp_path / "digits_net.pt" / "seed0" / "ddpm" / "K2" / "shard_000001.pt"
     victim.unlink()  # as if the job was killed while writing it
-    (victim.parent / "fid.json").unlink()
+    fid_json = victim.parent / "fid.json"
+    stale = fid_json.stat().st_mtime_ns
     third = run(fixtures, tmp_path)
     after = shard_times(tmp_path)
     assert {p for p in after if after[p] != before.get(p)} == {victim}  # only the missing shard is drawn again
+    assert fid_json.stat().st_mtime_ns != stale  # its run's FID is measured again (on the new shard)
     assert third.fids == first.fids  # (the same samples: sample i depends on (seed, i) alone)
 
 
