@@ -430,7 +430,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "runs under torchrun --nproc_per_node N -m gms_kernels reproduce ...", _reproduce)
     r.add_argument("--model", action="append", nargs="+", required=True, metavar="CHECKPOINT",
                    help="a checkpoint for gk.models.load; several files after one --model make one network "
-                        "(e.g. the official eps eps2 eps3 files with --kind gms-official); repeat --model for more networks")
+                        "(e.g. the official eps eps2 eps3 files with --kind gms-official); repeat --model for more "
+                        "networks")
     r.add_argument("--kind", default="auto", help="the checkpoints' format (see gk.models.load)")
     r.add_argument("--load-option", action="append", metavar="KEY=VALUE",
                    help="a gk.models.load option (VALUE as JSON, else text), e.g. num_heads=4; repeatable")
@@ -449,12 +450,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--shard-size", type=int, default=1000, help="samples per shard file")
     r.add_argument("--trajectory", default="even", choices=TRAJECTORY_KINDS, help="which time indices are visited")
     r.add_argument("--fit", default="adan", choices=["closed", "adan"], help="GMS: the mixture fit (paper: adan)")
-    r.add_argument("--select", default="sample", choices=["sample", "pixel"], help="GMS: component draw per sample or pixel")
-    r.add_argument("--fit-iters", type=int, default=25, help="GMS with --fit adan: ADAN iterations per step (paper: 25)")
+    r.add_argument("--select", default="sample", choices=["sample", "pixel"],
+                   help="GMS: component draw per sample or pixel")
+    r.add_argument("--fit-iters", type=int, default=25,
+                   help="GMS with --fit adan: ADAN iterations per step (paper: 25)")
     r.add_argument("--backend", default="auto", choices=BACKENDS, help="where the fused GMS step runs")
     r.add_argument("--out", default="gms_out/reproduce", help="output folder (shards, fid.json per run, fid_table.md)")
     r.add_argument("--quiet", action="store_true", help="no progress bars (TQDM_DISABLE=1 also works)")
-    r.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the full traceback of an error")
+    r.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                   help="show the full traceback of an error")
 
     ddp = "; multi-process (DDP, --batch-size is the global batch): torchrun --nproc_per_node N -m gms_kernels "
     tb = command("train-backbone", "train a small eps UNet (pytorch-ddpm layout) on small data" + ddp

@@ -229,7 +229,8 @@ def _load_networks(groups: list[list[str]], labels: list[str], kind: str, load_o
         model = model.to(sampling["device"]).eval()
         sample_shape = tuple(shape) if shape is not None else model_shape(model)
         if sample_shape is None:
-            raise ValueError(f"{label}: pass shape=(C, H, W) (--shape C H W): the network does not record its image size")
+            raise ValueError(f"{label}: pass shape=(C, H, W) (--shape C H W): the network does not record its "
+                             "image size")
         for solver in solvers:
             for k in steps:
                 check_sample_args(model, steps=k, solver=solver, **sampling, **(gms if solver == "gms" else {}))

@@ -28,7 +28,8 @@ def tiny_unet(out_channels, seed=0):
     torch.manual_seed(seed)
     return UNet2DModel(sample_size=8, in_channels=3, out_channels=out_channels, layers_per_block=1,
                        block_out_channels=(8, 16), norm_num_groups=4,
-                       down_block_types=("DownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "UpBlock2D")).eval()
+                       down_block_types=("DownBlock2D", "DownBlock2D"),
+                       up_block_types=("UpBlock2D", "UpBlock2D")).eval()
 
 
 def quiet_pipe(directory):
@@ -84,7 +85,8 @@ def test_ddpm_pipeline_runs_gms_from_the_saved_directory(digits_dir):
     initial noise from the generator, then GMSScheduler.step at each of scheduler.timesteps."""
     pipe = quiet_pipe(digits_dir)
     assert isinstance(pipe.scheduler, gk.GMSScheduler) and pipe.scheduler.config.solver == "gms"
-    images = pipe(batch_size=3, num_inference_steps=5, generator=torch.Generator().manual_seed(0), output_type="pt").images
+    images = pipe(batch_size=3, num_inference_steps=5, generator=torch.Generator().manual_seed(0),
+                  output_type="pt").images
     assert images.shape == (3, 1, 8, 8) and torch.isfinite(images).all()
 
     net, sched, g = default_model(), gk.GMSScheduler(), torch.Generator().manual_seed(0)

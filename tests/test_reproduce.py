@@ -79,7 +79,8 @@ def test_reproduce_end_to_end_table_fids_and_hashes(fixtures, tmp_path):
     table = (tmp_path / "fid_table.md").read_text()
     assert table.strip() == res.table and res.path == tmp_path / "fid_table.md"
     assert "| # timesteps K | 2 | 3 |" in table
-    rows = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ") and "K |" not in line}
+    rows = {line.split("|")[1].strip(): line for line in table.splitlines()
+            if line.startswith("| ") and "K |" not in line}
     assert set(rows) == {"DDPM, β̃_t", "GMS"}
     ddpm3, gms3 = res.fids[("digits_net.pt", "ddpm", 3)][0], res.fids[("digits_net.pt", "gms", 3)][0]
     assert f"{gms3:.2f}" in rows["GMS"] and f"{ddpm3:.2f}" in rows["DDPM, β̃_t"]
