@@ -179,6 +179,8 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
       ``"fixed_small"`` to ``solver="ddpm"`` would silently replace GMS by plain DDPM in every converted
       pipeline. A warning names the equivalent solver instead (``fixed_small`` -> ``solver="ddpm"``,
       ``fixed_large`` -> ``solver="ddpm-large"``); pass it to ``from_config`` to get DDPM's sampler.
+      ``"learned"`` / ``"learned_range"`` with ``solver="sn-ddpm"`` or ``"gms"`` is refused: that pipeline's
+      UNet outputs [eps, variance], and the variance channels are not the E[eps^2] head those solvers read.
     - ``set_alpha_to_one=True`` (DDIM) is what GMSScheduler does (its last step goes to the data); any
       other key is dropped with a warning that lists it. diffusers keeps the dropped keys in the new
       config, so that converting back restores them; loading a GMSScheduler config ignores them.

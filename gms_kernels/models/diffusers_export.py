@@ -14,6 +14,9 @@ timestep)`` returns ``UNet2DOutput(sample=cat([e1, e2, e3], 1))`` (3C channels f
 SN-DDPM heads, C for a bare eps network), from one backbone pass, with ``timestep`` the 0-based
 training index that diffusers' pipelines pass; it is converted to the network's own time input.
 
+(diffusers logs "Expected types for unet: UNet2DModel" when it loads the pipeline: ``DDPMPipeline``
+annotates its unet so; the pipeline only calls ``unet(sample, t).sample`` and reads ``unet.config``.)
+
 Why a wrapper and not a ``UNet2DModel``: the heads read the backbone's last decoder feature through
 their own GroupNorm (or a residual block), which a single ``UNet2DModel`` output conv cannot hold,
 and most backbones (pytorch-ddpm, improved-diffusion, ...) are not UNet2DModels at all.
