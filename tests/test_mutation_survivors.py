@@ -1,0 +1,36 @@
+"""Tests written for mutants that survived the mutation run (issue 25 item 7,
+benchmarks/results/mutation.md): each pins a default, a value or a check that no other test did.
+They are quick (well under a second each)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import gms_kernels as gk
+
+
+def test_schedule_defaults_and_repr():
+    """The cosine schedule's defaults are improved-diffusion's (T = 1000, s = 0.008, max_beta = 0.999)."""
+    s = gk.Schedule.cosine()
+    assert s.T == 1000
+
+    def abar(u):
+        return math.cos((u + 0.008) / 1.008 * math.pi / 2) ** 2
+
+    expected = [min(1 - abar((i + 1) / 1000) / abar(i / 1000), 0.999) for i in range(1000)]
+    assert s.betas.tolist() == pytest.approx(expected, rel=1e-12)
+    assert s.betas[-1].item() == 0.999  # the cap binds at the last step
+    assert repr(gk.Schedule.linear(10, 1e-3, 0.2)) == "Schedule(T=10, beta[0]=0.001, beta[-1]=0.2)"
+
+
+def test_schedule_refuses_the_boundary_betas_and_lengths():
+    """beta = 0 (a step that adds no noise) and beta = 1 are refused; T may be 65535 but not 65536
+    (the Philox counters and the kernels' time index hold 16 bits)."""
+    for bad in ([0.0, 0.1], [0.1, 1.0]):
+        with pytest.raises(ValueError, match="open interval"):
+            gk.Schedule(bad)
+    assert gk.Schedule(torch.full((2**16 - 1,), 1e-3)).T == 65535
+    with pytest.raises(ValueError, match="at most 65535"):
+        gk.Schedule(torch.full((2**16,), 1e-3))
