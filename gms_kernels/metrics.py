@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -209,3 +211,47 @@ def fid(samples: torch.Tensor, reference: torch.Tensor | str | os.PathLike | Non
     ref = load_stats(reference) if from_stats else gaussian_stats(inception_features(reference, net, data_range,
                                                                                      batch_size))
     return frechet_distance(*stats, *ref)
+
+
+# -- confidence over seeds ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SeedInterval:
+    """Mean of a metric over seeds and its two-sided Student-t confidence interval [low, high]."""
+
+    mean: float
+    low: float
+    high: float
+    n: int
+
+    @property
+    def half_width(self) -> float:
+        return (self.high - self.low) / 2
+
+    def __str__(self) -> str:
+        return f"{self.mean:.2f} ± {self.half_width:.2f}"
+
+
+def seed_interval(values: Sequence[float], level: float = 0.95) -> SeedInterval:
+    """Mean of ``values`` (one per seed) with its ``level`` Student-t interval, mean ± t_{n-1} sd / sqrt(n).
+    Needs at least two values."""
+    from scipy.stats import t as student_t
+
+    v = torch.as_tensor([float(x) for x in values], dtype=torch.float64)
+    if v.numel() < 2 or not torch.isfinite(v).all():
+        raise ValueError(f"a confidence interval needs at least two finite values, got {v.tolist()}")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must lie in (0, 1), got {level!r}")
+    n, mean = v.numel(), float(v.mean())
+    half = float(student_t.ppf(0.5 + level / 2, n - 1)) * float(v.std()) / math.sqrt(n)
+    return SeedInterval(mean, mean - half, mean + half, n)
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> tuple[SeedInterval, bool]:
+    """The per-seed differences a_i - b_i of two rows measured with the same seeds: their mean with its
+    Student-t interval, and whether the difference is significant at ``level`` (the interval excludes 0;
+    equivalently a two-sided paired t-test at 1 - level). Pairing removes what the seeds share (the
+    same initial noise), so it is sharper than comparing the two intervals."""
+    if len(a) != len(b):
+        raise ValueError(f"paired rows need one value per seed each, got {len(a)} and {len(b)}")
+    diff = seed_interval([float(x) - float(y) for x, y in zip(a, b)], level)
+    return diff, not diff.low <= 0.0 <= diff.high

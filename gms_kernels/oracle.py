@@ -49,7 +49,7 @@ class GaussianMixtureOracle(nn.Module):
 
     def _posterior(self, x_t: torch.Tensor, t: int):
         """log r_k, and q(x0|x_t,k) = N(mu_k, v_k) for every component (shapes [N,K], [N,K,*], [K,*])."""
-        a, sig = self.schedule.alpha(t), self.schedule.sigma(t)
+        a, sig = self._a_sigma(t, x_t)
         x = x_t.to(torch.float64).unsqueeze(1)  # [N, 1, *shape]
         m, s2 = self.means, self.variances
         total = a * a * s2 + sig * sig
@@ -60,9 +60,9 @@ class GaussianMixtureOracle(nn.Module):
         v = s2 * sig * sig / total
         return log_r, mu, v
 
-    def noise_moments(self, x_t: torch.Tensor, t: int) -> torch.Tensor:
-        """[E eps, E eps^2, E eps^3 | x_t] concatenated along dim 1, fp64."""
-        a, sig = self.schedule.alpha(t), self.schedule.sigma(t)
+    def noise_moments(self, x_t: torch.Tensor, t: int | torch.Tensor) -> torch.Tensor:
+        """[E eps, E eps^2, E eps^3 | x_t] concatenated along dim 1, fp64 (t: one index, or a long tensor [N])."""
+        a, sig = self._a_sigma(t, x_t)
         log_r, mu, v = self._posterior(x_t, t)
         r = log_r.exp().reshape(*log_r.shape, *([1] * (mu.dim() - 2)))
         mean = (x_t.to(torch.float64).unsqueeze(1) - a * mu) / sig  # eps | x_t, k
@@ -72,15 +72,18 @@ class GaussianMixtureOracle(nn.Module):
         e3 = (r * (mean**3 + 3 * mean * var)).sum(1)
         return torch.cat([e1, e2, e3], dim=1)
 
+    def _a_sigma(self, t: int | torch.Tensor, x_t: torch.Tensor):
+        """a_t, sigma_t: floats for one index, [N, 1, 1, ...] tensors (against [N, K, *shape]) for one per sample."""
+        if not torch.is_tensor(t):
+            return self.schedule.alpha(t), self.schedule.sigma(t)
+        abar = self.schedule.alphas_cumprod[t.cpu().long()].to(x_t.device).reshape(-1, *([1] * x_t.dim()))
+        return abar.sqrt(), (1.0 - abar).sqrt()
+
     def forward(self, x_t: torch.Tensor, t: torch.Tensor | int) -> torch.Tensor:
         t = torch.as_tensor(t).reshape(-1)
-        if t.numel() == 1:
-            return self.noise_moments(x_t, int(t)).to(x_t.dtype)
-        out = torch.empty(x_t.shape[0], 3 * x_t.shape[1], *x_t.shape[2:], dtype=x_t.dtype, device=x_t.device)
-        for tv in t.unique().tolist():
-            rows = t == tv
-            out[rows] = self.noise_moments(x_t[rows], int(tv)).to(x_t.dtype)
-        return out
+        if t.numel() == 1 or bool((t == t[0]).all()):
+            return self.noise_moments(x_t, int(t[0])).to(x_t.dtype)
+        return self.noise_moments(x_t, t).to(x_t.dtype)  # one index per sample, all at once
 
     def sample_data(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
         """n draws from the data distribution, fp64 [n, *shape]."""

@@ -33,6 +33,8 @@ STREAM_VERSION = 2
 STREAM_STEP_NOISE = 0   # Gaussian noise of a step
 STREAM_COMPONENT = 1    # uniform that chooses the mixture component
 STREAM_INITIAL = 2      # x_T
+STREAM_SECOND_NOISE = 3  # a step's second Gaussian (SEEDS-2's second half-interval)
+STREAM_ADAPTIVE = 4     # the adaptive GGF sampler's noise; its "t" field counts that sample's attempts
 _T_SHIFT, _STREAM_SHIFT = 40, 56
 MAX_INDEX = 1 << _T_SHIFT
 
@@ -196,6 +198,19 @@ class SampleNoise:
         on a GPU the integers and uniforms are the same, the normals within float rounding)."""
         per_sample = _numel(shape)
         seeds, offsets = self._element_offsets(stream, t, per_sample, device)
+        return normal(seeds, offsets).reshape(len(self), *shape)
+
+    def normal_per_sample(self, stream: int, ts: torch.Tensor, shape: Sequence[int],
+                          device: torch.device | str | None = None) -> torch.Tensor:
+        """Like :meth:`normal`, but sample i draws at its own time field ``ts[i]`` (int [N], each in
+        [0, 2^16)): an adaptive sampler addresses noise by each sample's own attempt count, so that a
+        sample's numbers do not depend on how the others progress."""
+        ts = torch.as_tensor(ts, dtype=torch.int64).reshape(-1).cpu()
+        if ts.numel() != len(self) or (ts < 0).any() or (ts >= 1 << (_STREAM_SHIFT - _T_SHIFT)).any():
+            raise ValueError(f"need one time field in [0, 2^16) per sample ({len(self)}), got {ts.tolist()[:8]}")
+        per_sample = _numel(shape)
+        seeds, offsets = self._element_offsets(stream, 0, per_sample, device)
+        offsets = offsets | (ts.to(offsets.device)[:, None] << _T_SHIFT)
         return normal(seeds, offsets).reshape(len(self), *shape)
 
     def uniform(self, stream: int, t: int, shape: Sequence[int] = (),

@@ -136,6 +136,58 @@ class Schedule:
         self._coefficients[(t, s)] = k
         return k
 
+    # -- the sigma (variance-exploding) view, for samplers written in sigma (EDM, SEEDS, GGF) -----
+    def ve_sigma(self, t: int) -> float:
+        """sigma_t / a_t = sqrt(1 - abar_t) / sqrt(abar_t): the noise level of x_t / a_t = x_0 + (sigma_t / a_t) eps
+        (EDM's sigma; exp(-lambda_t) with lambda_t the half log-SNR of DPM-Solver/SEEDS); 0 at t = DATA."""
+        t = self._check(t)
+        return 0.0 if t == DATA else self._sigma[t] / self._a[t]
+
+    @property
+    def ve_sigmas(self) -> torch.Tensor:
+        """:meth:`ve_sigma` of every index 0 .. T-1 (float64, increasing)."""
+        return ((1.0 - self.alphas_cumprod) / self.alphas_cumprod).sqrt()
+
+    def index_of_ve_sigma(self, sigma: torch.Tensor | float) -> torch.Tensor:
+        """The time index whose :meth:`ve_sigma` is nearest to ``sigma`` (absolute distance), per element.
+
+        This is how EDM evaluates a discrete-time VP model at an arbitrary noise level (its
+        ``round_sigma`` for iDDPM/ADM models): the noise level is rounded to the nearest one the network
+        was trained on, never interpolated. Levels above the grid give T-1, below it 0.
+        """
+        sigma = torch.as_tensor(sigma, dtype=torch.float64)
+        grid = self.ve_sigmas
+        hi = torch.searchsorted(grid, sigma.reshape(-1).contiguous()).clamp(1, self.T - 1)
+        lo = hi - 1
+        flat = sigma.reshape(-1)
+        nearest = torch.where((flat - grid[lo]).abs() <= (grid[hi] - flat).abs(), lo, hi)
+        if self.T == 1:
+            nearest = torch.zeros_like(hi)
+        return nearest.reshape(sigma.shape)
+
+    def log_alpha_bar_at(self, u: torch.Tensor) -> torch.Tensor:
+        """log abar at continuous time u in [0, 1]: index t sits at u = (t + 1) / T and data at u = 0, with log abar
+        linear in between (so the continuous VP SDE's beta(u) = -d log abar / du is constant on each interval,
+        -T log(1 - beta_t) on ((t) / T, (t + 1) / T]). Used by the adaptive GGF sampler."""
+        u = torch.as_tensor(u, dtype=torch.float64)
+        knots = torch.cat([torch.zeros(1, dtype=torch.float64), self.alphas_cumprod.log()])  # at u = 0, 1/T, ..., 1
+        pos = (u.clamp(0.0, 1.0) * self.T)
+        left = pos.floor().long().clamp(0, self.T - 1)
+        frac = pos - left
+        return knots[left] + frac * (knots[left + 1] - knots[left])
+
+    def beta_at(self, u: torch.Tensor) -> torch.Tensor:
+        """beta(u) = -d log abar / du of :meth:`log_alpha_bar_at` (the left limit at a knot: the interval below u)."""
+        u = torch.as_tensor(u, dtype=torch.float64)
+        interval = (u.clamp(0.0, 1.0) * self.T - 1e-9).ceil().long().clamp(1, self.T) - 1  # (a knot counts as below)
+        return -self.T * torch.log1p(-self.betas[interval])
+
+    def index_at(self, u: torch.Tensor) -> torch.Tensor:
+        """The time index at which to evaluate the network for continuous time u: the index whose noise level is
+        nearest to abar(u)'s (:meth:`index_of_ve_sigma`, EDM's rounding)."""
+        log_abar = self.log_alpha_bar_at(u)
+        return self.index_of_ve_sigma(torch.expm1(-log_abar).clamp_min(0.0).sqrt())
+
     def add_noise(self, x0: torch.Tensor, noise: torch.Tensor, t: int) -> torch.Tensor:
         """x_t = a_t x_0 + sigma_t eps (paper Eq. forward)."""
         return self.alpha(t) * x0 + self.sigma(t) * noise

@@ -20,7 +20,8 @@ from .fit import (ADAN_MEANS, DEFAULT_WEIGHTS, LR_RANGE, PAPER_LR_TABLES, check_
 from .kernels import FusedStepConfig, NonFiniteInput, make_config
 from .mixture import check_select, sample_mixture
 from .model_io import check_inputs_finite
-from .moments import DataRange, TransitionMoments, last_step_variance_cap, transition_moments
+from .moments import (DataRange, TransitionMoments, clamp_x0_moments, last_step_variance_cap, transition_moments,
+                      x0_moments)
 from .random import STREAM_COMPONENT, STREAM_STEP_NOISE, SampleNoise
 from .schedule import DATA, StepCoefficients
 
@@ -72,9 +73,20 @@ class Solver:
     step: Callable[..., tuple[torch.Tensor, dict]]
     options: dict[str, Any] = field(default_factory=dict)
     doc: str = ""
+    # several network calls per step (EDM-SDE, SEEDS-2, GGF): no per-step form, gk.sample runs its own
+    # loop (gms_kernels.sde); gk.step and GMSScheduler refuse it
+    multi_call: bool = False
 
 
 LAST_STEP_OPTIONS = {"gaussian_last_step": True, "denoise_final": True, "clip_pixel": 1.0}
+# EDM (Karras et al. 2022) Table 5, the stochastic sampler's settings for VP models
+EDM_SDE_DEFAULTS = {"s_churn": 30.0, "s_tmin": 0.01, "s_tmax": 1.0, "s_noise": 1.007}
+# Gotta Go Fast (Jolicoeur-Martineau et al. 2021) Alg. 1 with its code's defaults: tolerances (eps_abs ~ 1/128 of
+# a [-1, 1] range),
+# first step h_init in u in [0, 1], the exponent r and the safety factor theta of the step-size update;
+# max_attempts bounds the proposals per sample (the noise counter allows 65535)
+GGF_DEFAULTS = {"eps_abs": 0.0078, "eps_rel": 0.01, "h_init": 0.01, "exponent": 0.9, "safety": 0.9,
+                "max_attempts": 2000}
 
 
 def _gaussian(m1: torch.Tensor, var: torch.Tensor | float, rand: StepRandomness) -> torch.Tensor:
@@ -157,6 +169,38 @@ def exact_step(x_t, heads, k, rand, o):
     return oracle.exact_step(x_t, k, rand.uniform(False), rand.normal()), {}
 
 
+def denoised_and_eps(x_t: torch.Tensor, e1: torch.Tensor, a_t: float | torch.Tensor, sigma_t: float | torch.Tensor,
+                     data_range: DataRange) -> tuple[torch.Tensor, torch.Tensor]:
+    """(E[x0|x_t] clamped to ``data_range``, the eps it implies): the denoiser D and the noise estimate the
+    sigma-space samplers (SEEDS, EDM, GGF) use. With ``data_range=None`` eps is e1 itself; with a range, eps is
+    recomputed from the clamped x0, as DDIM does here, so every solver sees the same clamped x0 estimate.
+    ``a_t``/``sigma_t`` may be tensors broadcasting against x_t (per-sample times)."""
+    x0 = clamp_x0_moments(x0_moments(x_t, e1, None, None, a_t, sigma_t), data_range).mean
+    return x0, (e1 if data_range is None else (x_t - a_t * x0) / sigma_t)
+
+
+def seeds_1_step(x_t, heads, k, rand, o):
+    """SEEDS-1 (Gonzalez et al. 2023; the first-order exponential integrator of the VP reverse SDE in the noise
+    prediction, also DPM-Solver++'s SDE-DPM-Solver-1). With lambda = log(a / sigma) and h = lambda_s - lambda_t > 0:
+
+        x_s = (a_s / a_t) x_t - 2 sigma_s (e^h - 1) eps(x_t, t) + sigma_s sqrt(e^{2h} - 1) z,
+
+    the noise term being the exact Ito integral of the linear part (variance sigma_s^2 (e^{2h} - 1)). (Written in the
+    data prediction instead, the same first-order scheme is the DDPM posterior step, solver 'ddpm'.) The step to data
+    returns the denoised mean, as every solver here does."""
+    x0, eps = denoised_and_eps(x_t, heads[0], k.a_t, k.sigma_t, o["data_range"])
+    if k.s == DATA:
+        return x0, {"x0": x0}
+    eh = (k.sigma_t / k.a_t) / (k.sigma_s / k.a_s)  # e^h = exp(lambda_s - lambda_t)
+    x_s = (k.a_s / k.a_t) * x_t - 2.0 * k.sigma_s * (eh - 1.0) * eps
+    return x_s + k.sigma_s * math.sqrt(eh * eh - 1.0) * rand.normal(), {"x0": x0}
+
+
+def _multi_call_step(x_t, heads, k, rand, o):
+    raise ValueError("this solver makes several network calls per step and has no one-step form: "
+                     "use gk.sample(..., solver=...)")
+
+
 def denoise_coefficients(k: StepCoefficients) -> StepCoefficients:
     """Coefficients of t -> data (from step t -> s), whose M1 is E[x0|x_t]."""
     return StepCoefficients(t=k.t, s=DATA, a_t=k.a_t, sigma_t=k.sigma_t, a_s=1.0, sigma_s=0.0,
@@ -174,6 +218,11 @@ SOLVERS: dict[str, Solver] = {
                                          weights=DEFAULT_WEIGHTS, fit_iters=25, lr=0.06,
                                          var_floor=0.1, adan_mean="sample", adan_precision=None)),
         Solver("exact", 0, exact_step, {"oracle": None}),
+        Solver("seeds-1", 1, seeds_1_step, {}),
+        # sample()-only solvers; their loops are in gms_kernels.sde (the recommended settings as defaults)
+        Solver("edm-sde", 1, _multi_call_step, EDM_SDE_DEFAULTS, multi_call=True),
+        Solver("seeds-2", 1, _multi_call_step, {"r": 0.5}, multi_call=True),
+        Solver("ggf", 1, _multi_call_step, GGF_DEFAULTS, multi_call=True),
     ]
 }
 
@@ -221,6 +270,27 @@ def resolve_options(solver: Solver, options: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"adan_mean must be one of {', '.join(ADAN_MEANS)}, got {o['adan_mean']!r}")
     if "eta" in o:
         o["eta"] = _real(o["eta"], "eta", 0.0, 1.0, "DDIM's eta")
+    if solver.name == "edm-sde":
+        o["s_churn"] = _real(o["s_churn"], "s_churn", 0.0, math.inf, "EDM's total churn S_churn")
+        o["s_tmin"] = _real(o["s_tmin"], "s_tmin", 0.0, math.inf, "EDM's lowest churned sigma S_tmin")
+        o["s_tmax"] = _real(o["s_tmax"], "s_tmax", o["s_tmin"], math.inf, "EDM's highest churned sigma S_tmax, "
+                            ">= s_tmin")
+        o["s_noise"] = _real(o["s_noise"], "s_noise", 0.0, 2.0, "EDM's noise inflation S_noise")
+    if solver.name == "seeds-2":
+        o["r"] = _real(o["r"], "r", 0.0, 1.0, "SEEDS-2's intermediate point, a fraction of the step in lambda",
+                       open_low=True)
+        if o["r"] == 1.0:
+            raise ValueError("r must be a number in (0, 1) (SEEDS-2's intermediate point), got 1.0")
+    if solver.name == "ggf":
+        o["eps_abs"] = _real(o["eps_abs"], "eps_abs", 0.0, math.inf, "GGF's absolute tolerance", open_low=True)
+        o["eps_rel"] = _real(o["eps_rel"], "eps_rel", 0.0, math.inf, "GGF's relative tolerance")
+        o["h_init"] = _real(o["h_init"], "h_init", 0.0, 1.0, "GGF's first step in u in [0, 1]", open_low=True)
+        o["exponent"] = _real(o["exponent"], "exponent", 0.0, 1.0, "GGF's step-size exponent r", open_low=True)
+        o["safety"] = _real(o["safety"], "safety", 0.0, 1.0, "GGF's safety factor theta", open_low=True)
+        m = o["max_attempts"]
+        if isinstance(m, bool) or not isinstance(m, numbers.Integral) or not 1 <= m <= 65535:
+            raise ValueError(f"max_attempts must be an integer in [1, 65535] (GGF's proposals per sample), got {m!r}")
+        o["max_attempts"] = int(m)
     return o
 
 

@@ -1,0 +1,242 @@
+"""The SDE baselines that make several network calls per step: EDM's stochastic sampler, SEEDS-2 and
+Gotta Go Fast. One function per sampler (k-diffusion style); :func:`gms_kernels.sample` calls them for
+``solver="edm-sde" | "seeds-2" | "ggf"``. (SEEDS-1 makes one call per step and is an ordinary solver step,
+``gms_kernels.solvers.seeds_1_step``, so it also runs in ``gk.step`` and ``GMSScheduler``.)
+
+They have no one-step form: a step's second network call needs the first call's result on a state that only
+the sampler holds (EDM's Heun correction, SEEDS-2's intermediate point), and GGF's steps are not even on a fixed
+grid. A diffusers scheduler sees one model output per step, so these run only through ``gk.sample``.
+
+All of them read only the e1 head (eps prediction) of the package's models, evaluate the network only at the
+schedule's integer time indices (an off-grid noise level is rounded to the nearest one, as EDM does for
+discrete VP models: :meth:`Schedule.index_of_ve_sigma`), use the clamped x0 estimate like every solver here
+(:func:`gms_kernels.solvers.denoised_and_eps`), and draw their noise from the Philox streams of
+``gms_kernels.random``, so sample i depends only on (seed, its index), on every backend (they have no fused
+kernel: the float64 torch code runs whatever ``backend`` says). Each callback dict also carries ``nfe``: the
+network calls made so far (per sample for GGF, whose count varies from sample to sample).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .model_io import call_model, split_heads, time_values
+from .moments import DataRange
+from .progress import progress_bar
+from .random import STREAM_ADAPTIVE, STREAM_SECOND_NOISE, STREAM_STEP_NOISE, SampleNoise
+from .schedule import DATA, Schedule
+from .solvers import denoised_and_eps
+
+EpsFn = Callable[[torch.Tensor, "int | torch.Tensor"], torch.Tensor]
+
+
+def network_calls(solver: str, points: int) -> int:
+    """Network calls of a fixed-grid sampler visiting ``points`` time indices (then stepping to data):
+    one per point for the one-call solvers, two per step for EDM-SDE and SEEDS-2 except the last step into
+    data, which is one call (the denoised mean). GGF's count is adaptive: read it from the callback's ``nfe``."""
+    if solver == "ggf":
+        raise ValueError("GGF's network calls are adaptive: read them from the callback's 'nfe'")
+    return 2 * points - 1 if solver in ("edm-sde", "seeds-2") else points
+
+
+def eps_function(model: Callable, T: int, time_input: str, solver: str, dtype: torch.dtype) -> EpsFn:
+    """e1(x, t): the model's eps head in float64 at index t (an int, or one index per sample), the model fed
+    ``dtype``."""
+    def e1(x: torch.Tensor, t: int | torch.Tensor) -> torch.Tensor:
+        x_in = x.to(dtype)
+        if isinstance(t, int):
+            out = call_model(model, x_in, t, T, time_input)
+        else:
+            out = model(x_in, time_values(t.to(x.device), T, time_input))
+        return split_heads(out, x_in, 1, solver)[0].to(torch.float64)
+    return e1
+
+
+def _view(v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A per-sample [N] tensor shaped to broadcast against x [N, ...]."""
+    return v.reshape(-1, *([1] * (x.dim() - 1))).to(x.device)
+
+
+@torch.no_grad()
+def sample_edm_sde(e1: EpsFn, x: torch.Tensor, ts: Sequence[int], schedule: Schedule, noise: SampleNoise,
+                   data_range: DataRange, o: dict[str, Any], callback: Callable[[dict], None] | None = None,
+                   progress: bool = False) -> tuple[torch.Tensor, dict]:
+    """EDM's stochastic sampler (Karras et al. 2022, Alg. 2) with its Heun correction, on the VP model.
+
+    In the sigma view x^ = x / a_t = x0 + sigma eps (sigma = :meth:`Schedule.ve_sigma`), with sigma_i the
+    trajectory's levels and sigma_N = 0: gamma_i = min(S_churn / N, sqrt(2) - 1) where S_tmin <= sigma_i <= S_tmax
+    (else 0); sigma^ = sigma_i (1 + gamma_i) rounded to the grid (EDM's round_sigma for discrete models, so the
+    network sees a level it was trained on); x^ += sqrt(sigma^^2 - sigma_i^2) S_noise z; then an Euler step
+    d = (x^ - D(x^; sigma^)) / sigma^ to sigma_{i+1}, corrected by the average with the slope there (Heun) unless
+    sigma_{i+1} = 0. N steps cost 2N - 1 calls. Noise z: stream STREAM_STEP_NOISE at index t_i.
+    """
+    shape, dtype = x.shape[1:], x.dtype
+    sigmas = [schedule.ve_sigma(t) for t in ts] + [0.0]
+    n, calls = len(ts), 0
+
+    def slope(xh: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        a, sig = schedule.alpha(t), schedule.sigma(t)
+        x0, _ = denoised_and_eps(a * xh, e1(a * xh, t), a, sig, data_range)
+        return (xh - x0) / schedule.ve_sigma(t), x0
+
+    xh = x.to(torch.float64) / schedule.alpha(ts[0])
+    for i, t in enumerate(progress_bar(ts, progress, desc=f"edm-sde K={n}", leave=False)):
+        s = ts[i + 1] if i + 1 < n else DATA
+        churn = o["s_tmin"] <= sigmas[i] <= o["s_tmax"]
+        gamma = min(o["s_churn"] / n, math.sqrt(2.0) - 1.0) if churn else 0.0
+        t_hat = int(schedule.index_of_ve_sigma(sigmas[i] * (1.0 + gamma))) if gamma > 0 else t
+        sig_hat = schedule.ve_sigma(t_hat)
+        if sig_hat > sigmas[i]:
+            z = noise.normal(STREAM_STEP_NOISE, t, shape, x.device).to(torch.float64)
+            xh = xh + math.sqrt(sig_hat**2 - sigmas[i] ** 2) * o["s_noise"] * z
+        d, x0 = slope(xh, t_hat)
+        x_next = xh + (sigmas[i + 1] - sig_hat) * d
+        calls += 1
+        if s != DATA:
+            d_next, _ = slope(x_next, s)
+            x_next = xh + (sigmas[i + 1] - sig_hat) * 0.5 * (d + d_next)
+            calls += 1
+        xh = x_next
+        if callback is not None:
+            a_s = schedule.alpha(s)
+            callback({"step": i, "i": i, "t": t, "s": s, "t_hat": t_hat, "sigma": sigmas[i],
+                      "x": (a_s * xh).to(dtype), "denoised": x0.to(dtype), "nfe": calls})
+    return xh.to(dtype), {"nfe": calls}
+
+
+@torch.no_grad()
+def sample_seeds_2(e1: EpsFn, x: torch.Tensor, ts: Sequence[int], schedule: Schedule, noise: SampleNoise,
+                   data_range: DataRange, o: dict[str, Any], callback: Callable[[dict], None] | None = None,
+                   progress: bool = False) -> tuple[torch.Tensor, dict]:
+    """SEEDS-2 (Gonzalez et al. 2023), the two-stage exponential SDE solver in the noise prediction.
+
+    With lambda = log(a / sigma), a step t -> s of length h = lambda_s - lambda_t visits m at lambda_t + r h
+    (rounded to the grid; h1 = lambda_m - lambda_t is then the exact length of that stage):
+
+        u   = (a_m / a_t) x_t - 2 sigma_m (e^{h1} - 1) eps(x_t, t) + sigma_m sqrt(e^{2 h1} - 1) z1
+        x_s = (a_s / a_t) x_t - 2 sigma_s (e^h - 1) eps(u, m)
+              + sigma_s (sqrt(e^{2h} - e^{2(h - h1)}) z1 + sqrt(e^{2(h - h1)} - 1) z2)
+
+    The noise terms are the exact Ito integrals of the linear part over [lambda_t, lambda_m] and
+    [lambda_m, lambda_s]: z1 drives both stages (the first half-interval's Brownian increment, carried to s),
+    z2 is the second's, and their variances add up to SEEDS-1's sigma_s^2 (e^{2h} - 1). The last step into data
+    is the denoised mean (one call). z1: stream STREAM_STEP_NOISE at t; z2: STREAM_SECOND_NOISE at t.
+    """
+    shape, dtype = x.shape[1:], x.dtype
+    x, calls = x.to(torch.float64), 0
+    for i, t in enumerate(progress_bar(ts, progress, desc=f"seeds-2 K={len(ts)}", leave=False)):
+        s = ts[i + 1] if i + 1 < len(ts) else DATA
+        a_t, sig_t = schedule.alpha(t), schedule.sigma(t)
+        x0, eps = denoised_and_eps(x, e1(x, t), a_t, sig_t, data_range)
+        calls += 1
+        if s == DATA:
+            x = x0
+        else:
+            vs_t, vs_s = schedule.ve_sigma(t), schedule.ve_sigma(s)  # e^{-lambda}
+            h = math.log(vs_t / vs_s)
+            m = int(schedule.index_of_ve_sigma(vs_t * math.exp(-o["r"] * h)))
+            h1 = math.log(vs_t / schedule.ve_sigma(m))
+            a_m, sig_m, a_s, sig_s = schedule.alpha(m), schedule.sigma(m), schedule.alpha(s), schedule.sigma(s)
+            z1 = noise.normal(STREAM_STEP_NOISE, t, shape, x.device).to(torch.float64)
+            z2 = noise.normal(STREAM_SECOND_NOISE, t, shape, x.device).to(torch.float64)
+            u = (a_m / a_t) * x - 2.0 * sig_m * math.expm1(h1) * eps + sig_m * math.sqrt(math.expm1(2 * h1)) * z1
+            _, eps_m = denoised_and_eps(u, e1(u, m), a_m, sig_m, data_range)
+            calls += 1
+            tail = math.exp(2 * (h - h1))
+            x = ((a_s / a_t) * x - 2.0 * sig_s * math.expm1(h) * eps_m
+                 + sig_s * (math.sqrt(max(math.exp(2 * h) - tail, 0.0)) * z1 + math.sqrt(max(tail - 1.0, 0.0)) * z2))
+        if callback is not None:
+            callback({"step": i, "i": i, "t": t, "s": s, "sigma": schedule.ve_sigma(t), "x": x.to(dtype, copy=True),
+                      "denoised": x0.to(dtype), "nfe": calls})
+    return x.to(dtype), {"nfe": calls}
+
+
+@torch.no_grad()
+def sample_ggf(e1: EpsFn, x: torch.Tensor, ts: Sequence[int], schedule: Schedule, noise: SampleNoise,
+               data_range: DataRange, o: dict[str, Any], callback: Callable[[dict], None] | None = None,
+               progress: bool = False) -> tuple[torch.Tensor, dict]:
+    """Gotta Go Fast (Jolicoeur-Martineau et al. 2021, Alg. 1): the reverse VP SDE with adaptive steps.
+
+    Continuous time u in [0, 1] (:meth:`Schedule.log_alpha_bar_at`; index t sits at (t + 1) / T), drift
+    F(x, u) = beta(u) (x / 2 + score) with score = -eps / sigma, diffusion sqrt(beta(u)). From u = ts[0]'s
+    time down to index 0's, each proposal of size h (same z for both stages):
+
+        x'  = x + h F(x, u) + sqrt(h beta(u)) z                         (Euler-Maruyama)
+        x~  = x' + h F(x', u - h) + sqrt(h beta(u - h)) z,  x'' = (x + x~) / 2   (improved Euler)
+        delta = max(eps_abs, eps_rel max(|x'|, |x'_prev|)),  E = ||(x' - x'') / delta||_2 / sqrt(n)
+
+    accepted when E <= 1 (x <- x'', u <- u - h, x'_prev <- x'), and in either case h <- min(u - u_end,
+    safety h E^-exponent). Every sample has its own u, h and accept decisions (so it does not depend on the
+    batch); after a rejection the first call is reused. Then one call for the denoised mean at index 0.
+    The network sees the grid index nearest to u's noise level (:meth:`Schedule.index_at`).
+    Noise: stream STREAM_ADAPTIVE at that sample's attempt count. Returns info ``nfe`` (calls per sample).
+    """
+    shape, dtype, N = x.shape[1:], x.dtype, x.shape[0]
+    x = x.to(torch.float64, copy=True)  # (updated in place below)
+    u = torch.full((N,), (ts[0] + 1) / schedule.T, dtype=torch.float64)
+    u_end = 1.0 / schedule.T
+    h = torch.full((N,), o["h_init"], dtype=torch.float64)
+    x_prev = x.clone()  # x' of the last accepted proposal
+    score = torch.zeros_like(x)
+    fresh = torch.zeros(N, dtype=torch.bool)  # score holds the score at (x, u)
+    attempts = torch.zeros(N, dtype=torch.int64)
+    nfe = torch.zeros(N, dtype=torch.int64)
+
+    def score_at(xs: torch.Tensor, us: torch.Tensor) -> torch.Tensor:
+        idx = schedule.index_at(us)
+        abar = schedule.alphas_cumprod[idx]
+        a, sig = _view(abar.sqrt(), xs), _view((1.0 - abar).sqrt(), xs)
+        _, eps = denoised_and_eps(xs, e1(xs, idx), a, sig, data_range)
+        return -eps / sig
+
+    step = 0
+    while True:
+        active = (u - u_end > 1e-9).nonzero().flatten()
+        if active.numel() == 0:
+            break
+        if int(attempts[active].max()) >= o["max_attempts"]:
+            raise ValueError(f"GGF needed more than max_attempts={o['max_attempts']} proposals for a sample: "
+                             "loosen eps_abs/eps_rel or raise max_attempts")
+        stale = active[~fresh[active]]
+        if stale.numel():
+            score[stale] = score_at(x[stale], u[stale])
+            nfe[stale] += 1
+            fresh[stale] = True
+        xa, ua, sa = x[active], u[active], score[active]
+        ha = torch.minimum(h[active], ua - u_end)
+        sub = SampleNoise(noise.seeds[active], noise.indices[active])
+        z = sub.normal_per_sample(STREAM_ADAPTIVE, attempts[active], shape, x.device).to(torch.float64)
+        b1, b2 = _view(schedule.beta_at(ua), xa), _view(schedule.beta_at(ua - ha), xa)
+        hv = _view(ha, xa)
+        x1 = xa + hv * b1 * (0.5 * xa + sa) + (hv * b1).sqrt() * z
+        s2 = score_at(x1, ua - ha)
+        nfe[active] += 1
+        x_tilde = x1 + hv * b2 * (0.5 * x1 + s2) + (hv * b2).sqrt() * z
+        x2 = 0.5 * (xa + x_tilde)
+        delta = torch.maximum(torch.full_like(x1, o["eps_abs"]), o["eps_rel"] * torch.maximum(x1.abs(), x_prev[active].abs()))
+        err = ((x1 - x2) / delta).pow(2).reshape(len(active), -1).mean(1).sqrt()
+        ok = err <= 1.0
+        acc = active[ok]
+        x[acc], x_prev[acc], u[acc] = x2[ok], x1[ok], ua[ok] - ha[ok]
+        fresh[acc] = False
+        factor = o["safety"] * err.clamp_min(1e-12).pow(-o["exponent"])
+        h[active] = torch.minimum(ha * factor, (u[active] - u_end).clamp_min(1e-9))
+        attempts[active] += 1
+        if callback is not None:
+            accepted = torch.zeros(N, dtype=torch.bool)
+            accepted[acc] = True
+            callback({"step": step, "i": step, "t": schedule.index_at(u), "u": u.clone(), "x": x.to(dtype, copy=True),
+                      "accepted": accepted, "error": err, "nfe": nfe.clone()})
+        step += 1
+    a0, sig0 = schedule.alpha(0), schedule.sigma(0)
+    x0, _ = denoised_and_eps(x, e1(x, 0), a0, sig0, data_range)
+    nfe += 1
+    if callback is not None:
+        callback({"step": step, "i": step, "t": 0, "s": DATA, "x": x0.to(dtype), "denoised": x0.to(dtype),
+                  "nfe": nfe.clone()})
+    return x0.to(dtype), {"nfe": nfe}
+
+
+SAMPLERS = {"edm-sde": sample_edm_sde, "seeds-2": sample_seeds_2, "ggf": sample_ggf}

@@ -1,0 +1,261 @@
+"""The SDE baselines of issue 23 (EDM-SDE, SEEDS-1, SEEDS-2, GGF): one step against a float64 reference
+written here from the papers' formulas, convergence to the exact sampler on Gaussian-mixture data,
+seeds / batch / backend equality, option checks, GGF's NFE and tolerance; and the sigma conversions."""
+import math
+
+import pytest
+import torch
+
+import gms_kernels as gk
+from gms_kernels import metrics
+from gms_kernels.experiments.oracle_study import fresh_data, paper_1d
+from gms_kernels.random import STREAM_ADAPTIVE, STREAM_SECOND_NOISE, STREAM_STEP_NOISE, SampleNoise
+from gms_kernels.scheduler import GMSScheduler
+from gms_kernels.sde import network_calls
+
+SCHED = gk.Schedule.linear(1000)
+NEW = ["seeds-1", "seeds-2", "edm-sde", "ggf"]
+
+
+def abar(t: int) -> float:
+    return float(torch.cumprod(1 - torch.linspace(1e-4, 0.02, 1000, dtype=torch.float64), 0)[t])
+
+
+def lam(t: int) -> float:
+    """Half log-SNR log(a/sigma), from abar directly."""
+    return 0.5 * math.log(abar(t) / (1 - abar(t)))
+
+
+class LinearEps(torch.nn.Module):
+    """A smooth stand-in eps model: e1 = 0.3 x + 0.001 t (per-sample t), float64."""
+    time_input = "index"
+
+    def forward(self, x, t):
+        t = torch.as_tensor(t, dtype=torch.float64).reshape(-1, *([1] * (x.dim() - 1)))
+        return (0.3 * x.double() + 0.001 * t).to(x.dtype)
+
+
+def _steps(model, solver, ts, x, seed=3, **options):
+    """Every callback of a gk.sample run from x over trajectory ts."""
+    seen = []
+    out = gk.sample(model, x_T=x, steps=len(ts), trajectory=ts, solver=solver, generator=seed, progress=False,
+                    data_range=None, schedule=SCHED, callback=seen.append, **options)
+    return out, seen
+
+
+def test_sigma_conversions():
+    t = torch.arange(1000)
+    a = torch.tensor([abar(i) for i in (0, 250, 999)], dtype=torch.float64)
+    assert torch.allclose(torch.tensor([SCHED.ve_sigma(i) for i in (0, 250, 999)], dtype=torch.float64), ((1 - a) / a).sqrt(), rtol=1e-12)
+    assert SCHED.ve_sigma(-1) == 0.0
+    grid = SCHED.ve_sigmas
+    probes = torch.cat([torch.rand(200, dtype=torch.float64) * 3, torch.tensor([0.0, 1e-3, 500.0]), grid[[3, 400]]])
+    brute = (probes[:, None] - grid[None, :]).abs().argmin(1)
+    assert torch.equal(SCHED.index_of_ve_sigma(probes), brute)
+    u = (t + 1).double() / 1000
+    assert torch.allclose(SCHED.log_alpha_bar_at(u), SCHED.alphas_cumprod.log(), rtol=1e-12)
+    assert torch.equal(SCHED.index_at(u), t)  # the knots are the grid
+    mid = torch.tensor([0.2505, 0.7003], dtype=torch.float64)  # (inside intervals: beta jumps at the knots)
+    fd = -(SCHED.log_alpha_bar_at(mid + 1e-7) - SCHED.log_alpha_bar_at(mid - 1e-7)) / 2e-7
+    assert torch.allclose(SCHED.beta_at(mid), fd, rtol=1e-6)
+
+
+def test_seeds_1_step_matches_the_formula():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 1, 3, 3, generator=g, dtype=torch.float64)
+    e1 = torch.randn(x.shape, generator=g, dtype=torch.float64)
+    z = torch.randn(x.shape, generator=g, dtype=torch.float64)
+    t, s = 600, 350
+    got = gk.step(x, e1, t, s, SCHED, "seeds-1", noise=z, data_range=None)
+    h = lam(s) - lam(t)
+    a_t, a_s, sig_s = abar(t) ** 0.5, abar(s) ** 0.5, (1 - abar(s)) ** 0.5
+    ref = a_s / a_t * x - 2 * sig_s * math.expm1(h) * e1 + sig_s * math.sqrt(math.expm1(2 * h)) * z
+    assert torch.allclose(got, ref, rtol=1e-12, atol=1e-12)
+    x0 = gk.step(x, e1, t, -1, SCHED, "seeds-1", noise=z, data_range=None)  # last step: the denoised mean
+    assert torch.allclose(x0, (x - (1 - abar(t)) ** 0.5 * e1) / a_t, rtol=1e-12)
+
+
+def test_seeds_2_step_matches_the_formula():
+    x = torch.randn(3, 1, 2, 2, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    t, s = 700, 400
+    _, seen = _steps(LinearEps(), "seeds-2", [t, s], x)
+    noise = SampleNoise.create(3, 3)
+    z1 = noise.normal(STREAM_STEP_NOISE, t, x.shape[1:]).double()
+    z2 = noise.normal(STREAM_SECOND_NOISE, t, x.shape[1:]).double()
+    h = lam(s) - lam(t)
+    target = math.exp(-(lam(t) + 0.5 * h))  # sigma/a at the midpoint in lambda, rounded to the grid
+    sig_over_a = [((1 - abar(i)) / abar(i)) ** 0.5 for i in range(1000)]
+    m = min(range(1000), key=lambda i: abs(sig_over_a[i] - target))
+    h1 = lam(m) - lam(t)
+    a = {i: abar(i) ** 0.5 for i in (t, m, s)}
+    sg = {i: (1 - abar(i)) ** 0.5 for i in (t, m, s)}
+    eps_t = 0.3 * x + 0.001 * t
+    u = a[m] / a[t] * x - 2 * sg[m] * math.expm1(h1) * eps_t + sg[m] * math.sqrt(math.expm1(2 * h1)) * z1
+    eps_m = 0.3 * u + 0.001 * m
+    ref = (a[s] / a[t] * x - 2 * sg[s] * math.expm1(h) * eps_m
+           + sg[s] * (math.sqrt(math.exp(2 * h) - math.exp(2 * (h - h1))) * z1 + math.sqrt(math.expm1(2 * (h - h1))) * z2))
+    assert torch.allclose(seen[0]["x"], ref, rtol=1e-10, atol=1e-12)
+    assert [c["nfe"] for c in seen] == [2, 3] == [2, network_calls("seeds-2", 2)]
+
+
+def test_edm_sde_step_matches_algorithm_2():
+    x = torch.randn(3, 1, 2, 2, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    t, s = 150, 60  # sigma_t ~ 0.4 lies in [S_tmin, S_tmax]: this step churns
+    opts = dict(s_churn=2.0, s_noise=1.01)
+    _, seen = _steps(LinearEps(), "edm-sde", [t, s], x, **opts)
+    sig = lambda i: ((1 - abar(i)) / abar(i)) ** 0.5  # noqa: E731
+    gamma = min(2.0 / 2, math.sqrt(2) - 1)
+    t_hat = min(range(1000), key=lambda i: abs(sig(i) - sig(t) * (1 + gamma)))
+    assert seen[0]["t_hat"] == t_hat > t
+    z = SampleNoise.create(3, 3).normal(STREAM_STEP_NOISE, t, x.shape[1:]).double()
+    xh = x / abar(t) ** 0.5 + math.sqrt(sig(t_hat) ** 2 - sig(t) ** 2) * 1.01 * z
+
+    def d(y, i):  # (y - D(y; sigma_i)) / sigma_i = the eps model at x = a_i y
+        return 0.3 * abar(i) ** 0.5 * y + 0.001 * i
+
+    euler = xh + (sig(s) - sig(t_hat)) * d(xh, t_hat)
+    heun = xh + (sig(s) - sig(t_hat)) * 0.5 * (d(xh, t_hat) + d(euler, s))
+    assert torch.allclose(seen[0]["x"], abar(s) ** 0.5 * heun, rtol=1e-10, atol=1e-12)
+    assert [c["nfe"] for c in seen] == [2, 3]
+    # last step (churned too, sigma_60 ~ 0.2): the Euler step into sigma = 0 lands on the denoised mean
+    assert seen[1]["t_hat"] > s and torch.allclose(seen[1]["x"], seen[1]["denoised"], rtol=1e-12)
+
+
+def test_ggf_first_proposal_matches_algorithm_1():
+    x = torch.randn(5, 1, 2, 2, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    opts = dict(eps_abs=0.01, eps_rel=0.05, h_init=0.05)
+    _, seen = _steps(LinearEps(), "ggf", [999], x, **opts)
+    first = seen[0]
+    z = SampleNoise.create(3, 5).normal_per_sample(STREAM_ADAPTIVE, torch.zeros(5, dtype=torch.long),
+                                                   x.shape[1:]).double()
+    u, h = 1.0, 0.05
+    beta = lambda v: -1000 * math.log(1 - float(torch.linspace(1e-4, 0.02, 1000, dtype=torch.float64)[  # noqa: E731
+        math.ceil(v * 1000 - 1e-9) - 1]))
+
+    def score(y, v):  # the model at the grid index nearest in noise level (here the knot's own index)
+        i = round(v * 1000) - 1
+        return -(0.3 * y + 0.001 * i) / (1 - abar(i)) ** 0.5
+
+    x1 = x + h * beta(u) * (0.5 * x + score(x, u)) + math.sqrt(h * beta(u)) * z
+    x_tilde = x1 + h * beta(u - h) * (0.5 * x1 + score(x1, u - h)) + math.sqrt(h * beta(u - h)) * z
+    x2 = 0.5 * (x + x_tilde)
+    delta = torch.maximum(torch.full_like(x1, 0.01), 0.05 * torch.maximum(x1.abs(), x.abs()))
+    err = ((x1 - x2) / delta).pow(2).flatten(1).mean(1).sqrt()
+    assert torch.allclose(first["error"], err, rtol=1e-9)
+    ok = err <= 1
+    assert torch.equal(first["accepted"], ok)
+    assert torch.allclose(first["x"][ok], x2[ok], rtol=1e-10) and torch.equal(first["x"][~ok], x[~ok])
+    assert torch.allclose(first["u"], torch.where(ok, u - h, u).double())
+    assert torch.equal(first["nfe"], torch.full((5,), 2))
+
+
+@pytest.mark.parametrize("solver", ["seeds-1", "seeds-2", "edm-sde"])
+def test_oracle_convergence(solver):
+    """With exact heads, W1 to the data falls toward the exact sampler's as K grows."""
+    oracle = paper_1d(SCHED)
+    fresh = fresh_data(oracle, 4000)
+    w1 = {}
+    for K in ("exact", 10, 100):
+        x = gk.sample(oracle, shape=(4000, 1), steps=100 if K == "exact" else K, generator=0, progress=False,
+                      solver="exact" if K == "exact" else solver, data_range=None, dtype=torch.float64)
+        w1[K] = metrics.wasserstein1(x, fresh)
+    assert w1[100] < w1[10] / 5, w1
+    assert w1[100] < w1["exact"] + 0.01, w1
+
+
+def test_ggf_tolerance_buys_accuracy_and_reports_nfe():
+    oracle = paper_1d(SCHED)
+    fresh = fresh_data(oracle, 2000)
+    res = {}
+    for tol in (0.5, 0.05):
+        seen = []
+        x = gk.sample(oracle, shape=(2000, 1), steps=10, solver="ggf", generator=0, progress=False, data_range=None,
+                      dtype=torch.float64, callback=seen.append, eps_rel=tol)
+        nfe = seen[-1]["nfe"]
+        assert nfe.shape == (2000,) and (nfe >= 3).all()
+        # every accepted proposal met the tolerance: E <= 1 exactly where accepted
+        for c in seen[:-1]:
+            assert (c["error"] <= 1).sum() == c["accepted"].sum()
+        res[tol] = (metrics.wasserstein1(x, fresh), float(nfe.double().mean()))
+    assert res[0.05][1] > 2 * res[0.5][1]  # a tighter tolerance takes more calls ...
+    assert res[0.05][0] < 0.75 * res[0.5][0]  # ... and buys accuracy (not down to the exact sampler's: see README)
+    with pytest.raises(ValueError, match="max_attempts"):
+        gk.sample(oracle, shape=(4, 1), steps=10, solver="ggf", generator=0, progress=False, data_range=None,
+                  eps_rel=1e-6, eps_abs=1e-7, max_attempts=5)
+
+
+@pytest.mark.parametrize("solver", NEW)
+def test_seed_batch_and_backend_equality(solver):
+    model = LinearEps()
+    x_T = SampleNoise.create(11, 6).normal(2, 0, (1, 2, 2)).double()
+    kw = dict(steps=5, solver=solver, generator=11, progress=False, schedule=SCHED)
+    full = gk.sample(model, x_T=x_T, backend="torch", **kw)
+    assert torch.equal(full, gk.sample(model, x_T=x_T, backend="torch", **kw))  # seeded
+    assert not torch.equal(full, gk.sample(model, x_T=x_T, backend="torch", **dict(kw, generator=12)))
+    for backend in ("cpp", "auto"):  # no fused kernel: the torch code runs on every backend
+        assert torch.equal(full, gk.sample(model, x_T=x_T, backend=backend, **kw))
+    # sample i does not depend on the batch it is drawn in
+    part = gk.sample(model, x_T=x_T[2:5], first_index=2, backend="torch", **kw)
+    assert torch.equal(part, full[2:5])
+
+
+def test_embedded_model_runs_every_new_solver():
+    for solver in NEW:
+        x = gk.sample(shape=(3, 1, 8, 8), steps=4, solver=solver, generator=0, progress=False,
+                      **({"eps_rel": 0.5} if solver == "ggf" else {}))
+        assert x.shape == (3, 1, 8, 8) and torch.isfinite(x).all()
+
+
+def test_seeds_1_in_the_scheduler_and_step():
+    sched = GMSScheduler(solver="seeds-1", backend="torch")
+    sched.set_timesteps(5)
+    x = SampleNoise.create(0, 2).normal(2, 0, (1, 8, 8))
+    model = gk.embedded.default_model()
+    for i, t in enumerate(sched.timesteps):
+        out = model(x, torch.full((2,), int(t)))
+        x = sched.step(out, t, x, generator=[5, 6]).prev_sample
+    assert torch.isfinite(x).all()
+    for solver in ("edm-sde", "seeds-2", "ggf"):
+        with pytest.raises(ValueError, match="unknown solver"):
+            GMSScheduler(solver=solver)
+        with pytest.raises(ValueError, match="gk.sample"):
+            gk.step(torch.zeros(1, 1), torch.zeros(1, 1), 10, 5, SCHED, solver)
+
+
+@pytest.mark.parametrize("solver, options, message", [
+    ("edm-sde", {"s_churn": -1.0}, "s_churn must be a number"),
+    ("edm-sde", {"s_tmin": 2.0, "s_tmax": 1.0}, "s_tmax must be a number in \\[2"),
+    ("edm-sde", {"s_noise": "1"}, "s_noise must be a number"),
+    ("seeds-2", {"r": 1.0}, "r must be a number in \\(0, 1\\)"),
+    ("seeds-2", {"r": 0.0}, "r must be a number"),
+    ("ggf", {"eps_abs": 0.0}, "eps_abs must be a number"),
+    ("ggf", {"exponent": 2.0}, "exponent must be a number"),
+    ("ggf", {"max_attempts": 70000}, "max_attempts must be an integer"),
+    ("seeds-1", {"eta": 0.5}, "unknown option"),
+    ("ggf", {"s_churn": 1.0}, "unknown option"),
+])
+def test_bad_options_are_refused_before_sampling(solver, options, message):
+    calls = []
+
+    def model(x, t):
+        calls.append(1)
+        return x
+
+    with pytest.raises(ValueError, match=message):
+        gk.sample(model, shape=(2, 1), steps=3, solver=solver, generator=0, progress=False, **options)
+    assert not calls
+
+
+def test_seed_interval_and_paired_difference():
+    """gk.metrics' over-seeds helpers against hand numbers: t_{4, 0.975} = 2.7764451."""
+    ci = metrics.seed_interval([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert ci.mean == 3.0 and ci.n == 5
+    assert abs(ci.half_width - 2.7764451 * math.sqrt(2.5) / math.sqrt(5)) < 1e-6
+    diff, significant = metrics.paired_difference([10.0, 11.0, 12.5, 9.0, 10.5], [12.0, 13.5, 14.0, 11.0, 13.0])
+    assert significant and diff.high < 0 and abs(diff.mean - (-2.1)) < 1e-12
+    diff, significant = metrics.paired_difference([1.0, 2.0, 3.0], [1.5, 1.0, 3.2])
+    assert not significant and diff.low < 0 < diff.high
+    with pytest.raises(ValueError, match="at least two"):
+        metrics.seed_interval([1.0])
+    with pytest.raises(ValueError, match="one value per seed"):
+        metrics.paired_difference([1.0, 2.0], [1.0])
