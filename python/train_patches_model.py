@@ -1,6 +1,6 @@
 """Train the shipped patches model: a small UNet on 8x8 grey natural-image patches plus e2/e3 heads.
 
-    nice -n 5 python python/train_patches_model.py       # ~20 min on 2 busy CPU cores, seeded
+    nice -n 5 python python/train_patches_model.py       # ~19 min on 1 thread of a shared 2-core CPU, seeded
 
 Data: ``gk.data.patches`` (scikit-image's bundled photos, split by photo). Stage 1 trains the eps
 backbone on the train split; its EMA weights are kept every --eval-every steps and scored on the
@@ -10,6 +10,10 @@ it and trains conv heads for eps^2 and eps^3 (paper Alg. learning); their valida
 printed. The MomentNet is saved in fp16 to gms_kernels/assets/patches_gms.pt (< 5 MB).
 
 Checkpoints and the validation record live in --work, so an interrupted run resumes where it stopped.
+The shipped model: this command with its defaults (2400 backbone steps, Adam 5e-4, batch 128, EMA 0.999;
+validation eps MSE 0.0329 / 0.0315 / 0.0309 / 0.0303 at 600 / 1200 / 1800 / 2400 steps, so 2400 was kept,
+still improving slowly; then 800 ADAN head steps at batch 256, lr 1e-3: validation MSE e2 0.609 against 2.006
+for the trivial e2 = 1).
 """
 from __future__ import annotations
 

@@ -57,6 +57,14 @@ def eps_losses(net, data: torch.Tensor, seed: int = 0, batch_size: int = 1000,
     return {k: v / data.numel() for k, v in sums.items()}
 
 
+def resolved_options(label: str) -> dict:
+    """The solver options a label runs with: the library's defaults at this moment, then the label's own."""
+    from ..solvers import SOLVERS as LIBRARY_SOLVERS
+
+    solver, options = SOLVER_OPTIONS[label]
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in {**LIBRARY_SOLVERS[solver].options, **options}.items()}
+
+
 def draw(model, label: str, steps: int, n: int, seed: int, batch_size: int = 1000) -> torch.Tensor:
     """``n`` samples of one solver (row i is the same whatever the batch size: first_index)."""
     solver, options = SOLVER_OPTIONS[label]
@@ -80,9 +88,46 @@ def measure(model, reference: torch.Tensor, labels: Sequence[str] = tuple(SOLVER
                     x = draw(model, label, k, n_samples, seed)
                     seconds = time.perf_counter() - t0
                     return {"swd": sliced_wasserstein1(x, reference, n_projections=256),
-                            "fd_dct": frechet_distance_dct(x, reference), "seconds": seconds, "n": n_samples}
+                            "fd_dct": frechet_distance_dct(x, reference), "seconds": seconds, "n": n_samples,
+                            "options": resolved_options(label)}
                 out[(label, k, seed)] = r = cache.get_or_compute(f"{label}|{k}|{seed}|{n_samples}", run)
                 if log:
                     log(f"{label:22s} K={k:3d} seed {seed}: SW1 {r['swd']:.4f}  FD-DCT {r['fd_dct']:.4f} "
                         f"({r['seconds']:.0f} s)")
+    return out
+
+
+def data_rows(reference: torch.Tensor, seeds: Sequence[int], n_samples: int) -> dict[tuple[str, int], dict]:
+    """The metrics' floors at the same sample size: ``n_samples`` real patches against the reference,
+    per seed: other positions in the test photos (sampling noise alone), and the train photos (what a
+    perfect model of the train split would score)."""
+    from ..data import PATCH_PHOTOS, patches
+
+    out = {}
+    for seed in seeds:
+        for label, split in (("data: test photos, other patches", "test"), ("data: train photos", "train")):
+            per_photo = -(-n_samples // len([p for p, (s, _) in PATCH_PHOTOS.items() if s == split]))
+            x = patches(split, per_photo=per_photo, seed=1000 + seed)
+            x = x[torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(seed))[:n_samples]]
+            out[(label, seed)] = {"swd": sliced_wasserstein1(x, reference, n_projections=256),
+                                  "fd_dct": frechet_distance_dct(x, reference)}
+    return out
+
+
+def summarise(results: dict[tuple[str, int, int], dict], metric: str, labels: Sequence[str], steps: Sequence[int],
+              seeds: Sequence[int]) -> dict[tuple[str, int], dict]:
+    """Per (label, K): the seed interval of ``metric`` (gk.metrics.seed_interval) and, against the best
+    baseline at that K (lowest mean among BASELINES), the paired per-seed difference and whether it is
+    significant (gk.metrics.paired_difference, 95%)."""
+    from ..metrics import paired_difference, seed_interval
+
+    out = {}
+    for k in steps:
+        values = {label: [results[(label, k, s)][metric] for s in seeds] for label in labels}
+        intervals = {label: seed_interval(v) for label, v in values.items()}
+        best = min((label for label in labels if label in BASELINES), key=lambda lb: intervals[lb].mean)
+        for label in labels:
+            diff, significant = paired_difference(values[label], values[best])
+            out[(label, k)] = {"interval": intervals[label], "best_baseline": best, "diff": diff,
+                               "significant": significant and label != best}
     return out
