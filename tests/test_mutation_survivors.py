@@ -34,3 +34,13 @@ def test_schedule_refuses_the_boundary_betas_and_lengths():
     assert gk.Schedule(torch.full((2**16 - 1,), 1e-3)).T == 65535
     with pytest.raises(ValueError, match="at most 65535"):
         gk.Schedule(torch.full((2**16,), 1e-3))
+
+
+@pytest.mark.parametrize("T, K", [(1000, 10), (1000, 400), (1000, 700), (1000, 1000), (100, 3), (7, 7)])
+def test_even_trajectory_is_the_official_list(T, K):
+    """The official GMS list t_i = floor(T - 1 - i T/K), i < K, with 0 appended when missing; it ends in
+    1 for 2 <= T/K < 3 (then 0 is appended) and in 0 for T/K < 2 (nothing is appended)."""
+    official = [math.floor(T - 1 - i * T / K) for i in range(K)]
+    if official[-1] != 0:
+        official.append(0)
+    assert gk.trajectory(T, K, "even") == official
