@@ -121,8 +121,15 @@ def sample_seeds_2(e1: EpsFn, x: torch.Tensor, ts: Sequence[int], schedule: Sche
 
     The noise terms are the exact Ito integrals of the linear part over [lambda_t, lambda_m] and
     [lambda_m, lambda_s]: z1 drives both stages (the first half-interval's Brownian increment, carried to s),
-    z2 is the second's, and their variances add up to SEEDS-1's sigma_s^2 (e^{2h} - 1). The last step into data
-    is the denoised mean (one call). z1: stream STREAM_STEP_NOISE at t; z2: STREAM_SECOND_NOISE at t.
+    z2 is the second's, and their variances add up to SEEDS-1's sigma_s^2 (e^{2h} - 1). ``prediction="data"``
+    integrates the data-prediction form instead, with the same split of the noise:
+
+        u   = (sigma_m / sigma_t) e^{-h1} x_t + a_m (1 - e^{-2 h1}) x0(x_t, t) + sigma_m sqrt(1 - e^{-2 h1}) z1
+        x_s = (sigma_s / sigma_t) e^{-h} x_t + a_s (1 - e^{-2h}) x0(u, m)
+              + sigma_s (sqrt(e^{-2(h - h1)} - e^{-2h}) z1 + sqrt(1 - e^{-2(h - h1)}) z2)
+
+    The last step into data is the denoised mean (one call). z1: stream STREAM_STEP_NOISE at t; z2:
+    STREAM_SECOND_NOISE at t.
     """
     shape, dtype = x.shape[1:], x.dtype
     x, calls = x.to(torch.float64), 0
@@ -141,12 +148,20 @@ def sample_seeds_2(e1: EpsFn, x: torch.Tensor, ts: Sequence[int], schedule: Sche
             a_m, sig_m, a_s, sig_s = schedule.alpha(m), schedule.sigma(m), schedule.alpha(s), schedule.sigma(s)
             z1 = noise.normal(STREAM_STEP_NOISE, t, shape, x.device).to(torch.float64)
             z2 = noise.normal(STREAM_SECOND_NOISE, t, shape, x.device).to(torch.float64)
-            u = (a_m / a_t) * x - 2.0 * sig_m * math.expm1(h1) * eps + sig_m * math.sqrt(math.expm1(2 * h1)) * z1
-            _, eps_m = denoised_and_eps(u, e1(u, m), a_m, sig_m, data_range)
+            if o["prediction"] == "data":
+                u = ((sig_m / sig_t) * math.exp(-h1) * x - a_m * math.expm1(-2 * h1) * x0
+                     + sig_m * math.sqrt(-math.expm1(-2 * h1)) * z1)
+                x0_m, _ = denoised_and_eps(u, e1(u, m), a_m, sig_m, data_range)
+                tail = math.exp(-2 * (h - h1))
+                x = ((sig_s / sig_t) * math.exp(-h) * x - a_s * math.expm1(-2 * h) * x0_m
+                     + sig_s * (math.sqrt(max(tail - math.exp(-2 * h), 0.0)) * z1 + math.sqrt(max(1.0 - tail, 0.0)) * z2))
+            else:
+                u = (a_m / a_t) * x - 2.0 * sig_m * math.expm1(h1) * eps + sig_m * math.sqrt(math.expm1(2 * h1)) * z1
+                _, eps_m = denoised_and_eps(u, e1(u, m), a_m, sig_m, data_range)
+                tail = math.exp(2 * (h - h1))
+                x = ((a_s / a_t) * x - 2.0 * sig_s * math.expm1(h) * eps_m
+                     + sig_s * (math.sqrt(max(math.exp(2 * h) - tail, 0.0)) * z1 + math.sqrt(max(tail - 1.0, 0.0)) * z2))
             calls += 1
-            tail = math.exp(2 * (h - h1))
-            x = ((a_s / a_t) * x - 2.0 * sig_s * math.expm1(h) * eps_m
-                 + sig_s * (math.sqrt(max(math.exp(2 * h) - tail, 0.0)) * z1 + math.sqrt(max(tail - 1.0, 0.0)) * z2))
         if callback is not None:
             callback({"step": i, "i": i, "t": t, "s": s, "sigma": schedule.ve_sigma(t), "x": x.to(dtype, copy=True),
                       "denoised": x0.to(dtype), "nfe": calls})

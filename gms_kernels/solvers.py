@@ -185,13 +185,21 @@ def seeds_1_step(x_t, heads, k, rand, o):
 
         x_s = (a_s / a_t) x_t - 2 sigma_s (e^h - 1) eps(x_t, t) + sigma_s sqrt(e^{2h} - 1) z,
 
-    the noise term being the exact Ito integral of the linear part (variance sigma_s^2 (e^{2h} - 1)). (Written in the
-    data prediction instead, the same first-order scheme is the DDPM posterior step, solver 'ddpm'.) The step to data
-    returns the denoised mean, as every solver here does."""
+    the noise term being the exact Ito integral of the linear part (variance sigma_s^2 (e^{2h} - 1)).
+    ``prediction="data"`` integrates the same SDE written with the data prediction x0 instead (SEEDS' data
+    prediction mode, DPM-Solver++'s SDE form):
+
+        x_s = (sigma_s / sigma_t) e^{-h} x_t + a_s (1 - e^{-2h}) x0(x_t, t) + sigma_s sqrt(1 - e^{-2h}) z,
+
+    which is exactly the DDPM posterior step (solver 'ddpm'). The step to data returns the denoised mean, as every
+    solver here does."""
     x0, eps = denoised_and_eps(x_t, heads[0], k.a_t, k.sigma_t, o["data_range"])
     if k.s == DATA:
         return x0, {"x0": x0}
     eh = (k.sigma_t / k.a_t) / (k.sigma_s / k.a_s)  # e^h = exp(lambda_s - lambda_t)
+    if o["prediction"] == "data":
+        x_s = (k.sigma_s / k.sigma_t) / eh * x_t + k.a_s * (1.0 - eh**-2) * x0
+        return x_s + k.sigma_s * math.sqrt(1.0 - eh**-2) * rand.normal(), {"x0": x0}
     x_s = (k.a_s / k.a_t) * x_t - 2.0 * k.sigma_s * (eh - 1.0) * eps
     return x_s + k.sigma_s * math.sqrt(eh * eh - 1.0) * rand.normal(), {"x0": x0}
 
@@ -218,10 +226,10 @@ SOLVERS: dict[str, Solver] = {
                                          weights=DEFAULT_WEIGHTS, fit_iters=25, lr=0.06,
                                          var_floor=0.1, adan_mean="sample", adan_precision=None)),
         Solver("exact", 0, exact_step, {"oracle": None}),
-        Solver("seeds-1", 1, seeds_1_step, {}),
+        Solver("seeds-1", 1, seeds_1_step, {"prediction": "noise"}),
         # sample()-only solvers; their loops are in gms_kernels.sde (the recommended settings as defaults)
         Solver("edm-sde", 1, _multi_call_step, EDM_SDE_DEFAULTS, multi_call=True),
-        Solver("seeds-2", 1, _multi_call_step, {"r": 0.5}, multi_call=True),
+        Solver("seeds-2", 1, _multi_call_step, {"r": 0.5, "prediction": "noise"}, multi_call=True),
         Solver("ggf", 1, _multi_call_step, GGF_DEFAULTS, multi_call=True),
     ]
 }
@@ -276,6 +284,8 @@ def resolve_options(solver: Solver, options: dict[str, Any]) -> dict[str, Any]:
         o["s_tmax"] = _real(o["s_tmax"], "s_tmax", o["s_tmin"], math.inf, "EDM's highest churned sigma S_tmax, "
                             ">= s_tmin")
         o["s_noise"] = _real(o["s_noise"], "s_noise", 0.0, 2.0, "EDM's noise inflation S_noise")
+    if "prediction" in o and o["prediction"] not in ("noise", "data"):
+        raise ValueError(f"prediction must be 'noise' or 'data' (which SEEDS form), got {o['prediction']!r}")
     if solver.name == "seeds-2":
         o["r"] = _real(o["r"], "r", 0.0, 1.0, "SEEDS-2's intermediate point, a fraction of the step in lambda",
                        open_low=True)

@@ -75,10 +75,24 @@ def test_seeds_1_step_matches_the_formula():
     assert torch.allclose(x0, (x - (1 - abar(t)) ** 0.5 * e1) / a_t, rtol=1e-12)
 
 
-def test_seeds_2_step_matches_the_formula():
+def test_seeds_1_data_prediction_is_the_ddpm_posterior_step():
+    g = torch.Generator().manual_seed(5)
+    x, e1, z = (torch.randn(3, 1, 2, 2, generator=g, dtype=torch.float64) for _ in range(3))
+    t, s = 420, 300
+    got = gk.step(x, e1, t, s, SCHED, "seeds-1", noise=z, data_range=None, prediction="data")
+    h = lam(s) - lam(t)
+    sig_t, sig_s, a_t, a_s = (1 - abar(t)) ** 0.5, (1 - abar(s)) ** 0.5, abar(t) ** 0.5, abar(s) ** 0.5
+    x0 = (x - sig_t * e1) / a_t
+    ref = sig_s / sig_t * math.exp(-h) * x + a_s * -math.expm1(-2 * h) * x0 + sig_s * math.sqrt(-math.expm1(-2 * h)) * z
+    assert torch.allclose(got, ref, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(got, gk.step(x, e1, t, s, SCHED, "ddpm", noise=z, data_range=None), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("prediction", ["noise", "data"])
+def test_seeds_2_step_matches_the_formula(prediction):
     x = torch.randn(3, 1, 2, 2, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     t, s = 700, 400
-    _, seen = _steps(LinearEps(), "seeds-2", [t, s], x)
+    _, seen = _steps(LinearEps(), "seeds-2", [t, s], x, prediction=prediction)
     noise = SampleNoise.create(3, 3)
     z1 = noise.normal(STREAM_STEP_NOISE, t, x.shape[1:]).double()
     z2 = noise.normal(STREAM_SECOND_NOISE, t, x.shape[1:]).double()
@@ -90,10 +104,19 @@ def test_seeds_2_step_matches_the_formula():
     a = {i: abar(i) ** 0.5 for i in (t, m, s)}
     sg = {i: (1 - abar(i)) ** 0.5 for i in (t, m, s)}
     eps_t = 0.3 * x + 0.001 * t
-    u = a[m] / a[t] * x - 2 * sg[m] * math.expm1(h1) * eps_t + sg[m] * math.sqrt(math.expm1(2 * h1)) * z1
-    eps_m = 0.3 * u + 0.001 * m
-    ref = (a[s] / a[t] * x - 2 * sg[s] * math.expm1(h) * eps_m
-           + sg[s] * (math.sqrt(math.exp(2 * h) - math.exp(2 * (h - h1))) * z1 + math.sqrt(math.expm1(2 * (h - h1))) * z2))
+    if prediction == "noise":
+        u = a[m] / a[t] * x - 2 * sg[m] * math.expm1(h1) * eps_t + sg[m] * math.sqrt(math.expm1(2 * h1)) * z1
+        eps_m = 0.3 * u + 0.001 * m
+        ref = (a[s] / a[t] * x - 2 * sg[s] * math.expm1(h) * eps_m
+               + sg[s] * (math.sqrt(math.exp(2 * h) - math.exp(2 * (h - h1))) * z1 + math.sqrt(math.expm1(2 * (h - h1))) * z2))
+    else:
+        x0_t = (x - sg[t] * eps_t) / a[t]
+        u = (sg[m] / sg[t] * math.exp(-h1) * x + a[m] * (1 - math.exp(-2 * h1)) * x0_t
+             + sg[m] * math.sqrt(1 - math.exp(-2 * h1)) * z1)
+        x0_m = (u - sg[m] * (0.3 * u + 0.001 * m)) / a[m]
+        ref = (sg[s] / sg[t] * math.exp(-h) * x + a[s] * (1 - math.exp(-2 * h)) * x0_m
+               + sg[s] * (math.sqrt(math.exp(-2 * (h - h1)) - math.exp(-2 * h)) * z1
+                          + math.sqrt(1 - math.exp(-2 * (h - h1))) * z2))
     assert torch.allclose(seen[0]["x"], ref, rtol=1e-10, atol=1e-12)
     assert [c["nfe"] for c in seen] == [2, 3] == [2, network_calls("seeds-2", 2)]
 
@@ -149,15 +172,17 @@ def test_ggf_first_proposal_matches_algorithm_1():
     assert torch.equal(first["nfe"], torch.full((5,), 2))
 
 
-@pytest.mark.parametrize("solver", ["seeds-1", "seeds-2", "edm-sde"])
-def test_oracle_convergence(solver):
+@pytest.mark.parametrize("solver, options", [("seeds-1", {}), ("seeds-2", {}), ("seeds-2", {"prediction": "data"}),
+                                             ("edm-sde", {})])
+def test_oracle_convergence(solver, options):
     """With exact heads, W1 to the data falls toward the exact sampler's as K grows."""
     oracle = paper_1d(SCHED)
     fresh = fresh_data(oracle, 4000)
     w1 = {}
     for K in ("exact", 10, 100):
         x = gk.sample(oracle, shape=(4000, 1), steps=100 if K == "exact" else K, generator=0, progress=False,
-                      solver="exact" if K == "exact" else solver, data_range=None, dtype=torch.float64)
+                      solver="exact" if K == "exact" else solver, data_range=None, dtype=torch.float64,
+                      **({} if K == "exact" else options))
         w1[K] = metrics.wasserstein1(x, fresh)
     assert w1[100] < w1[10] / 5, w1
     assert w1[100] < w1["exact"] + 0.01, w1
@@ -228,6 +253,7 @@ def test_seeds_1_in_the_scheduler_and_step():
     ("edm-sde", {"s_noise": "1"}, "s_noise must be a number"),
     ("seeds-2", {"r": 1.0}, "r must be a number in \\(0, 1\\)"),
     ("seeds-2", {"r": 0.0}, "r must be a number"),
+    ("seeds-1", {"prediction": "x0"}, "prediction must be 'noise' or 'data'"),
     ("ggf", {"eps_abs": 0.0}, "eps_abs must be a number"),
     ("ggf", {"exponent": 2.0}, "exponent must be a number"),
     ("ggf", {"max_attempts": 70000}, "max_attempts must be an integer"),

@@ -36,7 +36,13 @@ SOLVER_GRID: list[tuple[str, str, dict]] = [
     ("gms-closed", "gms", {"fit": "closed", "select": "sample", **_MIX}),
     ("gms-closed-pixel", "gms", {"fit": "closed", "select": "pixel", **_MIX}),
     ("gms-closed-gausslast", "gms", {"fit": "closed"}),
+    # the SDE baselines of issue 23 (seeds-2 and edm-sde make 2K+1 network calls for K steps, the others K+1)
+    ("seeds-1", "seeds-1", {}),
+    ("seeds-2", "seeds-2", {}),
+    ("edm-sde", "edm-sde", {}),
 ]
+# Gotta Go Fast has no K: it runs at these relative tolerances (absolute 0.0078) and reports its calls
+GGF_TOLERANCES = (0.5, 0.1, 0.05, 0.01)
 
 
 def paper_1d(schedule: Schedule) -> GaussianMixtureOracle:
@@ -65,6 +71,7 @@ class StudyResult:
     steps: tuple[int, ...]
     # results[dataset][label][K] = {"w1":..., "kde":..., "energy":..., "seconds":...}
     results: dict = field(default_factory=dict)
+    ggf: dict = field(default_factory=dict)  # ggf[dataset][eps_rel] = {metrics..., "nfe": mean, "nfe_max": max}
     samples: dict = field(default_factory=dict)  # (dataset, label, K) -> samples kept for plots
 
 
@@ -112,7 +119,31 @@ def run_study(n_samples: int = 20000, steps: Sequence[int] = DEFAULT_STEPS, data
                 if progress:
                     log(f"  {name:6s} {label:20s} K={K:3d}  W1={row['w1']:.4f}  KDE={row['kde']:.4f}  "
                         f"energy={row['energy']:.5f}  ({seconds:.1f}s)")
+        for tol in GGF_TOLERANCES:
+            seen: list[dict] = []
+            x = sample(oracle, shape=shape, steps=1, solver="ggf", generator=seed, progress=False, data_range=None,
+                       dtype=torch.float64, callback=seen.append, eps_rel=tol)
+            nfe = seen[-1]["nfe"].double()
+            row = out.ggf.setdefault(name, {})[tol] = {**score_samples(x, fresh), "nfe": float(nfe.mean()),
+                                                        "nfe_max": int(nfe.max())}
+            if progress:
+                log(f"  {name:6s} ggf eps_rel={tol:<5g}  W1={row['w1']:.4f}  NFE={row['nfe']:.1f}")
     return out
+
+
+def ggf_table(res: StudyResult) -> list[str]:
+    """GGF's W1 and calls per tolerance, next to the exact sampler's best and worst W1."""
+    lines = ["### Gotta Go Fast (adaptive steps)\n",
+             "W1 as in the tables below; NFE = network calls per sample (mean, max), the final denoising call "
+             "included. The exact sampler's W1 range over K is its sampling noise.\n",
+             "| data | " + " | ".join(f"eps_rel={tol:g}: W1 (NFE mean / max)" for tol in GGF_TOLERANCES)
+             + " | exact sampler W1 |", "|---|" + "---|" * (len(GGF_TOLERANCES) + 1)]
+    for name, rows in res.ggf.items():
+        exact = [r["w1"] for r in res.results[name]["exact"].values()]
+        cells = [f"{rows[tol]['w1']:.4f} ({rows[tol]['nfe']:.0f} / {rows[tol]['nfe_max']})" for tol in GGF_TOLERANCES]
+        lines.append(f"| {DATASETS[name][0].split(' ')[0]} | " + " | ".join(cells)
+                     + f" | {min(exact):.4f} - {max(exact):.4f} |")
+    return lines + [""]
 
 
 def _fmt(metric: str, v: float) -> str:
@@ -171,6 +202,16 @@ def findings(res: StudyResult) -> list[str]:
             out.append(f"{label}: per-pixel component choice beats per-sample choice at K = {pix or 'none'}: "
                        "one component per sample moves all coordinates together, which the per-coordinate "
                        "moments do not ask for.")
+        sde = ("seeds-1", "seeds-2", "edm-sde")
+        if all(lab in w for lab in sde):
+            wins = [K for K in res.steps if w["gms-closed"][K] < min(w[lab][K] for lab in sde)]
+            out.append(f"{label}: gms-closed beats all three SDE baselines at equal K at K = {wins or 'none'}.")
+            pairs = [(K, 2 * K) for K in res.steps if 2 * K in res.steps]
+            if pairs:
+                out.append(f"{label}: at equal network calls (two-call solvers at K against one-call ones at 2K): "
+                           + "; ".join(f"seeds-2 K={K} {w['seeds-2'][K]:.4f}, edm-sde K={K} {w['edm-sde'][K]:.4f} vs "
+                                       f"gms-closed K={K2} {w['gms-closed'][K2]:.4f}, sn-ddpm K={K2} "
+                                       f"{w['sn-ddpm'][K2]:.4f}" for K, K2 in pairs) + ".")
         for K in res.steps:
             order = sorted((lab for lab in w if lab != "exact"), key=lambda lab: w[lab][K])
             out.append(f"{label} K={K}: W1 ranks {' < '.join(f'{lab} {w[lab][K]:.4f}' for lab in order)}.")
@@ -215,9 +256,12 @@ def report(res: StudyResult, command: str) -> str:
         "code. The GMS rows fit and sample a mixture at every step, as the paper's Alg. sampling does "
         "(`gaussian_last_step=False`); `gms-closed-gausslast` keeps the official Gaussian step into s=0 "
         "(the library default) to show what that step costs here. "
-        "Best non-exact value per column in bold.\n",
+        "Best non-exact value per column in bold. The SDE baselines of issue 23: `seeds-1` (one call per step), "
+        "`seeds-2` and `edm-sde` (two calls per step: K steps cost 2K+1 calls, so compare them with the one-call "
+        "rows at about twice their K); GGF has its own table.\n",
         "## What it shows\n",
         *[f"- {line}" for line in findings(res)],
         "",
+        *(ggf_table(res) if res.ggf else []),
         markdown_tables(res),
     ])

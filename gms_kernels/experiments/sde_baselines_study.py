@@ -1,0 +1,121 @@
+"""Issue 23 on the embedded digits model: GMS against the SDE baselines (EDM-SDE, SEEDS-1/2, GGF) and the
+existing rows, at equal network calls (NFE), over several seeds, with 95% intervals and paired tests.
+
+A solver's steps K are chosen per NFE budget B on the even trajectory: the largest K whose network calls
+(:func:`gms_kernels.sde.network_calls`) fit in B, so one-call solvers get about twice the steps of the
+two-call ones (EDM-SDE's Heun correction, SEEDS-2's intermediate point). GGF's calls are adaptive and cannot
+be set: it runs at a tolerance and its mean NFE is reported (a separate block, against the one-call rows
+at a matching budget).
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from ..embedded import DIGITS_SHAPE
+from ..files import write_atomically
+from ..metrics import fd_digits, paired_difference, seed_interval
+from ..sampling import sample
+from ..schedule import trajectory as make_trajectory
+from ..sde import network_calls
+
+# (label, solver, options); 'gms' is the library default (closed fit, one component per image, Gaussian last step)
+ROWS: list[tuple[str, str, dict]] = [
+    ("ddpm", "ddpm", {}),
+    ("sn-ddpm", "sn-ddpm", {}),
+    ("ddim", "ddim", {}),
+    ("gms (default)", "gms", {}),
+    ("gms-adan / pixel", "gms", {"fit": "adan", "fit_iters": 25, "select": "pixel"}),
+    ("seeds-1", "seeds-1", {}),
+    ("seeds-2", "seeds-2", {}),
+    ("edm-sde", "edm-sde", {}),
+]
+GMS_LABELS = ("gms (default)", "gms-adan / pixel")
+ROW_OPTIONS = {label: (solver, options) for label, solver, options in ROWS}
+
+
+def steps_for_budget(solver: str, budget: int, T: int = 1000) -> tuple[int, int]:
+    """(K, NFE): the largest K of the even trajectory whose network calls fit in ``budget``."""
+    best = None
+    for K in range(1, budget + 1):
+        nfe = network_calls(solver, len(make_trajectory(T, K, "even")))
+        if nfe <= budget:
+            best = (K, nfe)
+    if best is None:
+        raise ValueError(f"no K of solver {solver!r} fits {budget} network calls")
+    return best
+
+
+def _draw(model, solver: str, options: dict, steps: int, n: int, seed: int, batch: int) -> tuple[torch.Tensor, float]:
+    """n samples (in batches; sample i is the same whatever the batch) and the mean NFE per sample."""
+    parts, nfe = [], []
+    for first in range(0, n, batch):
+        seen: list[dict] = []
+        parts.append(sample(model, shape=(min(batch, n - first), *DIGITS_SHAPE), steps=steps, solver=solver,
+                            generator=seed, first_index=first, progress=False, callback=seen.append, **options))
+        last = seen[-1].get("nfe")
+        nfe.append(float(torch.as_tensor(last, dtype=torch.float64).mean()) if last is not None else float(len(seen)))
+    return torch.cat(parts), sum(nfe) / len(nfe)
+
+
+class Cache:
+    """Measured cells in a JSON file, written after each one (an interrupted run resumes)."""
+
+    def __init__(self, path: str | Path | None):
+        self.path = Path(path) if path else None
+        self.data = json.loads(self.path.read_text()) if self.path is not None and self.path.exists() else {}
+
+    def get(self, key: str, compute: Callable[[], dict]) -> dict:
+        if key not in self.data:
+            self.data[key] = compute()
+            if self.path is not None:
+                text = json.dumps(self.data, indent=1)
+                write_atomically(self.path, lambda tmp: tmp.write_text(text))
+        return self.data[key]
+
+
+def run_cells(model, reference: torch.Tensor, cells: Sequence[tuple[str, str, dict, int]], seeds: Sequence[int],
+              n_samples: int, cache: Cache, batch: int = 500, log=print) -> dict:
+    """cells: (label, solver, options, steps K); returns {(label, K): [per-seed {"fd", "nfe", "seconds"}]}."""
+    out = {}
+    for label, solver, options, K in cells:
+        for seed in seeds:
+            def compute(solver=solver, options=options, K=K, seed=seed):
+                t0 = time.perf_counter()
+                x, nfe = _draw(model, solver, options, K, n_samples, seed, batch)
+                return {"fd": fd_digits(x, reference), "nfe": nfe, "seconds": time.perf_counter() - t0}
+            key = f"{label}|{solver}|{json.dumps(options, sort_keys=True)}|K={K}|n={n_samples}|seed={seed}"
+            r = cache.get(key, compute)
+            out.setdefault((label, K), []).append(r)
+            if log:
+                log(f"{label:22s} K={K:3d} seed={seed}: FD {r['fd']:7.2f}  NFE {r['nfe']:6.1f}  ({r['seconds']:.0f} s)")
+    return out
+
+
+def budget_cells(budget: int) -> list[tuple[str, str, dict, int]]:
+    return [(label, solver, options, steps_for_budget(solver, budget)[0]) for label, solver, options in ROWS]
+
+
+def table(results: dict, cells: Sequence[tuple[str, str, dict, int]], gms_labels: Sequence[str] = GMS_LABELS) -> list[str]:
+    """Markdown rows: mean FD ± 95% half-width, NFE, K, and the paired difference to the best baseline
+    (the lowest mean among the rows not in ``gms_labels``), * where significant at 95%."""
+    fds = {(label, K): [r["fd"] for r in results[(label, K)]] for label, _, _, K in cells}
+    means = {key: sum(v) / len(v) for key, v in fds.items()}
+    base = min((key for key in fds if key[0] not in gms_labels), key=means.get)
+    lines = ["| solver | K | NFE | FD-digits (mean ± 95% CI) | vs best baseline " + f"({base[0]}) |",
+             "|---|---|---|---|---|"]
+    for label, _, _, K in sorted(cells, key=lambda c: means[(c[0], c[3])]):
+        key = (label, K)
+        ci = seed_interval(fds[key])
+        nfe = sum(r["nfe"] for r in results[key]) / len(results[key])
+        if key == base:
+            cmp = "(best baseline)"
+        else:
+            diff, sig = paired_difference(fds[key], fds[base])
+            cmp = f"{diff.mean:+.2f} [{diff.low:+.2f}, {diff.high:+.2f}]" + (" *" if sig else "")
+        lines.append(f"| {label} | {K} | {nfe:.1f} | {ci.mean:.2f} ± {ci.half_width:.2f} | {cmp} |")
+    return lines
