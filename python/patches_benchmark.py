@@ -46,7 +46,7 @@ def cell(iv, digits: int) -> str:
     return f"{iv.mean:.{digits}f} [{iv.low:.{digits}f}, {iv.high:.{digits}f}]"
 
 
-def report(results: dict, floors: dict, args, training: dict | None) -> str:
+def report(results: dict, floors: dict, args, training: dict | None, heads: dict | None = None) -> str:
     labels, steps, seeds = args.labels, args.steps, list(range(args.seeds))
     cmd = "nice -n 5 python python/patches_benchmark.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     split = {s: [n for n, (sp, _) in PATCH_PHOTOS.items() if sp == s] for s in ("train", "validation", "test")}
@@ -70,6 +70,14 @@ def report(results: dict, floors: dict, args, training: dict | None) -> str:
                   + f"; chosen: {training['chosen_backbone_steps']} steps. Heads on validation: MSE e2 "
                   f"{training['heads']['mse_e2']:.3f} (trivial e2 = 1: {training['heads']['trivial_e2']:.3f}), "
                   f"MSE e3 {training['heads']['mse_e3']:.3f}."]
+    if heads:
+        lines += ["", "Heads on noised test patches (400 patches, one noise draw; `patches_study.head_variance`): "
+                  "share of elements with e2 - e1^2 < 0 (the solvers clamp it to 0), mean e2 - e1^2, and the "
+                  "Monte-Carlo mean of (eps - e1)^2:", "", "| t | " + " | ".join(str(t) for t in heads) + " |",
+                  "|---" * (len(heads) + 1) + "|",
+                  "| share < 0 | " + " | ".join(f"{r['negative']:.2f}" for r in heads.values()) + " |",
+                  "| mean e2 - e1^2 | " + " | ".join(f"{r['mean_var']:.3f}" for r in heads.values()) + " |",
+                  "| mean (eps - e1)^2 | " + " | ".join(f"{r['mc_var']:.3f}" for r in heads.values()) + " |"]
     lines += ["", f"Each cell: mean over {len(seeds)} seeds (0..{len(seeds) - 1}) and the 95% Student-t interval "
               f"(gk.metrics.seed_interval), {args.samples} samples per seed against the 10,000 test patches. "
               "Lower is better. **Bold**: the best baseline (lowest mean of ddpm, ddpm-large, sn-ddpm, ddim) at "
@@ -143,7 +151,8 @@ def main() -> None:
     training = json.loads(record.read_text()) if record.exists() else None
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(report(results, floors, args, training))
+    heads = study.head_variance(model, patches("test", per_photo=200))
+    out.write_text(report(results, floors, args, training, heads))
     print(out.read_text())
 
 

@@ -131,3 +131,22 @@ def summarise(results: dict[tuple[str, int, int], dict], metric: str, labels: Se
             out[(label, k)] = {"interval": intervals[label], "best_baseline": best, "diff": diff,
                                "significant": significant and label != best}
     return out
+
+
+@torch.no_grad()
+def head_variance(net, data: torch.Tensor, ts: Sequence[int] = (50, 100, 200, 300, 500, 700, 900), seed: int = 0,
+                  schedule: Schedule | None = None) -> dict[int, dict]:
+    """Per t, on x_t ~ q(x_t | x_0) of ``data``: the share of elements whose predicted variance e2 - e1^2 is
+    negative (clamped to 0 by the solvers), its mean, and the Monte-Carlo mean of (eps - e1)^2 (an
+    upper bound of the true mean variance E Var(eps | x_t), tight when e1 is exact)."""
+    schedule = schedule or Schedule.linear()
+    eps = torch.randn(data.shape, generator=torch.Generator().manual_seed(seed))
+    C, out = data.shape[1], {}
+    for t in ts:
+        abar = schedule.alphas_cumprod[t].to(data.dtype)
+        pred = net(abar.sqrt() * data + (1 - abar).sqrt() * eps, torch.full((data.shape[0],), t))
+        e1, e2 = pred[:, :C], pred[:, C:2 * C]
+        var = e2 - e1**2
+        out[t] = {"negative": float((var < 0).float().mean()), "mean_var": float(var.mean()),
+                  "mc_var": float((eps - e1).pow(2).mean())}
+    return out
