@@ -21,7 +21,6 @@ from gms_kernels.data import digits
 from gms_kernels.embedded import default_model
 from gms_kernels.experiments import sde_baselines_study as study
 
-GGF_COMPARE = ("ddpm", "sn-ddpm", "gms (default)", "gms-adan / pixel")
 
 
 def cpu_name() -> str:
@@ -33,7 +32,7 @@ def cpu_name() -> str:
 
 def ggf_cells(args) -> list:
     cells = [(f"ggf eps_rel={tol:g}", "ggf", {"eps_rel": tol}, 10) for tol in args.ggf_tols]
-    cells += [c for c in study.budget_cells(args.ggf_budget) if c[0] in GGF_COMPARE]
+    cells += [c for c in study.budget_cells(args.ggf_budget) if c[0] in args.ggf_compare]
     return cells
 
 
@@ -46,12 +45,18 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     p.add_argument("--samples", type=int, default=1000)
     p.add_argument("--cache-dir", default="gms_out")
+    p.add_argument("--cache-name", default=None, help="this run's cache file (default: the part's name)")
+    p.add_argument("--ggf-compare", nargs="+", default=["sn-ddpm", "gms-adan / pixel"],
+                   help="the one-call rows run at --ggf-budget next to GGF")
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "digits_sde_baselines.md"))
     args = p.parse_args()
     torch.set_num_threads(1)
     model = default_model()
     reference, _ = digits("all")
-    caches = {part: study.Cache(Path(args.cache_dir) / f"sde_baselines-{part}.json") for part in ("budgets", "ggf")}
+    # each run writes its own cache (--cache-name), and reads every cache of the study (runs side by side)
+    others = sorted(Path(args.cache_dir).glob("sde_baselines-*.json"))
+    caches = {part: study.Cache(Path(args.cache_dir) / f"sde_baselines-{args.cache_name or part}.json", others)
+              for part in ("budgets", "ggf")}
     budget_cells = {b: study.budget_cells(b) for b in args.budgets}
     log = print if args.part != "report" else None
     results = {}

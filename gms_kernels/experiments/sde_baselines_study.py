@@ -32,6 +32,7 @@ ROWS: list[tuple[str, str, dict]] = [
     ("gms-adan / pixel", "gms", {"fit": "adan", "fit_iters": 25, "select": "pixel"}),
     ("seeds-1", "seeds-1", {}),
     ("seeds-2", "seeds-2", {}),
+    ("seeds-2 (data)", "seeds-2", {"prediction": "data"}),
     ("edm-sde", "edm-sde", {}),
 ]
 GMS_LABELS = ("gms (default)", "gms-adan / pixel")
@@ -65,9 +66,13 @@ def _draw(model, solver: str, options: dict, steps: int, n: int, seed: int, batc
 class Cache:
     """Measured cells in a JSON file, written after each one (an interrupted run resumes)."""
 
-    def __init__(self, path: str | Path | None):
+    def __init__(self, path: str | Path | None, also_read: Sequence[str | Path] = ()):
+        """Writes to ``path``; reads it and ``also_read`` (other runs' caches of the same cells)."""
         self.path = Path(path) if path else None
-        self.data = json.loads(self.path.read_text()) if self.path is not None and self.path.exists() else {}
+        self.data = {}
+        for p in [*also_read, *([self.path] if self.path is not None else [])]:
+            if Path(p).exists():
+                self.data.update(json.loads(Path(p).read_text()))
 
     def get(self, key: str, compute: Callable[[], dict]) -> dict:
         if key not in self.data:
