@@ -25,6 +25,7 @@ from gms_kernels.data import PATCH_PHOTOS, patches
 from gms_kernels.embedded import PATCHES_CONFIG, PATCHES_MODEL, patches_model
 from gms_kernels.experiments import patches_study as study
 from gms_kernels.experiments.digits_study import ResultCache
+from gms_kernels.images import save_panels
 from gms_kernels.metrics import seed_interval
 from gms_kernels.random import STREAM_VERSION
 
@@ -58,7 +59,8 @@ def report(results: dict, floors: dict, args, training: dict | None, heads: dict
              "Data (`gk.data.patches`, split by photo): 8x8 grey patches of scikit-image's bundled photos, grey "
              "intensity v in [0, 1] -> 2v - 1 (fixed, no per-patch normalisation), cut at seeded random positions. "
              f"Train: {', '.join(split['train'])} (7000 each); validation: {', '.join(split['validation'])} (3000 "
-             f"each); test: {', '.join(split['test'])} (5000 each, the reference: 10,000 patches).", "",
+             f"each); test: {', '.join(split['test'])} (5000 each, the reference: 10,000 patches). Licences (from the "
+             "skimage.data docstrings): " + "; ".join(f"{n}: {lic}" for n, (_, lic) in PATCH_PHOTOS.items()) + ".", "",
              f"Model: gms_kernels/assets/patches_gms.pt (`gk.embedded.patches_model()`), PytorchDDPMUNet "
              f"{PATCHES_CONFIG} with conv heads for E[eps^2], E[eps^3], trained on the train split by "
              "python/train_patches_model.py; linear schedule T=1000, even trajectory."]
@@ -113,6 +115,7 @@ def report(results: dict, floors: dict, args, training: dict | None, heads: dict
     if "gms (defaults)" in labels:
         used = {json.dumps(results[("gms (defaults)", k, s)].get("options"), sort_keys=True) for k in steps for s in seeds}
         lines += ["", "`gms (defaults)` ran with: " + "; ".join(f"`{u}`" for u in sorted(used)) + "."]
+    lines += ["", "Samples at K=10 (first 40, seed 0) next to random test patches: `patches_grid.png`."]
     seconds = {label: sum(results[(label, k, s)]["seconds"] for k in steps for s in seeds) for label in labels}
     lines += ["", "Sampling wall time per solver, all K and seeds together (shared machine, several processes: "
               "indicative only): " + ", ".join(f"{lb} {v / 60:.0f} min" for lb, v in seconds.items()) + "."]
@@ -152,6 +155,11 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     heads = study.head_variance(model, patches("test", per_photo=200))
+    grid_labels = ("ddpm", "sn-ddpm", "ddim", "gms (defaults)", "gms-closed / pixel")
+    panels = [("test patches", reference[torch.randperm(reference.shape[0],
+                                                        generator=torch.Generator().manual_seed(0))[:40]])]
+    panels += [(f"{label} K=10", study.draw(model, label, 10, 40, 0)) for label in grid_labels]
+    save_panels(panels, out.parent / "patches_grid.png", nrow=8, scale=5)
     out.write_text(report(results, floors, args, training, heads))
     print(out.read_text())
 
