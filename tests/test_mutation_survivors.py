@@ -44,3 +44,12 @@ def test_even_trajectory_is_the_official_list(T, K):
     if official[-1] != 0:
         official.append(0)
     assert gk.trajectory(T, K, "even") == official
+
+
+@pytest.mark.parametrize("K", [1, 2, 3, 10, 50])
+def test_linspace_trajectory_is_diffusers_linspace(K):
+    """diffusers' "linspace" spacing: linspace(0, T - 1, K) rounded, descending (K = 1 gives [0])."""
+    import numpy as np
+
+    expected = np.linspace(0, 999, K).round()[::-1].astype(int).tolist()
+    assert gk.trajectory(1000, K, "linspace") == expected
