@@ -53,3 +53,15 @@ def test_linspace_trajectory_is_diffusers_linspace(K):
 
     expected = np.linspace(0, 999, K).round()[::-1].astype(int).tolist()
     assert gk.trajectory(1000, K, "linspace") == expected
+
+
+def test_transition_moments_leave_the_missing_orders_none():
+    """From e1 alone only M1 exists (Var and M3 stay None); from e1 and e2, M3 stays None."""
+    from gms_kernels.moments import transition_moments
+
+    k = gk.Schedule.linear().coefficients(500, 400)
+    x, e = torch.randn(2, 3, dtype=torch.float64), torch.randn(2, 3, dtype=torch.float64) * 0.1
+    only_mean = transition_moments(x, e, None, None, k)
+    assert only_mean.var is None and only_mean.m3 is None
+    with_var = transition_moments(x, e, e * e + 0.5, None, k)
+    assert with_var.var is not None and with_var.m3 is None
