@@ -27,11 +27,11 @@ def main() -> None:
         sys.exit(f"the tests fail without a mutant:\n{clean.stdout.decode()[-2000:]}")
     for statuses in load().values():
         for name, status in statuses.items():
-            if status != "survived":
+            if status not in ("survived", "no tests"):
                 continue
             run = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
                                  cwd="mutants", env=dict(env, MUTANT_UNDER_TEST=name), capture_output=True)
-            print(f"{name}: {'killed' if run.returncode != 0 else 'survived'}", flush=True)
+            print(f"{name} ({status}): {'killed' if run.returncode != 0 else 'survives'}", flush=True)
 
 
 if __name__ == "__main__":

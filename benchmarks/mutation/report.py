@@ -53,7 +53,7 @@ def main() -> None:
         for source, statuses in data.items():
             for name, status in statuses.items():
                 if status in ("survived", "no tests", "suspicious"):
-                    print(f"- `{name}` ({status}): `{changed_lines(name, 'mutants/' + source)}`")
+                    print(f"- `{name}` ({status}): `{changed_lines(name, source)}`")
 
 
 if __name__ == "__main__":
