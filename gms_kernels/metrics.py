@@ -1,5 +1,6 @@
 """Sample-quality metrics against data: Wasserstein-1, sliced W1, KDE log-likelihood, energy distance,
-Fréchet distances (FD-digits, FD-|DCT| for image patches, and FID with the torch-only InceptionV3 of gms_kernels.inception)."""
+Fréchet distances (FD-digits, FD-|DCT| for image patches, and FID with the torch-only InceptionV3 of
+gms_kernels.inception)."""
 from __future__ import annotations
 
 import math

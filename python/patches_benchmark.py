@@ -3,7 +3,8 @@
     nice -n 5 python python/patches_benchmark.py                          # measure every cell, then write the table
     nice -n 5 python python/patches_benchmark.py --labels ddpm ddim --no-report   # a share of the cells (parallel runs)
 
-Metrics against the test patches (gk.data.patches("test"): 10,000 8x8 patches of the test photos):
+Metrics against the test patches (gk.data.patches("test"): 10,000 8x8 patches of the test photos), and, to
+read those against, against 10,003 patches of the train photos at other positions than the training set's:
 sliced W1 in pixel space (256 random directions) and FD-|DCT| (gk.metrics.frechet_distance_dct). Each
 (solver, K, seed) cell is cached as it is measured (one JSON per solver in --cache-dir), so runs resume and
 several processes can share the cells. Writes python/results/patches.md.
@@ -29,7 +30,10 @@ from gms_kernels.images import save_panels
 from gms_kernels.metrics import seed_interval
 from gms_kernels.random import STREAM_VERSION
 
-METRICS = (("fd_dct", "FD-|DCT|", 3), ("swd", "sliced W1 (pixels)", 4))
+METRICS = (("test/fd_dct", "FD-|DCT| against the test photos", 3),
+           ("test/swd", "sliced W1 (pixels) against the test photos", 4),
+           ("train/fd_dct", "FD-|DCT| against the train photos (other patches)", 3),
+           ("train/swd", "sliced W1 (pixels) against the train photos (other patches)", 4))
 
 
 def machine() -> str:
@@ -81,7 +85,9 @@ def report(results: dict, floors: dict, args, training: dict | None, heads: dict
                   "| mean e2 - e1^2 | " + " | ".join(f"{r['mean_var']:.3f}" for r in heads.values()) + " |",
                   "| mean (eps - e1)^2 | " + " | ".join(f"{r['mc_var']:.3f}" for r in heads.values()) + " |"]
     lines += ["", f"Each cell: mean over {len(seeds)} seeds (0..{len(seeds) - 1}) and the 95% Student-t interval "
-              f"(gk.metrics.seed_interval), {args.samples} samples per seed against the 10,000 test patches. "
+              f"(gk.metrics.seed_interval), {args.samples} samples per seed against the 10,000 test patches (the "
+              "reported result) or 10,003 patches of the train photos at positions other than the training set's "
+              "(seed 1000: how close the samples are to what the model learned). "
               "Lower is better. **Bold**: the best baseline (lowest mean of ddpm, ddpm-large, sn-ddpm, ddim) at "
               "that K. `+` / `-`: significantly better / worse than that baseline (paired per-seed difference, "
               "95% interval excludes 0: gk.metrics.paired_difference; the seeds share the initial noise across "
@@ -113,7 +119,8 @@ def report(results: dict, floors: dict, args, training: dict | None, heads: dict
             iv = seed_interval([floors[(label, s)][key] for s in seeds])
             lines.append(f"| *{label}* | " + " | ".join(cell(iv, digits) for _ in steps) + " |")
     if "gms (defaults)" in labels:
-        used = {json.dumps(results[("gms (defaults)", k, s)].get("options"), sort_keys=True) for k in steps for s in seeds}
+        used = {json.dumps(results[("gms (defaults)", k, s)].get("options"), sort_keys=True)
+                for k in steps for s in seeds}
         lines += ["", "`gms (defaults)` ran with: " + "; ".join(f"`{u}`" for u in sorted(used)) + "."]
     lines += ["", "Samples at K=10 (first 40, seed 0) next to random test patches: `patches_grid.png`."]
     seconds = {label: sum(results[(label, k, s)]["seconds"] for k in steps for s in seeds) for label in labels}
@@ -139,17 +146,18 @@ def main() -> None:
         p.error("--seeds must be at least 2 (a confidence interval)")
     torch.set_num_threads(1)
     model = patches_model(args.model)
-    reference = patches("test")
+    refs = study.references()
+    reference = refs["test"]
     digest = hashlib.sha256(Path(args.model).read_bytes()).hexdigest()[:12]
     cache_dir = Path(args.cache_dir or f"gms_out/patches_study-{digest}-rng{STREAM_VERSION}")
     seeds = range(args.seeds)
     results = {}
     for label in args.labels:
         cache = ResultCache(cache_dir / f"{label.replace(' ', '_').replace('/', '-')}.json")
-        results.update(study.measure(model, reference, [label], args.steps, seeds, args.samples, cache))
+        results.update(study.measure(model, refs, [label], args.steps, seeds, args.samples, cache))
     if args.no_report:
         return
-    floors = study.data_rows(reference, seeds, args.samples)
+    floors = study.data_rows(refs, seeds, args.samples)
     record = Path(args.training_record)
     training = json.loads(record.read_text()) if record.exists() else None
     out = Path(args.out)

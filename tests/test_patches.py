@@ -103,3 +103,17 @@ def test_summarise_marks_the_best_baseline_and_significant_differences():
     assert out[("ddpm", 5)]["significant"] and out[("ddpm", 5)]["diff"].mean == pytest.approx(0.5)
     assert not out[("gms-closed / pixel", 5)]["significant"]
     assert out[("ddpm", 5)]["interval"].n == 5
+
+
+def test_measure_scores_every_reference_and_resumes_from_the_cache(tmp_path, model):
+    refs = {"test": data.patches("test", per_photo=100), "train": data.patches("train", per_photo=30, seed=1000)}
+    cache = study.ResultCache(tmp_path / "cells.json")
+    res = study.measure(model, refs, ["ddim", "gms (defaults)"], [2], range(2), 16, cache, log=None)
+    assert set(res) == {(lb, 2, s) for lb in ("ddim", "gms (defaults)") for s in range(2)}
+    r = res[("ddim", 2, 0)]
+    assert {"test/swd", "test/fd_dct", "train/swd", "train/fd_dct"} <= set(r) and r["options"]["eta"] == 0.0
+    cache = study.ResultCache(tmp_path / "cells.json")
+    again = study.measure(model, refs, ["ddim"], [2], range(2), 16, cache, log=None)
+    assert again[("ddim", 2, 1)] == res[("ddim", 2, 1)]
+    floors = study.data_rows(refs, range(2), 16)
+    assert set(floors) == {(f"data: {sp} photos, other patches", s) for sp in ("test", "train") for s in range(2)}

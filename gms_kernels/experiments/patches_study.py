@@ -62,7 +62,8 @@ def resolved_options(label: str) -> dict:
     from ..solvers import SOLVERS as LIBRARY_SOLVERS
 
     solver, options = SOLVER_OPTIONS[label]
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in {**LIBRARY_SOLVERS[solver].options, **options}.items()}
+    merged = {**LIBRARY_SOLVERS[solver].options, **options}
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in merged.items()}
 
 
 def draw(model, label: str, steps: int, n: int, seed: int, batch_size: int = 1000) -> torch.Tensor:
@@ -73,11 +74,30 @@ def draw(model, label: str, steps: int, n: int, seed: int, batch_size: int = 100
     return torch.cat(parts)
 
 
-def measure(model, reference: torch.Tensor, labels: Sequence[str] = tuple(SOLVER_OPTIONS),
+def references(n_per_split: int = 10000) -> dict[str, torch.Tensor]:
+    """The reference patches: ``test`` = gk.data.patches("test") (the test split itself), and ``train`` =
+    ``n_per_split`` patches of the train photos at other positions than the training set's (seed 1000):
+    the distribution the model learned, to read the test numbers against (the photo sets differ)."""
+    from ..data import patch_photos, patches
+
+    return {"test": patches("test"),
+            "train": patches("train", per_photo=-(-n_per_split // len(patch_photos("train"))), seed=1000)}
+
+
+def _scores(x: torch.Tensor, refs: dict[str, torch.Tensor]) -> dict[str, float]:
+    out = {}
+    for name, ref in refs.items():
+        out[f"{name}/swd"] = sliced_wasserstein1(x, ref, n_projections=256)
+        out[f"{name}/fd_dct"] = frechet_distance_dct(x, ref)
+    return out
+
+
+def measure(model, refs: dict[str, torch.Tensor], labels: Sequence[str] = tuple(SOLVER_OPTIONS),
             steps: Sequence[int] = STEPS, seeds: Sequence[int] = range(5), n_samples: int = 2000,
             cache: ResultCache | None = None, log=print) -> dict[tuple[str, int, int], dict]:
-    """{(label, K, seed): {"swd": sliced W1 (pixels), "fd_dct": Fréchet distance of DCT coefficients,
-    "seconds": sampling wall time, "n": n_samples}} against ``reference`` (the test patches)."""
+    """{(label, K, seed): {"<ref>/swd": sliced W1 (pixels), "<ref>/fd_dct": Fréchet distance of DCT
+    magnitudes, for each reference set in ``refs``; "seconds": sampling wall time, "n": n_samples,
+    "options": the solver options used}}."""
     cache = cache or ResultCache(None)
     out = {}
     for k in steps:
@@ -87,30 +107,27 @@ def measure(model, reference: torch.Tensor, labels: Sequence[str] = tuple(SOLVER
                     t0 = time.perf_counter()
                     x = draw(model, label, k, n_samples, seed)
                     seconds = time.perf_counter() - t0
-                    return {"swd": sliced_wasserstein1(x, reference, n_projections=256),
-                            "fd_dct": frechet_distance_dct(x, reference), "seconds": seconds, "n": n_samples,
-                            "options": resolved_options(label)}
-                out[(label, k, seed)] = r = cache.get_or_compute(f"{label}|{k}|{seed}|{n_samples}", run)
+                    return {**_scores(x, refs), "seconds": seconds, "n": n_samples, "options": resolved_options(label)}
+                key = f"{label}|{k}|{seed}|{n_samples}|" + ",".join(refs)
+                out[(label, k, seed)] = r = cache.get_or_compute(key, run)
                 if log:
-                    log(f"{label:22s} K={k:3d} seed {seed}: SW1 {r['swd']:.4f}  FD-DCT {r['fd_dct']:.4f} "
-                        f"({r['seconds']:.0f} s)")
+                    log(f"{label:22s} K={k:3d} seed {seed}: " + "  ".join(
+                        f"{name} SW1 {r[name + '/swd']:.4f} FD-DCT {r[name + '/fd_dct']:.4f}" for name in refs)
+                        + f" ({r['seconds']:.0f} s)")
     return out
 
 
-def data_rows(reference: torch.Tensor, seeds: Sequence[int], n_samples: int) -> dict[tuple[str, int], dict]:
-    """The metrics' floors at the same sample size: ``n_samples`` real patches against the reference,
-    per seed: other positions in the test photos (sampling noise alone), and the train photos (what a
-    perfect model of the train split would score)."""
-    from ..data import PATCH_PHOTOS, patches
+def data_rows(refs: dict[str, torch.Tensor], seeds: Sequence[int], n_samples: int) -> dict[tuple[str, int], dict]:
+    """The metrics' floors at the same sample size: ``n_samples`` real patches per seed, cut at other
+    positions (seed 2000 + seed) of the test photos and of the train photos, scored like the samples."""
+    from ..data import patch_photos, patches
 
     out = {}
     for seed in seeds:
-        for label, split in (("data: test photos, other patches", "test"), ("data: train photos", "train")):
-            per_photo = -(-n_samples // len([p for p, (s, _) in PATCH_PHOTOS.items() if s == split]))
-            x = patches(split, per_photo=per_photo, seed=1000 + seed)
+        for split in ("test", "train"):
+            x = patches(split, per_photo=-(-n_samples // len(patch_photos(split))), seed=2000 + seed)
             x = x[torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(seed))[:n_samples]]
-            out[(label, seed)] = {"swd": sliced_wasserstein1(x, reference, n_projections=256),
-                                  "fd_dct": frechet_distance_dct(x, reference)}
+            out[(f"data: {split} photos, other patches", seed)] = _scores(x, refs)
     return out
 
 
