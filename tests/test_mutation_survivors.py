@@ -65,3 +65,14 @@ def test_transition_moments_leave_the_missing_orders_none():
     assert only_mean.var is None and only_mean.m3 is None
     with_var = transition_moments(x, e, e * e + 0.5, None, k)
     assert with_var.var is not None and with_var.m3 is None
+
+
+def test_third_moment_clamp_keeps_a_tie():
+    """The official rule replaces E[y^3] by E[y] only where |E[y^3]| > |E[y]| (strictly): at a tie of
+    opposite signs E[y^3] = -E[y] it is kept."""
+    from gms_kernels.moments import X0Moments, clamp_x0_moments
+
+    m = X0Moments(mean=torch.tensor([0.5, 0.5], dtype=torch.float64), var=torch.tensor([0.1, 0.1], dtype=torch.float64),
+                  m2=torch.tensor([0.35, 0.35], dtype=torch.float64), m3=torch.tensor([-0.5, -0.6], dtype=torch.float64))
+    out = clamp_x0_moments(m, (-1.0, 1.0))
+    assert out.m3.tolist() == [-0.5, 0.5]
