@@ -76,3 +76,16 @@ def test_third_moment_clamp_keeps_a_tie():
                   m2=torch.tensor([0.35, 0.35], dtype=torch.float64), m3=torch.tensor([-0.5, -0.6], dtype=torch.float64))
     out = clamp_x0_moments(m, (-1.0, 1.0))
     assert out.m3.tolist() == [-0.5, 0.5]
+
+
+def test_empty_data_range_and_fractional_step_times_are_refused_by_name():
+    from gms_kernels.moments import check_data_range
+
+    with pytest.raises(ValueError, match="low < high"):
+        check_data_range((0.5, 0.5))
+    assert check_data_range((0, 1)) == (0.0, 1.0)
+    s = gk.Schedule.linear(100)
+    with pytest.raises(ValueError, match="^t must be an integer"):
+        s.coefficients(50.5, 10)
+    with pytest.raises(ValueError, match="^s must be an integer"):
+        s.coefficients(50, 10.5)
