@@ -89,3 +89,11 @@ def test_empty_data_range_and_fractional_step_times_are_refused_by_name():
         s.coefficients(50.5, 10)
     with pytest.raises(ValueError, match="^s must be an integer"):
         s.coefficients(50, 10.5)
+
+
+def test_step_coefficients_a_ts_is_the_ratio():
+    """a_{t|s} = a_t / a_s (a public field the samplers themselves do not read)."""
+    s = gk.Schedule.linear()
+    for t, u in [(999, 899), (10, 0), (5, -1)]:
+        k = s.coefficients(t, u)
+        assert k.a_ts == pytest.approx(s.alpha(t) / s.alpha(u), rel=1e-15)
