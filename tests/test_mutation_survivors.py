@@ -97,3 +97,8 @@ def test_step_coefficients_a_ts_is_the_ratio():
     for t, u in [(999, 899), (10, 0), (5, -1)]:
         k = s.coefficients(t, u)
         assert k.a_ts == pytest.approx(s.alpha(t) / s.alpha(u), rel=1e-15)
+
+
+def test_a_fractional_time_index_is_named_in_the_error():
+    with pytest.raises(ValueError, match="^time index must be an integer time index"):
+        gk.Schedule.linear(100).alpha(3.5)
