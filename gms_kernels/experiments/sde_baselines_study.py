@@ -105,22 +105,29 @@ def budget_cells(budget: int) -> list[tuple[str, str, dict, int]]:
     return [(label, solver, options, steps_for_budget(solver, budget)[0]) for label, solver, options in ROWS]
 
 
-def table(results: dict, cells: Sequence[tuple[str, str, dict, int]], gms_labels: Sequence[str] = GMS_LABELS) -> list[str]:
-    """Markdown rows: mean FD ± 95% half-width, NFE, K, and the paired difference to the best baseline
-    (the lowest mean among the rows not in ``gms_labels``), * where significant at 95%."""
+def table(results: dict, cells: Sequence[tuple[str, str, dict, int]], gms_labels: Sequence[str] = GMS_LABELS,
+          deterministic: Sequence[str] = ("ddim",)) -> list[str]:
+    """Markdown rows: mean FD ± 95% half-width, NFE, K, and the paired differences to the best baseline (the lowest
+    mean among the rows not in ``gms_labels``) and to the best stochastic one (not in ``deterministic`` either),
+    * where significant at 95%."""
     fds = {(label, K): [r["fd"] for r in results[(label, K)]] for label, _, _, K in cells}
     means = {key: sum(v) / len(v) for key, v in fds.items()}
     base = min((key for key in fds if key[0] not in gms_labels), key=means.get)
-    lines = ["| solver | K | NFE | FD-digits (mean ± 95% CI) | vs best baseline " + f"({base[0]}) |",
-             "|---|---|---|---|---|"]
-    for label, _, _, K in sorted(cells, key=lambda c: means[(c[0], c[3])]):
+    sto = min((key for key in fds if key[0] not in (*gms_labels, *deterministic)), key=means.get, default=base)
+
+    def versus(key: tuple, ref: tuple) -> str:
+        if key == ref:
+            return "(this row)"
+        diff, sig = paired_difference(fds[key], fds[ref])
+        return f"{diff.mean:+.2f} [{diff.low:+.2f}, {diff.high:+.2f}]" + (" *" if sig else "")
+
+    lines = [f"| solver | K | NFE | FD-digits (mean ± 95% CI) | vs best baseline ({base[0]}) | vs best stochastic "
+             f"baseline ({sto[0]}) |", "|---|---|---|---|---|---|"]
+    for label, solver, _, K in sorted(cells, key=lambda c: means[(c[0], c[3])]):
         key = (label, K)
         ci = seed_interval(fds[key])
         nfe = sum(r["nfe"] for r in results[key]) / len(results[key])
-        if key == base:
-            cmp = "(best baseline)"
-        else:
-            diff, sig = paired_difference(fds[key], fds[base])
-            cmp = f"{diff.mean:+.2f} [{diff.low:+.2f}, {diff.high:+.2f}]" + (" *" if sig else "")
-        lines.append(f"| {label} | {K} | {nfe:.1f} | {ci.mean:.2f} ± {ci.half_width:.2f} | {cmp} |")
+        steps = "adaptive" if solver == "ggf" else K
+        lines.append(f"| {label} | {steps} | {nfe:.1f} | {ci.mean:.2f} ± {ci.half_width:.2f} | {versus(key, base)} | "
+                     f"{versus(key, sto)} |")
     return lines
