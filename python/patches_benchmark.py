@@ -30,6 +30,7 @@ from gms_kernels.images import save_panels
 from gms_kernels.metrics import seed_interval
 from gms_kernels.random import STREAM_VERSION
 
+READING = "## Reading (written by hand"  # kept when the tables are written again
 METRICS = (("test/fd_dct", "FD-|DCT| against the test photos", 3),
            ("test/swd", "sliced W1 (pixels) against the test photos", 4),
            ("train/fd_dct", "FD-|DCT| against the train photos (other patches)", 3),
@@ -51,7 +52,8 @@ def cell(iv, digits: int) -> str:
     return f"{iv.mean:.{digits}f} [{iv.low:.{digits}f}, {iv.high:.{digits}f}]"
 
 
-def report(results: dict, floors: dict, args, training: dict | None, heads: dict | None = None) -> str:
+def report(results: dict, floors: dict, args, training: dict | None, heads: dict | None = None,
+           stats: dict | None = None) -> str:
     labels, steps, seeds = args.labels, args.steps, list(range(args.seeds))
     cmd = "nice -n 5 python python/patches_benchmark.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     split = {s: [n for n, (sp, _) in PATCH_PHOTOS.items() if sp == s] for s in ("train", "validation", "test")}
@@ -122,6 +124,12 @@ def report(results: dict, floors: dict, args, training: dict | None, heads: dict
         used = {json.dumps(results[("gms (defaults)", k, s)].get("options"), sort_keys=True)
                 for k in steps for s in seeds}
         lines += ["", "`gms (defaults)` ran with: " + "; ".join(f"`{u}`" for u in sorted(used)) + "."]
+    if stats:
+        lines += ["", "Brightness and contrast (`patches_study.pixel_stats`; solvers: K=10, seed 0, "
+                  f"{args.samples} samples):", "",
+                  "| set | pixel mean | pixel sd | share of pixels with abs value > 0.95 |",
+                  "|---|---|---|---|"]
+        lines += [f"| {name} | {r['mean']:.3f} | {r['sd']:.3f} | {r['saturated']:.3f} |" for name, r in stats.items()]
     lines += ["", "Samples at K=10 (first 40, seed 0) next to random test patches: `patches_grid.png`."]
     seconds = {label: sum(results[(label, k, s)]["seconds"] for k in steps for s in seeds) for label in labels}
     lines += ["", "Sampling wall time per solver, all K and seeds together (shared machine, several processes: "
@@ -168,7 +176,10 @@ def main() -> None:
                                                         generator=torch.Generator().manual_seed(0))[:40]])]
     panels += [(f"{label} K=10", study.draw(model, label, 10, 40, 0)) for label in grid_labels]
     save_panels(panels, out.parent / "patches_grid.png", nrow=8, scale=5)
-    out.write_text(report(results, floors, args, training, heads))
+    stats = {f"{split} photos": study.pixel_stats(ref) for split, ref in refs.items()}
+    stats.update({label: study.pixel_stats(study.draw(model, label, 10, args.samples, 0)) for label in args.labels})
+    reading = out.read_text().partition(READING)[2] if out.exists() else ""
+    out.write_text(report(results, floors, args, training, heads, stats) + (f"\n{READING}{reading}" if reading else ""))
     print(out.read_text())
 
 

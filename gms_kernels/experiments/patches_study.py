@@ -167,3 +167,10 @@ def head_variance(net, data: torch.Tensor, ts: Sequence[int] = (50, 100, 200, 30
         out[t] = {"negative": float((var < 0).float().mean()), "mean_var": float(var.mean()),
                   "mc_var": float((eps - e1).pow(2).mean())}
     return out
+
+
+def pixel_stats(x: torch.Tensor) -> dict[str, float]:
+    """Brightness and contrast of a set of patches: pixel mean and sd, and the share of pixels with
+    |x| > 0.95 (near the ends of [-1, 1])."""
+    f = x.detach().double().flatten(1)
+    return {"mean": float(f.mean()), "sd": float(f.std()), "saturated": float((f.abs() > 0.95).double().mean())}
