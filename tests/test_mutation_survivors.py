@@ -102,3 +102,19 @@ def test_step_coefficients_a_ts_is_the_ratio():
 def test_a_fractional_time_index_is_named_in_the_error():
     with pytest.raises(ValueError, match="^time index must be an integer time index"):
         gk.Schedule.linear(100).alpha(3.5)
+
+
+def test_fit_adan_defaults():
+    """fit_adan's defaults: weights (1/3, 2/3), 25 iterations, lr 0.06 (the official constant),
+    mean over each sample; each default changes the result when changed."""
+    g = torch.Generator().manual_seed(0)
+    m1 = torch.randn(3, 8, dtype=torch.float64, generator=g) * 0.3
+    var = torch.rand(3, 8, dtype=torch.float64, generator=g) * 0.2 + 0.05
+    m3 = m1**3 + 3 * m1 * var + 0.3 * var**1.5 * torch.randn(3, 8, dtype=torch.float64, generator=g)
+    mom = gk.TransitionMoments(m1, var, m3)
+    default = gk.fit_adan(mom)
+    explicit = gk.fit_adan(mom, (1 / 3, 2 / 3), iters=25, lr=0.06, mean_over="sample")
+    for a, b in zip((default.mu1, default.mu2, default.s2), (explicit.mu1, explicit.mu2, explicit.s2)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    for other in (gk.fit_adan(mom, iters=26), gk.fit_adan(mom, lr=0.07), gk.fit_adan(mom, mean_over="batch")):
+        assert not torch.equal(other.mu1, default.mu1)
