@@ -231,7 +231,7 @@ def sample_ggf(e1: EpsFn, x: torch.Tensor, ts: Sequence[int], schedule: Schedule
         x_tilde = x1 + hv * b2 * (0.5 * x1 + s2) + (hv * b2).sqrt() * z
         x2 = 0.5 * (xa + x_tilde)
         delta = torch.maximum(torch.full_like(x1, o["eps_abs"]), o["eps_rel"] * torch.maximum(x1.abs(), x_prev[active].abs()))
-        err = ((x1 - x2) / delta).pow(2).reshape(len(active), -1).mean(1).sqrt()
+        err = ((x1 - x2) / delta).pow(2).reshape(len(active), -1).mean(1).sqrt().cpu()  # (decisions on the host)
         ok = err <= 1.0
         acc = active[ok]
         x[acc], x_prev[acc], u[acc] = x2[ok], x1[ok], ua[ok] - ha[ok]
