@@ -118,3 +118,36 @@ def test_fit_adan_defaults():
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     for other in (gk.fit_adan(mom, iters=26), gk.fit_adan(mom, lr=0.07), gk.fit_adan(mom, mean_over="batch")):
         assert not torch.equal(other.mu1, default.mu1)
+
+
+def _paper_rates(iters, high, low, min_lr, t, T, warmup=18):
+    """The paper's Tab. optimizer, written out: base = max(high (1 - iota), low), iota = ((T - t)/T)^2;
+    k/warmup * base for k <= warmup, then max(base (1 + cos(pi (k - warmup)/(iters - warmup)))/2, min_lr)."""
+    base = max(high * (1 - ((T - t) / T) ** 2), low)
+    out = []
+    for k in range(1, iters + 1):
+        if k <= warmup:
+            out.append(base * k / warmup)
+        else:
+            out.append(max(base * (1 + math.cos(math.pi * (k - warmup) / (iters - warmup))) / 2, min_lr))
+    return out
+
+
+@pytest.mark.parametrize("table, iters, t", [("paper", 25, 600), ("paper", 40, 999), ("paper", 60, 100),
+                                             ("paper-imagenet64", 19, 900), ("paper-imagenet64", 30, 700),
+                                             ("paper", 18, 800), ("paper", 5, 400)])
+def test_paper_learning_rates_against_the_table(table, iters, t):
+    from gms_kernels.fit import adan_learning_rates
+
+    high, low, min_lr = {"paper": (0.16, 0.12, 0.1), "paper-imagenet64": (0.1, 0.06, 0.04)}[table]
+    rates = adan_learning_rates(iters, table, t=t, T=1000)
+    assert rates == pytest.approx(_paper_rates(iters, high, low, min_lr, t, 1000), rel=1e-12, abs=0)
+
+
+def test_learning_rate_default_and_missing_time():
+    from gms_kernels.fit import adan_learning_rates
+
+    assert adan_learning_rates(3) == [0.06] * 3
+    for t, T in [(500, None), (None, 1000)]:
+        with pytest.raises(ValueError, match="needs the time index t and T"):
+            adan_learning_rates(5, "paper", t=t, T=T)
