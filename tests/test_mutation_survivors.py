@@ -151,3 +151,13 @@ def test_learning_rate_default_and_missing_time():
     for t, T in [(500, None), (None, 1000)]:
         with pytest.raises(ValueError, match="needs the time index t and T"):
             adan_learning_rates(5, "paper", t=t, T=T)
+
+
+def test_knee_delta2_values():
+    """(SKEW_KNEE / |w1 w2 (w2 - w1)|)^(2/3): 0.263 at the default weights; 0 for equal weights,
+    whose mixture has no skew (a guard: the fits refuse equal weights before they get here)."""
+    from gms_kernels.fit import SKEW_KNEE, knee_delta2
+
+    assert knee_delta2(1 / 3) == pytest.approx((SKEW_KNEE / (2 / 27)) ** (2 / 3), rel=1e-14)
+    assert knee_delta2(1 / 3) == pytest.approx(0.263, abs=5e-4)
+    assert knee_delta2(0.5) == 0.0
