@@ -20,6 +20,7 @@ import torch
 from gms_kernels.data import digits
 from gms_kernels.embedded import default_model
 from gms_kernels.experiments import sde_baselines_study as study
+from gms_kernels.experiments.digits_study import ResultCache
 
 
 
@@ -56,7 +57,7 @@ def main() -> None:
     reference, _ = digits("all")
     # each run writes its own cache (--cache-name), and reads every cache of the study (runs side by side)
     others = sorted(Path(args.cache_dir).glob("sde_baselines-*.json"))
-    caches = {part: study.Cache(Path(args.cache_dir) / f"sde_baselines-{args.cache_name or part}.json", others)
+    caches = {part: ResultCache(Path(args.cache_dir) / f"sde_baselines-{args.cache_name or part}.json", others)
               for part in ("budgets", "ggf")}
     budget_cells = {b: study.budget_cells(b) for b in args.budgets}
     log = print if args.part != "report" else None

@@ -42,13 +42,16 @@ SDEDIT_SOLVERS = ("ddim", "sn-ddpm", "gms-adan / pixel")
 
 
 class ResultCache:
-    """A JSON dict of measured results, written after every new entry."""
+    """A JSON dict of measured results, written after every new entry (an interrupted run resumes).
 
-    def __init__(self, path: str | Path | None):
+    Writes to ``path``; reads it and ``also_read`` (the caches of other runs of the same cells, side by side)."""
+
+    def __init__(self, path: str | Path | None, also_read: Sequence[str | Path] = ()):
         self.path = Path(path) if path else None
         self.data: dict = {}
-        if self.path is not None and self.path.exists():
-            self.data = json.loads(self.path.read_text())
+        for p in [*also_read, *([self.path] if self.path is not None else [])]:
+            if Path(p).exists():
+                self.data.update(json.loads(Path(p).read_text()))
 
     def get_or_compute(self, key: str, compute: Callable[[], dict]) -> dict:
         if key not in self.data:

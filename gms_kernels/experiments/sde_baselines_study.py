@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
 from ..embedded import DIGITS_SHAPE
-from ..files import write_atomically
 from ..metrics import fd_digits, paired_difference, seed_interval
 from ..sampling import sample
 from ..schedule import trajectory as make_trajectory
 from ..sde import network_calls
+from .digits_study import ResultCache
 
 # (label, solver, options); 'gms' is the library default (closed fit, one component per image, Gaussian last step)
 ROWS: list[tuple[str, str, dict]] = [
@@ -63,28 +62,8 @@ def _draw(model, solver: str, options: dict, steps: int, n: int, seed: int, batc
     return torch.cat(parts), sum(nfe) / len(nfe)
 
 
-class Cache:
-    """Measured cells in a JSON file, written after each one (an interrupted run resumes)."""
-
-    def __init__(self, path: str | Path | None, also_read: Sequence[str | Path] = ()):
-        """Writes to ``path``; reads it and ``also_read`` (other runs' caches of the same cells)."""
-        self.path = Path(path) if path else None
-        self.data = {}
-        for p in [*also_read, *([self.path] if self.path is not None else [])]:
-            if Path(p).exists():
-                self.data.update(json.loads(Path(p).read_text()))
-
-    def get(self, key: str, compute: Callable[[], dict]) -> dict:
-        if key not in self.data:
-            self.data[key] = compute()
-            if self.path is not None:
-                text = json.dumps(self.data, indent=1)
-                write_atomically(self.path, lambda tmp: tmp.write_text(text))
-        return self.data[key]
-
-
 def run_cells(model, reference: torch.Tensor, cells: Sequence[tuple[str, str, dict, int]], seeds: Sequence[int],
-              n_samples: int, cache: Cache, batch: int = 500, log=print) -> dict:
+              n_samples: int, cache: ResultCache, batch: int = 500, log=print) -> dict:
     """cells: (label, solver, options, steps K); returns {(label, K): [per-seed {"fd", "nfe", "seconds"}]}."""
     out = {}
     for label, solver, options, K in cells:
@@ -94,7 +73,7 @@ def run_cells(model, reference: torch.Tensor, cells: Sequence[tuple[str, str, di
                 x, nfe = _draw(model, solver, options, K, n_samples, seed, batch)
                 return {"fd": fd_digits(x, reference), "nfe": nfe, "seconds": time.perf_counter() - t0}
             key = f"{label}|{solver}|{json.dumps(options, sort_keys=True)}|K={K}|n={n_samples}|seed={seed}"
-            r = cache.get(key, compute)
+            r = cache.get_or_compute(key, compute)
             out.setdefault((label, K), []).append(r)
             if log:
                 log(f"{label:22s} K={K:3d} seed={seed}: FD {r['fd']:7.2f}  NFE {r['nfe']:6.1f}  ({r['seconds']:.0f} s)")
