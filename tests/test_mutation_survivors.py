@@ -161,3 +161,12 @@ def test_knee_delta2_values():
     assert knee_delta2(1 / 3) == pytest.approx((SKEW_KNEE / (2 / 27)) ** (2 / 3), rel=1e-14)
     assert knee_delta2(1 / 3) == pytest.approx(0.263, abs=5e-4)
     assert knee_delta2(0.5) == 0.0
+
+
+def test_var_floor_bounds():
+    from gms_kernels.fit import check_var_floor
+
+    assert check_var_floor(0) == 0.0 and check_var_floor(1) == 1.0
+    for bad in (1.5, -0.1, True, "0.1"):
+        with pytest.raises(ValueError, match="var_floor must be a number in"):
+            check_var_floor(bad)
