@@ -2,7 +2,7 @@
 # Mutation testing of the core modules with mutmut (issue 25 item 7). Not part of the default test run.
 #
 #   pip install -e ".[test,mutation]"      # mutmut==3.8.1
-#   benchmarks/mutation/run.sh [MUTANT_PATTERN ...]   # e.g. "gms_kernels.schedule.*"; none: every core module
+#   [PYTHON=mutmut-venv/bin/python BUILD_PYTHON=.venv/bin/python] benchmarks/mutation/run.sh [MUTANT_PATTERN ...]   # e.g. "gms_kernels.schedule.*"; none: every core module
 #
 # The run happens in a detached git worktree of HEAD (a frozen snapshot: the checkout can change meanwhile),
 # with the C++ extension built there. mutmut copies gms_kernels/ and tests/ into <worktree>/mutants/ and puts
@@ -13,12 +13,14 @@ set -euo pipefail
 ROOT=$(git rev-parse --show-toplevel)
 WORK=${MUTATION_WORKTREE:-/tmp/gms-mutation}
 PY=${PYTHON:-python}
+# the extension is built with the project's own Python (mutmut's venv may lack a setuptools that reads pyproject.toml)
+BUILD_PY=${BUILD_PYTHON:-$PY}
 if [ ! -d "$WORK" ]; then
     git -C "$ROOT" worktree add --detach "$WORK" HEAD
 fi
 cd "$WORK"
 echo "measuring commit $(git rev-parse HEAD) in $WORK with mutmut $("$PY" -c 'import importlib.metadata as m; print(m.version("mutmut"))')"
-"$PY" setup.py build_ext --inplace >/dev/null
+"$BUILD_PY" setup.py build_ext --inplace >/dev/null
 mkdir -p mutants/benchmarks  # also_copy copies benchmarks/reference_loop.py into it
 # one worker, one thread per test process: the machine is shared
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
