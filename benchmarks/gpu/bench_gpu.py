@@ -71,8 +71,8 @@ class Setup:
         self.device = "cuda" if self.cuda else "cpu"
         if not self.cuda and not smoke:
             raise SystemExit("bench_gpu.py needs a CUDA GPU (or --smoke with TRITON_INTERPRET=1 for a dry run)")
-        # batch 2 instead of 100 in a dry run, same image sizes
-        self.sizes = {k: ((2,) + v[1:] if smoke else v) for k, v in SIZES.items()}
+        # batch 1 instead of 100 in a dry run, same image sizes (the interpreted Triton kernel's time grows with it)
+        self.sizes = {k: ((1,) + v[1:] if smoke else v) for k, v in SIZES.items()}
         self.fits = {k: (dict(v, fit_iters=2) if smoke and "fit_iters" in v else v) for k, v in FITS.items()}
         self.l2_bytes = torch.cuda.get_device_properties(0).L2_cache_size if self.cuda else 2**20
 
@@ -202,7 +202,7 @@ def loop_overhead(env: Setup, nets, schedule: gk.Schedule, turns: int = 7) -> li
     calls alone. In turns (each turn starts one later in the order, so that no variant always follows
     the same one), ``turns`` of each; medians; per network call. Every timing is printed."""
     rows = []
-    steps = 2 if env.smoke else 10
+    steps = 1 if env.smoke else 10
     calls = len(gk.trajectory(schedule, steps, "even"))  # network calls of gk.sample (steps + 1: the last goes to data)
     for size, (net, x, _) in nets.items():
         x_t, out = make_inputs(env.sizes[size][:1] + x.shape[1:] if env.smoke else env.sizes[size], env.device)
