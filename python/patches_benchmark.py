@@ -92,8 +92,10 @@ def report(results: dict, floors: dict, args, training: dict | None, heads: dict
               f"(gk.metrics.seed_interval), {args.samples} samples per seed against the 10,000 test patches (the "
               "reported result) or 10,003 patches of the train photos at positions other than the training set's "
               "(seed 1000: how close the samples are to what the model learned). "
-              "Lower is better. **Bold**: the best baseline (lowest mean of ddpm, ddpm-large, sn-ddpm, ddim) at "
-              "that K. `+` / `-`: significantly better / worse than that baseline (paired per-seed difference, "
+              "Lower is better. **Bold**: the best baseline (lowest mean of " + ", ".join(study.BASELINES) + ") at "
+              "that K. Columns are network calls: K steps (K + 1 calls) for the one-call solvers; edm-sde and "
+              "seeds-2 (two calls per step) run the most steps that fit in those calls (" + ", ".join(
+                  f"K={k}: {study.solver_steps('edm-sde', k)}" for k in steps) + "). `+` / `-`: significantly better / worse than that baseline (paired per-seed difference, "
               "95% interval excludes 0: gk.metrics.paired_difference; the seeds share the initial noise across "
               "solvers). `gms (defaults)` is `gk.sample(..., solver='gms')` with no option, as the library "
               "ships it at the time of this run.", "",

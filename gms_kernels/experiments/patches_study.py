@@ -19,7 +19,7 @@ from ..schedule import Schedule
 from .digits_study import ResultCache
 
 STEPS = (5, 10, 20)
-BASELINES = ("ddpm", "ddpm-large", "sn-ddpm", "ddim")
+BASELINES = ("ddpm", "ddpm-large", "sn-ddpm", "ddim", "edm-sde", "seeds-2 (data)")
 # (label, solver, options); "gms" alone keeps every library default
 SOLVERS: list[tuple[str, str, dict]] = [
     ("ddpm", "ddpm", {}),
@@ -29,6 +29,10 @@ SOLVERS: list[tuple[str, str, dict]] = [
     ("gms (defaults)", "gms", {}),
     ("gms-adan-25 / pixel", "gms", {"fit": "adan", "fit_iters": 25, "select": "pixel"}),
     ("gms-closed / pixel", "gms", {"fit": "closed", "select": "pixel"}),
+    # the SDE baselines of issue 23 with two calls per step, run at the K + 1 network calls of the one-call rows
+    # (SEEDS in the noise prediction diverges at these step sizes, see digits_sde_baselines.md; GGF needs ~45 calls)
+    ("edm-sde", "edm-sde", {}),
+    ("seeds-2 (data)", "seeds-2", {"prediction": "data"}),
 ]
 SOLVER_OPTIONS = {label: (solver, options) for label, solver, options in SOLVERS}
 
@@ -66,9 +70,20 @@ def resolved_options(label: str) -> dict:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in merged.items()}
 
 
+def solver_steps(solver: str, K: int) -> int:
+    """The steps a solver runs in column K: K, or for a solver with two calls per step the most steps that fit in
+    the K + 1 network calls a one-call solver makes there (equal network calls, not equal K)."""
+    from ..solvers import get_solver
+    from .sde_baselines_study import steps_for_budget
+
+    return steps_for_budget(solver, K + 1)[0] if get_solver(solver).multi_call else K
+
+
 def draw(model, label: str, steps: int, n: int, seed: int, batch_size: int = 1000) -> torch.Tensor:
-    """``n`` samples of one solver (row i is the same whatever the batch size: first_index)."""
+    """``n`` samples of one solver in column ``steps`` (:func:`solver_steps`; row i is the same whatever the
+    batch size: first_index)."""
     solver, options = SOLVER_OPTIONS[label]
+    steps = solver_steps(solver, steps)
     parts = [sample(model, shape=(min(batch_size, n - i), *PATCHES_SHAPE), steps=steps, solver=solver,
                     generator=seed, first_index=i, progress=False, **options) for i in range(0, n, batch_size)]
     return torch.cat(parts)
