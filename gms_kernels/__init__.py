@@ -2,7 +2,7 @@
 
 Pipeline: schedule -> moments -> fit -> mixture sampling -> solver step -> sampling loop.
 """
-from .schedule import DATA, Schedule, StepCoefficients, trajectory, TRAJECTORY_KINDS
+from .schedule import DATA, Schedule, StepCoefficients, karras_trajectory, trajectory, TRAJECTORY_KINDS
 from .moments import TransitionMoments, X0Moments, transition_moments, x0_moments
 from .fit import MixtureParams, fit_adan, fit_closed, mixture_raw_moments
 from .mixture import sample_mixture
@@ -15,7 +15,7 @@ from . import data, metrics
 __version__ = "0.1.0"
 
 __all__ = [
-    "DATA", "Schedule", "StepCoefficients", "trajectory", "TRAJECTORY_KINDS",
+    "DATA", "Schedule", "StepCoefficients", "karras_trajectory", "trajectory", "TRAJECTORY_KINDS",
     "TransitionMoments", "X0Moments", "transition_moments", "x0_moments",
     "MixtureParams", "fit_adan", "fit_closed", "mixture_raw_moments", "sample_mixture",
     "SOLVERS", "solver_step", "estimate_gamma", "sample", "step", "GaussianMixtureOracle",

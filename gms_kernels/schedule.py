@@ -239,6 +239,21 @@ def trajectory(schedule: Schedule | int, steps: int, kind: str | Sequence[int] =
     return _strictly_descending(ts, T)
 
 
+def karras_trajectory(schedule: Schedule, steps: int, rho: float = 7.0) -> list[int]:
+    """EDM's time discretisation (Karras et al. 2022, Eq. 5) on a discrete schedule: K+1 noise levels from
+    index T-1's to index 0's, evenly spaced in sigma^(1/rho) (sigma = :meth:`Schedule.ve_sigma`), each
+    rounded to the nearest index as EDM does for discrete models. Pass it as ``trajectory=`` (an explicit
+    list) to run EDM-SDE on its own grid: its steps shrink toward the data, where the even grid's first
+    step jumps from sigma 157 to 3.4 at K = 2 (linear schedule)."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= schedule.T:
+        raise ValueError(f"steps must be an integer in [1, T = {schedule.T}], got {steps!r}")
+    if not (isinstance(rho, (int, float)) and math.isfinite(rho) and rho > 0):
+        raise ValueError(f"rho must be a positive number, got {rho!r}")
+    top, bottom = schedule.ve_sigma(schedule.T - 1) ** (1 / rho), schedule.ve_sigma(0) ** (1 / rho)
+    levels = torch.tensor([(top + i / steps * (bottom - top)) ** rho for i in range(steps + 1)], dtype=torch.float64)
+    return _strictly_descending([int(t) for t in schedule.index_of_ve_sigma(levels)], schedule.T)
+
+
 def _strictly_descending(ts: list[int], T: int) -> list[int]:
     """Resolve collisions from rounding (dense quad/linear lists) by nudging later points up."""
     out: list[int] = []

@@ -285,3 +285,25 @@ def test_seed_interval_and_paired_difference():
         metrics.seed_interval([1.0])
     with pytest.raises(ValueError, match="one value per seed"):
         metrics.paired_difference([1.0, 2.0], [1.0])
+
+
+def test_karras_trajectory_is_edm_eq5_rounded_to_the_grid():
+    """EDM Eq. 5 written out in numpy: levels evenly spaced in sigma^(1/rho), then the nearest index."""
+    import numpy as np
+
+    from gms_kernels.schedule import karras_trajectory
+
+    abar = SCHED.alphas_cumprod.numpy()
+    grid = np.sqrt((1 - abar) / abar)
+    for K, rho in ((1, 7.0), (5, 7.0), (10, 7.0), (10, 3.0)):
+        i = np.arange(K + 1)
+        levels = (grid[-1] ** (1 / rho) + i / K * (grid[0] ** (1 / rho) - grid[-1] ** (1 / rho))) ** rho
+        expected = [int(np.argmin(np.abs(grid - lv))) for lv in levels]
+        assert karras_trajectory(SCHED, K, rho) == expected
+    assert karras_trajectory(SCHED, 5)[0] == SCHED.T - 1 and karras_trajectory(SCHED, 5)[-1] == 0
+    with pytest.raises(ValueError, match="rho must be"):
+        karras_trajectory(SCHED, 5, rho=0.0)
+    # EDM-SDE runs on it as an explicit trajectory
+    x = gk.sample(paper_1d(SCHED), shape=(64, 1), steps=5, solver="edm-sde", generator=0, progress=False,
+                  data_range=None, dtype=torch.float64, trajectory=karras_trajectory(SCHED, 5))
+    assert torch.isfinite(x).all()

@@ -19,7 +19,7 @@ from ..schedule import Schedule
 from .digits_study import ResultCache
 
 STEPS = (5, 10, 20)
-BASELINES = ("ddpm", "ddpm-large", "sn-ddpm", "ddim", "edm-sde", "seeds-2 (data)")
+BASELINES = ("ddpm", "ddpm-large", "sn-ddpm", "ddim", "edm-sde", "seeds-2 (data)", "edm-sde (rho 7)")
 # (label, solver, options); "gms" alone keeps every library default
 SOLVERS: list[tuple[str, str, dict]] = [
     ("ddpm", "ddpm", {}),
@@ -33,6 +33,7 @@ SOLVERS: list[tuple[str, str, dict]] = [
     # (SEEDS in the noise prediction diverges at these step sizes, see digits_sde_baselines.md; GGF needs ~45 calls)
     ("edm-sde", "edm-sde", {}),
     ("seeds-2 (data)", "seeds-2", {"prediction": "data"}),
+    ("edm-sde (rho 7)", "edm-sde", {"trajectory": "karras"}),  # on EDM's own time grid (Eq. 5)
 ]
 SOLVER_OPTIONS = {label: (solver, options) for label, solver, options in SOLVERS}
 
@@ -82,8 +83,11 @@ def solver_steps(solver: str, K: int) -> int:
 def draw(model, label: str, steps: int, n: int, seed: int, batch_size: int = 1000) -> torch.Tensor:
     """``n`` samples of one solver in column ``steps`` (:func:`solver_steps`; row i is the same whatever the
     batch size: first_index)."""
+    from .sde_baselines_study import sampling_options
+
     solver, options = SOLVER_OPTIONS[label]
     steps = solver_steps(solver, steps)
+    options = sampling_options(options, steps, Schedule.linear())  # (the patches model's schedule)
     parts = [sample(model, shape=(min(batch_size, n - i), *PATCHES_SHAPE), steps=steps, solver=solver,
                     generator=seed, first_index=i, progress=False, **options) for i in range(0, n, batch_size)]
     return torch.cat(parts)

@@ -18,7 +18,7 @@ import torch
 from ..embedded import DIGITS_SHAPE
 from ..metrics import fd_digits, paired_difference, seed_interval
 from ..sampling import sample
-from ..schedule import trajectory as make_trajectory
+from ..schedule import Schedule, karras_trajectory, trajectory as make_trajectory
 from ..sde import network_calls
 from .digits_study import ResultCache
 
@@ -33,6 +33,8 @@ ROWS: list[tuple[str, str, dict]] = [
     ("seeds-2", "seeds-2", {}),
     ("seeds-2 (data)", "seeds-2", {"prediction": "data"}),
     ("edm-sde", "edm-sde", {}),
+    # EDM on its own time grid (Eq. 5, rho = 7): "karras" is resolved per K by sampling_options
+    ("edm-sde (rho 7)", "edm-sde", {"trajectory": "karras"}),
 ]
 GMS_LABELS = ("gms (default)", "gms-adan / pixel")
 ROW_OPTIONS = {label: (solver, options) for label, solver, options in ROWS}
@@ -50,8 +52,17 @@ def steps_for_budget(solver: str, budget: int, T: int = 1000) -> tuple[int, int]
     return best
 
 
+def sampling_options(options: dict, steps: int, schedule: Schedule) -> dict:
+    """A row's options for gk.sample at ``steps``: ``trajectory="karras"`` becomes EDM's grid
+    (:func:`gms_kernels.schedule.karras_trajectory`) for that many steps."""
+    if options.get("trajectory") == "karras":
+        return {**options, "trajectory": karras_trajectory(schedule, steps)}
+    return options
+
+
 def _draw(model, solver: str, options: dict, steps: int, n: int, seed: int, batch: int) -> tuple[torch.Tensor, float]:
     """n samples (in batches; sample i is the same whatever the batch) and the mean NFE per sample."""
+    options = sampling_options(options, steps, Schedule.linear())  # (the embedded model's schedule)
     parts, nfe = [], []
     for first in range(0, n, batch):
         seen: list[dict] = []
