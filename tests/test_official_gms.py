@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 import gms_kernels as gk
 import gms_kernels.models as gm
-from gms_kernels.models import official_gms
+from gms_kernels.models import ddim_model, official_gms
 from gms_kernels.models.ddim_model import DDIMModel, timestep_embedding
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "official_gms"
@@ -465,7 +465,7 @@ def test_full_size_ddim_models_by_key_and_shape(name):
     state = model.state_dict()
     inferred = DDIMModel.infer_config(state)
     assert inferred["ch_mult"] == list(cfg["ch_mult"]) and inferred["num_res_blocks"] == 2
-    assert official_gms.resolve_resolution(inferred["attn_levels"], None, [16])["resolution"] == cfg["resolution"]
+    assert ddim_model.resolve_resolution(inferred["attn_levels"], None, [16])["resolution"] == cfg["resolution"]
     # the official head (complex mode) on the full-size backbone
     with torch.device("meta"):
         net = gm.MomentNet(model, head="ddim-complex")

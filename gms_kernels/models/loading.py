@@ -251,6 +251,14 @@ def _load_ddim(path: str, data: Any, device: Any, **config: Any) -> DDIMModel:
     if family_of(state) == "ddim" and split_head(state, "ddim")[1]:
         raise ValueError(f"{where}: a DDIM Model with an official GMS head (before_out / norm_out2 / conv_out2): "
                          "load it with the eps network: gk.models.load([eps, eps2, eps3], kind='gms-official', ...)")
+    model = build_ddim(state, args, where, "ddim", device)
+    _set_schedule(model, extra.get("schedule"))
+    return model
+
+
+def build_ddim(state: Mapping[str, Any], args: Mapping[str, Any], where: str, kind: str, device: Any) -> DDIMModel:
+    """A DDIMModel for ``state``: widths, blocks and attention levels read from the weights, the image size
+    from ``args`` (``resolution``, or ``attn_resolutions`` to derive it), the rest of ``args`` on top."""
     inferred = DDIMModel.infer_config(state)
     if inferred is not None:
         try:
@@ -258,9 +266,10 @@ def _load_ddim(path: str, data: Any, device: Any, **config: Any) -> DDIMModel:
             inferred.update(resolve_resolution(levels, args.get("resolution"), args.get("attn_resolutions")))
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
-    model = _build_checked(DDIMModel, {**(inferred or {}), **args}, state, where, "ddim", inferred, device)
-    _set_schedule(model, extra.get("schedule"))
-    return model
+    cfg = {**(inferred or {}), **args}
+    if "resolution" not in cfg:
+        raise ValueError(f"{where}: pass resolution= (the image size; it is not stored in the weights)")
+    return _build_checked(DDIMModel, cfg, state, where, kind, inferred, device)
 
 
 def _load_heads(path: str, data: Any, device: Any, **config: Any) -> MomentNet:

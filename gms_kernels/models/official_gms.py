@@ -22,9 +22,9 @@ from torch import nn
 from ..model_io import check_time_input
 from ..schedule import Schedule
 from ._common import check_state_dict, meta_model, materialize, read_torch_file, strip_prefix
-from .ddim_model import DDIMModel, resolve_resolution
 from .iddpm import IDDPMUNet
-from .loading import _IDDPM_ARGS, _IDDPM_DEFAULTS, _build_checked, _is_state_dict, _set_schedule
+from .loading import _DDIM_ARGS as DDIM_ARGS, _IDDPM_ARGS, _IDDPM_DEFAULTS, _build_checked, _is_state_dict, \
+    _set_schedule, build_ddim
 from .moment_net import MomentNet
 from .official_heads import DDIM_MODES, IDDPM_MODES, build_official_head
 
@@ -35,8 +35,6 @@ HEAD_PREFIXES = {"improved-diffusion": ("out2.",), "ddim": ("before_out.", "norm
 HEAD_MODES = {"improved-diffusion": IDDPM_MODES, "ddim": DDIM_MODES}
 HEAD_FAMILY = {"improved-diffusion": "iddpm", "ddim": "ddim"}
 
-DDIM_ARGS = ("ch", "out_ch", "ch_mult", "num_res_blocks", "attn_resolutions", "dropout", "resamp_with_conv",
-             "in_channels", "resolution")
 # Official constructor arguments that do not change the network here (checked where they could)
 IDDPM_IGNORED = ("dims", "num_classes", "use_checkpoint", "use_fp16", "image_size")
 HEAD_ARGS = ("mode", "head_out_channels", "head_out_ch")
@@ -108,18 +106,7 @@ def build_backbone(family: str, state: Mapping[str, Any], where: str, config: Ma
         model = _build_checked(IDDPMUNet, cfg, state, where, "gms-official", inferred, device)
         model.eps_only = True  # (UNetModel3OutChannels keeps eps of a learned-sigma output)
         return model
-    args = {k: v for k, v in config.items() if k in DDIM_ARGS}
-    inferred = DDIMModel.infer_config(state)
-    if inferred is not None:
-        levels = inferred.pop("attn_levels")
-        try:
-            inferred.update(resolve_resolution(levels, args.get("resolution"), args.get("attn_resolutions")))
-        except ValueError as e:
-            raise ValueError(f"{where}: {e}") from None
-    cfg = {**(inferred or {}), **args}
-    if "resolution" not in cfg:
-        raise ValueError(f"{where}: pass resolution= (the image size; it is not stored in the weights)")
-    return _build_checked(DDIMModel, cfg, state, where, "gms-official", inferred, device)
+    return build_ddim(state, {k: v for k, v in config.items() if k in DDIM_ARGS}, where, "gms-official", device)
 
 
 def first_difference(reference: Mapping[str, torch.Tensor], other: Mapping[str, torch.Tensor],
