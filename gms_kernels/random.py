@@ -35,8 +35,11 @@ STREAM_COMPONENT = 1    # uniform that chooses the mixture component
 STREAM_INITIAL = 2      # x_T
 STREAM_SECOND_NOISE = 3  # a step's second Gaussian (SEEDS-2's second half-interval)
 STREAM_ADAPTIVE = 4     # the adaptive GGF sampler's noise; its "t" field counts that sample's attempts
+STREAM_BROWNIAN = 5     # GGF's Brownian path (noise="brownian"); its counters address tree nodes (normal_at_nodes)
 _T_SHIFT, _STREAM_SHIFT = 40, 56
 MAX_INDEX = 1 << _T_SHIFT
+NODE_LOW_BITS = 8  # normal_at_nodes: a node's low bits extend the element index, the rest fill the t field
+MAX_NODE = 1 << (_STREAM_SHIFT - _T_SHIFT + NODE_LOW_BITS)
 
 
 def _mulhilo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -212,6 +215,25 @@ class SampleNoise:
         seeds, offsets = self._element_offsets(stream, 0, per_sample, device)
         offsets = offsets | (ts.to(offsets.device)[:, None] << _T_SHIFT)
         return normal(seeds, offsets).reshape(len(self), *shape)
+
+    def normal_at_nodes(self, stream: int, nodes: torch.Tensor, shape: Sequence[int],
+                        device: torch.device | str | None = None) -> torch.Tensor:
+        """float64 N(0, 1) of shape [N, *shape] where sample i draws at its own node ``nodes[i]`` (int [N], each in
+        [0, 2^24)): the numbers of a tree that a sampler walks down (GGF's Brownian path). The node's low
+        NODE_LOW_BITS bits extend each element's index, its high bits fill the t field, so the sample indices
+        must fit 2^40 / (elements * 2^NODE_LOW_BITS)."""
+        nodes = torch.as_tensor(nodes, dtype=torch.int64).reshape(-1).cpu()
+        if nodes.numel() != len(self) or (nodes.numel() and (int(nodes.min()) < 0 or int(nodes.max()) >= MAX_NODE)):
+            raise ValueError(f"need one node in [0, 2^24) per sample ({len(self)}), got {nodes.tolist()[:8]}")
+        per_sample = _numel(shape)
+        self.check_capacity(per_sample << NODE_LOW_BITS)
+        device = self.seeds.device if device is None else torch.device(device)
+        seeds, indices = self.on(device)
+        nodes = nodes.to(device)
+        element = indices[:, None] * per_sample + torch.arange(per_sample, dtype=torch.int64, device=device)
+        low = (nodes & ((1 << NODE_LOW_BITS) - 1))[:, None]
+        offsets = counter(stream, 0, (element << NODE_LOW_BITS) | low) | ((nodes >> NODE_LOW_BITS)[:, None] << _T_SHIFT)
+        return normal(seeds[:, None].expand_as(offsets), offsets).reshape(len(self), *shape).to(torch.float64)
 
     def uniform(self, stream: int, t: int, shape: Sequence[int] = (),
                 device: torch.device | str | None = None) -> torch.Tensor:

@@ -85,8 +85,10 @@ EDM_SDE_DEFAULTS = {"s_churn": 30.0, "s_tmin": 0.01, "s_tmax": 1.0, "s_noise": 1
 # a [-1, 1] range),
 # first step h_init in u in [0, 1], the exponent r and the safety factor theta of the step-size update;
 # max_attempts bounds the proposals per sample (the noise counter allows 65535)
+# noise: "brownian" (one fixed Brownian path per sample, unbiased) or "redraw" (Alg. 1's fresh z per proposal,
+# biased by the accept/reject decisions; see gms_kernels.sde.sample_ggf)
 GGF_DEFAULTS = {"eps_abs": 0.0078, "eps_rel": 0.01, "h_init": 0.01, "exponent": 0.9, "safety": 0.9,
-                "max_attempts": 2000}
+                "max_attempts": 2000, "noise": "brownian"}
 
 
 def _gaussian(m1: torch.Tensor, var: torch.Tensor | float, rand: StepRandomness) -> torch.Tensor:
@@ -301,6 +303,8 @@ def resolve_options(solver: Solver, options: dict[str, Any]) -> dict[str, Any]:
         if isinstance(m, bool) or not isinstance(m, numbers.Integral) or not 1 <= m <= 65535:
             raise ValueError(f"max_attempts must be an integer in [1, 65535] (GGF's proposals per sample), got {m!r}")
         o["max_attempts"] = int(m)
+        if o["noise"] not in ("brownian", "redraw"):
+            raise ValueError(f"noise must be 'brownian' or 'redraw' (GGF's Brownian increments), got {o['noise']!r}")
     return o
 
 
