@@ -336,7 +336,8 @@ def _train_heads(args: argparse.Namespace) -> int:
     started, rank, device = _training_setup(args.seed)
     try:
         data = _training_data(args.data)
-        net = MomentNet(_load_model(args.model, args.kind), orders=tuple(args.orders), head=args.head).to(device)
+        net = MomentNet(_load_model(args.model, args.kind), orders=tuple(args.orders), head=args.head,
+                        targets=args.targets).to(device)
         _reseed_per_rank(args.seed, rank)
         res = train_heads(net, data, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                           optimizer=args.optimizer, ema_decay=args.ema, checkpoint=args.checkpoint, seed=args.seed,
@@ -478,6 +479,8 @@ def build_parser() -> argparse.ArgumentParser:
     th.add_argument("--kind", default="auto", help="the checkpoint's format (see gk.models.load)")
     th.add_argument("--head", choices=["conv", "res_conv"], default="conv", help="head architecture")
     th.add_argument("--orders", type=int, nargs="+", default=[2, 3], help="moment orders of the extra heads")
+    th.add_argument("--targets", choices=["raw", "central"], default="raw",
+                    help="raw: heads learn E[eps^n|x_t] (the paper); central: E[(eps - e1)^n|x_t] (less noisy targets)")
 
     o = command("oracle", "solver study with exact heads on Gaussian-mixture data", _oracle)
     o.add_argument("--samples", type=int, default=20000, help="samples per solver and K")

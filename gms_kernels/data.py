@@ -11,16 +11,22 @@ from functools import lru_cache
 
 import torch
 
-SPLITS = ("all", "train", "test")
+SPLITS = ("all", "train", "validation", "test")
 
 
 def digits(split: str = "all", test_fraction: float = 0.2, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """scikit-learn's digits (1797 images, 8x8, values 0..16) as float32 [N, 1, 8, 8] in [-1, 1], and labels.
 
-    ``train``/``test`` is a fixed seeded split (``test_fraction`` of the images in ``test``).
+    ``train`` / ``validation`` / ``test`` is a fixed seeded split: a permutation drawn from ``seed`` gives its
+    first ``test_fraction`` of the images to ``test``, the next ``test_fraction`` to ``validation`` and the rest
+    (60% by default) to ``train``. The embedded digits model is trained on ``train`` only, settings are chosen
+    on ``validation`` and results reported on ``test``; the shipped FD-digits classifier was trained on
+    ``train`` and ``validation`` (python/train_digits_classifier.py), never on ``test``.
     """
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
+    if not 0.0 < test_fraction < 0.5:
+        raise ValueError(f"test_fraction must be in (0, 0.5) (test and validation take one each), got {test_fraction!r}")
     from sklearn.datasets import load_digits
 
     d = load_digits()
@@ -29,8 +35,8 @@ def digits(split: str = "all", test_fraction: float = 0.2, seed: int = 0) -> tup
     if split == "all":
         return x, y
     perm = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(seed))
-    n_test = int(round(test_fraction * x.shape[0]))
-    idx = perm[:n_test] if split == "test" else perm[n_test:]
+    n = int(round(test_fraction * x.shape[0]))
+    idx = {"test": perm[:n], "validation": perm[n:2 * n], "train": perm[2 * n:]}[split]
     return x[idx], y[idx]
 
 

@@ -41,7 +41,7 @@ def save_embedded(net: torch.nn.Module, path: str | Path = DIGITS_MODEL, config:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"format": EMBEDDED_FORMAT, "config": config, "orders": list(net.orders),
-                "head": net.head, "state": state}, path)
+                "head": net.head, "targets": net.targets, "state": state}, path)
     return path.stat().st_size
 
 
@@ -56,7 +56,7 @@ def _load_embedded(path: str | Path, build, what: str, script: str) -> torch.nn.
         data = torch.load(path, map_location="cpu", weights_only=True)
         if not isinstance(data, dict) or data.get("format") != EMBEDDED_FORMAT:
             raise ValueError(f"{path} is not a gms_kernels embedded model file")
-        net = MomentNet(build(), orders=tuple(data["orders"]), head=data["head"])
+        net = MomentNet(build(), orders=tuple(data["orders"]), head=data["head"], targets=data.get("targets", "raw"))
         net.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in data["state"].items()})
         _cache[key] = net.eval()
     return _cache[key]

@@ -16,7 +16,7 @@ from typing import Sequence
 
 import torch
 
-from .moments import TransitionMoments
+from .moments import TransitionMoments, central_third_moment
 
 DEFAULT_WEIGHTS = (1.0 / 3.0, 2.0 / 3.0)
 # fit_closed: below this standardized skewness |kappa3| / Var^1.5 the component gap delta is linear
@@ -116,7 +116,7 @@ def fit_closed(mom: TransitionMoments, weights: Sequence[float] = DEFAULT_WEIGHT
     w1, w2 = check_weights(weights)
     var_floor = check_var_floor(var_floor)
     m1, var = mom.m1, mom.var.clamp_min(0.0)
-    kappa3 = mom.m3 - 3 * m1 * var - m1**3
+    kappa3 = central_third_moment(m1, var, mom.m3)
     q = kappa3 / (w1 * w2 * (w2 - w1))
     delta = _cbrt(q)
     # below the knee (|delta| < knee_delta, i.e. |g| < SKEW_KNEE): the straight line (q / knee_delta^2)

@@ -157,13 +157,13 @@ def moment_discrepancy(model, x_t: torch.Tensor, t: int, s: int, schedule, data_
     q(x_s|x_t) from the heads and the one a Gaussian with the same M1 and Var would have
     (M1^3 + 3 M1 Var), i.e. the norm of the central third moment. Returns float64 [N]."""
     from .model_io import adapt_model, call_model, split_heads
-    from .moments import check_data_range, transition_moments
+    from .moments import central_third_moment, check_data_range, transition_moments
 
     model = adapt_model(model)
     time_input = time_input or getattr(model, "time_input", "index")
     heads = [h.double() for h in split_heads(call_model(model, x_t, t, schedule.T, time_input), x_t, 3, "gms")]
     mom = transition_moments(x_t.double(), *heads, schedule.coefficients(t, s), check_data_range(data_range))
-    gap = mom.m3 - (mom.m1**3 + 3 * mom.m1 * mom.var)
+    gap = central_third_moment(mom.m1, mom.var, mom.m3)
     return gap.reshape(gap.shape[0], -1).norm(dim=1)
 
 

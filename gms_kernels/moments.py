@@ -140,6 +140,25 @@ def transition_moments(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | N
     return TransitionMoments(m1, var, m3)
 
 
+def central_third_moment(m1: torch.Tensor, var: torch.Tensor, m3: torch.Tensor) -> torch.Tensor:
+    """kappa3 = E[(x - M1)^3] = M3 - 3 M1 Var - M1^3 from the raw third moment M3."""
+    return m3 - 3 * m1 * var - m1**3
+
+
+def scale_spread(mom: TransitionMoments, scale: float) -> TransitionMoments:
+    """(M1, scale * Var, M3') with the central third moment scaled by scale^1.5: the same mean and shape
+    (standardized skewness kappa3 / Var^1.5), ``scale`` times the variance. The variance-scaled controls of
+    issue 20 (SN-DDPM with Var * c) and GMS with the same scaling use it; scale = 1 returns ``mom``."""
+    if scale == 1.0 or mom.var is None:
+        return mom
+    var = scale * mom.var
+    m3 = None
+    if mom.m3 is not None:
+        kappa3 = scale**1.5 * central_third_moment(mom.m1, mom.var, mom.m3)
+        m3 = kappa3 + 3 * mom.m1 * var + mom.m1**3
+    return TransitionMoments(mom.m1, var, m3)
+
+
 def last_step_variance_cap(data_range: DataRange, clip_pixel: float = 1.0) -> float | None:
     """Upper bound of the variance of the step into s = 0 in the official code:
     (clip_pixel * one pixel level * sqrt(pi/2))^2, a pixel level being (high - low)/255."""

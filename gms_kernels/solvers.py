@@ -15,13 +15,13 @@ from typing import Any, Callable
 import torch
 
 from .backends import fused_step
-from .fit import (ADAN_MEANS, DEFAULT_WEIGHTS, LR_RANGE, PAPER_LR_TABLES, check_fit_iters, check_var_floor,
-                  check_weights, fit_adan, fit_closed)
+from .fit import (ADAN_MEANS, DEFAULT_WEIGHTS, LR_RANGE, PAPER_LR_TABLES, MixtureParams, check_fit_iters,
+                  check_var_floor, check_weights, fit_adan, fit_closed)
 from .kernels import FusedStepConfig, NonFiniteInput, make_config
 from .mixture import check_select, sample_mixture
 from .model_io import check_inputs_finite
-from .moments import (DataRange, TransitionMoments, clamp_x0_moments, last_step_variance_cap, transition_moments,
-                      x0_moments)
+from .moments import (DataRange, TransitionMoments, central_third_moment, clamp_x0_moments, last_step_variance_cap,
+                      scale_spread, transition_moments, x0_moments)
 from .random import STREAM_COMPONENT, STREAM_STEP_NOISE, SampleNoise
 from .schedule import DATA, StepCoefficients
 
@@ -107,9 +107,13 @@ def _learned_gaussian(mom: TransitionMoments, k: StepCoefficients, rand: StepRan
 
 
 def ddpm_step(x_t, heads, k, rand, o):
-    """DDPM with the posterior variance beta~ = lam2 ("fixed small")."""
+    """DDPM with the posterior variance beta~ = lam2 ("fixed small"). ``variance_interp`` v in [0, 1]
+    interpolates in log space towards beta_{t|s} ("fixed large"), lam2^(1 - v) beta_{t|s}^v: Improved
+    DDPM's Eq. 15 (Nichol & Dhariwal 2021) with a constant v instead of a learned one (v = 1 is 'ddpm-large')."""
     m1 = transition_moments(x_t, heads[0], None, None, k, o["data_range"]).m1
-    return _gaussian(m1, k.lam2, rand), {"m1": m1}
+    v = o["variance_interp"]
+    var = k.lam2 if v == 0.0 else k.lam2 ** (1.0 - v) * k.beta_ts**v
+    return _gaussian(m1, var, rand), {"m1": m1, "var": var}
 
 
 def ddpm_large_step(x_t, heads, k, rand, o):
@@ -119,8 +123,9 @@ def ddpm_large_step(x_t, heads, k, rand, o):
 
 
 def sn_ddpm_step(x_t, heads, k, rand, o):
-    """SN-DDPM: N(M1, Var) with Var from the eps^2 head (paper appendix Eq. second)."""
-    mom = transition_moments(x_t, heads[0], heads[1], None, k, o["data_range"])
+    """SN-DDPM: N(M1, Var) with Var from the eps^2 head (paper appendix Eq. second); ``variance_scale`` c
+    samples N(M1, c Var) instead (the variance-scaled control of issue 20)."""
+    mom = scale_spread(transition_moments(x_t, heads[0], heads[1], None, k, o["data_range"]), o["variance_scale"])
     return _learned_gaussian(mom, k, rand, o)
 
 
@@ -150,16 +155,30 @@ def ddim_step(x_t, heads, k, rand, o):
 
 
 def gms_step(x_t, heads, k, rand, o):
-    """GMS: fit w1 N(mu1, s2) + w2 N(mu2, s2) to (M1, Var, M3) and sample it (paper Alg. sampling)."""
-    mom = transition_moments(x_t, heads[0], heads[1], heads[2], k, o["data_range"])
+    """GMS: fit w1 N(mu1, s2) + w2 N(mu2, s2) to (M1, Var, M3) and sample it (paper Alg. sampling).
+
+    ``variance_scale`` c fits (M1, c Var, c^1.5 kappa3) instead: the same shape, c times the spread
+    (:func:`~gms_kernels.moments.scale_spread`). ``skew_threshold`` tau > 0 is the paper's threshold (appendix,
+    "optimizing only when the disparity between the reverse transition kernel and Gaussian exceeds it"): elements
+    whose standardized skewness |kappa3| / Var^1.5 is at most tau draw from N(M1, Var) instead of the mixture."""
+    mom = scale_spread(transition_moments(x_t, heads[0], heads[1], heads[2], k, o["data_range"]),
+                       o["variance_scale"])
     if k.s == 0 and o["gaussian_last_step"]:
         return _learned_gaussian(mom, k, rand, o)
     if o["fit"] == "closed":
         p = fit_closed(mom, o["weights"], o["var_floor"])
     else:
         p = fit_adan(mom, o["weights"], o["fit_iters"], o["lr"], k.t, o["T"], o["adan_mean"])
+    info = {"m1": mom.m1, "var": mom.var, "m3": mom.m3}
+    if o["skew_threshold"] > 0.0:
+        var = mom.var.clamp_min(0.0)
+        skew = central_third_moment(mom.m1, var, mom.m3).abs()
+        gaussian = skew <= o["skew_threshold"] * var**1.5
+        p = MixtureParams(torch.where(gaussian, mom.m1, p.mu1), torch.where(gaussian, mom.m1, p.mu2),
+                          torch.where(gaussian, var, p.s2))
+        info["gaussian"] = gaussian
     x_s = sample_mixture(p, o["weights"], rand.normal(), rand.uniform(o["select"] == "pixel"))
-    return x_s, {"m1": mom.m1, "var": mom.var, "m3": mom.m3, "mu1": p.mu1, "mu2": p.mu2, "s2": p.s2}
+    return x_s, dict(info, mu1=p.mu1, mu2=p.mu2, s2=p.s2)
 
 
 def exact_step(x_t, heads, k, rand, o):
@@ -219,14 +238,15 @@ def denoise_coefficients(k: StepCoefficients) -> StepCoefficients:
 
 SOLVERS: dict[str, Solver] = {
     s.name: s for s in [
-        Solver("ddpm", 1, ddpm_step, dict(LAST_STEP_OPTIONS)),
+        Solver("ddpm", 1, ddpm_step, dict(LAST_STEP_OPTIONS, variance_interp=0.0)),
         Solver("ddpm-large", 1, ddpm_large_step, dict(LAST_STEP_OPTIONS)),
-        Solver("sn-ddpm", 2, sn_ddpm_step, dict(LAST_STEP_OPTIONS)),
+        Solver("sn-ddpm", 2, sn_ddpm_step, dict(LAST_STEP_OPTIONS, variance_scale=1.0)),
         Solver("ddim", 1, ddim_step, dict(LAST_STEP_OPTIONS, eta=0.0)),
         Solver("analytic-dpm", 1, analytic_dpm_step, dict(LAST_STEP_OPTIONS, gamma=None)),
         Solver("gms", 3, gms_step, dict(LAST_STEP_OPTIONS, fit="closed", select="sample",
                                          weights=DEFAULT_WEIGHTS, fit_iters=25, lr=0.06,
-                                         var_floor=0.1, adan_mean="sample", adan_precision=None)),
+                                         var_floor=0.1, adan_mean="sample", adan_precision=None,
+                                         variance_scale=1.0, skew_threshold=0.0)),
         Solver("exact", 0, exact_step, {"oracle": None}),
         Solver("seeds-1", 1, seeds_1_step, {"prediction": "noise"}),
         # sample()-only solvers; their loops are in gms_kernels.sde (the recommended settings as defaults)
@@ -280,6 +300,15 @@ def resolve_options(solver: Solver, options: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"adan_mean must be one of {', '.join(ADAN_MEANS)}, got {o['adan_mean']!r}")
     if "eta" in o:
         o["eta"] = _real(o["eta"], "eta", 0.0, 1.0, "DDIM's eta")
+    if "variance_interp" in o:
+        o["variance_interp"] = _real(o["variance_interp"], "variance_interp", 0.0, 1.0,
+                                     "the log-space weight of beta_{t|s} in DDPM's variance")
+    if "variance_scale" in o:
+        o["variance_scale"] = _real(o["variance_scale"], "variance_scale", 0.0, 100.0, "the factor on Var",
+                                    open_low=True)
+    if "skew_threshold" in o:
+        o["skew_threshold"] = _real(o["skew_threshold"], "skew_threshold", 0.0, math.inf,
+                                    "the standardized skewness at or below which GMS draws a Gaussian")
     if solver.name == "edm-sde":
         o["s_churn"] = _real(o["s_churn"], "s_churn", 0.0, math.inf, "EDM's total churn S_churn")
         o["s_tmin"] = _real(o["s_tmin"], "s_tmin", 0.0, math.inf, "EDM's lowest churned sigma S_tmin")

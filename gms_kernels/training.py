@@ -238,7 +238,8 @@ def train_heads(net: nn.Module, data: torch.Tensor, schedule: Schedule | None = 
                 grad_clip: float = 1.0, checkpoint: str | Path | None = None, checkpoint_every: int = 500,
                 seed: int = 0, time_input: str | None = None, progress: bool = True,
                 log: Callable[[dict], None] | None = None) -> TrainResult:
-    """Paper Alg. learning: fit the heads e^n (n >= 2) of a ``MomentNet`` to eps^n with MSE.
+    """Paper Alg. learning: fit the heads e^n (n >= 2) of a ``MomentNet`` to eps^n with MSE (to (eps - e1)^n
+    for a MomentNet with ``targets="central"``).
 
     ``net(x_t, t)`` returns [e1, e2, ...] along dim 1; only its trainable parameters (the heads) learn.
     The backbone stays frozen in eval mode. Losses are logged per order as ``mse_e2``, ``mse_e3``.
@@ -255,13 +256,18 @@ def train_heads(net: nn.Module, data: torch.Tensor, schedule: Schedule | None = 
     C = data.shape[1]
     net.train()
 
+    central = getattr(net, "targets", "raw") == "central"
+
     def loss_terms(wrapped, x_t, t, eps):
-        out = wrapped(x_t, time_values(t, schedule.T, time_input))
+        tv = time_values(t, schedule.T, time_input)
+        out = wrapped(x_t, tv, head_outputs=True) if central else wrapped(x_t, tv)
         orders = out.shape[1] // C
         if orders < 2:
             raise ValueError(f"train_heads needs a network with higher-order heads; it returned {out.shape[1]} "
                              f"channels for {C}-channel data")
-        return {f"mse_e{n}": (out[:, (n - 1) * C:n * C] - eps**n).pow(2).mean() for n in range(2, orders + 1)}
+        # raw heads fit eps^n; central heads fit r^n, r = eps - e1 (the frozen backbone's residual)
+        base = eps - out[:, :C].detach() if central else eps
+        return {f"mse_e{n}": (out[:, (n - 1) * C:n * C] - base**n).pow(2).mean() for n in range(2, orders + 1)}
 
     return _loop(net, loss_terms, data, schedule, "heads", steps=steps, batch_size=batch_size, lr=lr,
                  optimizer=optimizer, ema_decay=ema_decay, grad_clip=grad_clip, checkpoint=checkpoint,

@@ -68,10 +68,14 @@ class FusedStepConfig:
 FUSABLE_SOLVERS = ("gms", "sn-ddpm")
 
 
+# options the fused kernels do not implement: a step that sets one runs the float64 torch reference
+TORCH_ONLY_OPTIONS = {"variance_interp": 0.0, "variance_scale": 1.0, "skew_threshold": 0.0}
+
+
 def make_config(solver: str, k, data_range, o: dict, T: int, batch: int, per_sample: int) -> FusedStepConfig | None:
     """The fused-step config equivalent to ``solver_step(solver, ...)`` with resolved options ``o``;
     None when the step is not one the fused kernels do."""
-    if solver not in FUSABLE_SOLVERS:
+    if solver not in FUSABLE_SOLVERS or any(o.get(name, off) != off for name, off in TORCH_ONLY_OPTIONS.items()):
         return None
     common = dict(t=k.t, a_t=k.a_t, sigma_t=k.sigma_t, c1=k.c1, c2=k.c2, lam2=k.lam2,
                   has_range=data_range is not None)

@@ -61,7 +61,7 @@ def network_spec(net: nn.Module) -> dict[str, Any]:
     """A JSON description from which :func:`build_network` rebuilds ``net``'s architecture: a
     MomentNet (backbone + heads) or a bare backbone (exported as an eps network, C channels)."""
     if isinstance(net, MomentNet):
-        heads = {k: v for k, v in net.head_config.items() if k in ("orders", "head", "dropout")}
+        heads = {k: v for k, v in net.head_config.items() if k in ("orders", "head", "dropout", "targets")}
         return {"type": "moment-net", "backbone": _backbone_spec(net.backbone), "heads": json_ready(heads)}
     return {"type": "backbone", "backbone": _backbone_spec(as_gk_backbone(net))}
 
@@ -86,7 +86,7 @@ def build_network(spec: dict[str, Any]) -> nn.Module:
         return backbone.eval()
     heads = spec.get("heads") or {}
     return MomentNet(backbone, orders=heads.get("orders", (2, 3)), head=heads.get("head", "conv"),
-                     dropout=heads.get("dropout", 0.0)).eval()
+                     dropout=heads.get("dropout", 0.0), targets=heads.get("targets", "raw")).eval()
 
 
 def _output_channels(net: nn.Module, channels: int) -> int:

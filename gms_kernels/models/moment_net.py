@@ -99,6 +99,19 @@ def _make_head(kind: str, backbone: nn.Module, channels: int, dropout: float) ->
     return build_official_head(kind, backbone, channels, dropout)
 
 
+HEAD_TARGETS = ("raw", "central")
+
+
+def raw_from_central(e1: torch.Tensor, central: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """[e2, e3] (or [e2]) from e1 and the residual's central moments [c2, c3]: e2 = e1^2 + c2,
+    e3 = e1^3 + 3 e1 c2 + c3 (the binomial expansion of (e1 + r)^n with E[r] = 0)."""
+    c2 = central[0]
+    raw = [e1 * e1 + c2]
+    if len(central) > 1:
+        raw.append(e1**3 + 3 * e1 * c2 + central[1])
+    return raw
+
+
 class MomentNet(nn.Module):
     """Frozen backbone + heads: ``forward(x, t) = cat([e1, e2, e3], dim=1)`` from one backbone pass.
 
@@ -110,12 +123,22 @@ class MomentNet(nn.Module):
       conditioned on the backbone's time embedding, then the conv head); one head per order. The official
       GMS heads (``"iddpm-simple"``, ``"iddpm-complex"``, ``"iddpm-complex2"``, ``"ddim-simple"``,
       ``"ddim-complex"``, see :mod:`.official_heads`) are kinds too; a sequence gives one kind per order.
-    ``time_input`` and ``schedule`` are the backbone's. Train the heads on targets eps^n (MSE).
+    - ``targets``: what the heads learn. ``"raw"`` (the paper's Alg. learning): head n predicts E[eps^n | x_t].
+      ``"central"``: head n predicts E[r^n | x_t] of the backbone's residual r = eps - e1(x_t), the noise
+      prediction residual that SN-DDPM's NPR variant regresses (Bao et al. 2022, "Estimating the optimal
+      covariance with imperfect mean"), taken to the third order here. ``forward`` still returns raw moments,
+      e2 = e1^2 + c2 and e3 = e1^3 + 3 e1 c2 + c3 (E[r | x_t] = 0 for the MSE-optimal e1), so every solver reads
+      the same thing. Why: the target eps^3 has variance 15 whatever t is, while r^3 has about 15 Var[eps|x_t]^3,
+      so at large t the raw heads' regression noise swamps the tiny central moments they have to resolve.
+    ``time_input`` and ``schedule`` are the backbone's. :func:`gms_kernels.training.train_heads` trains either kind.
     """
 
     def __init__(self, backbone: nn.Module, orders: Sequence[int] = (2, 3), head: str | Sequence[str] = "conv",
-                 dropout: float = 0.0):
+                 dropout: float = 0.0, targets: str = "raw"):
         super().__init__()
+        if targets not in HEAD_TARGETS:
+            raise ValueError(f"targets must be one of {', '.join(HEAD_TARGETS)}, got {targets!r}")
+        self.targets = targets
         orders = tuple(int(n) for n in orders)
         if orders not in ORDERS:
             raise ValueError(f"orders must be (2, 3) (heads e2, e3) or (2,) (head e2), got {orders}")
@@ -162,14 +185,19 @@ class MomentNet(nn.Module):
             raise ValueError(f"the backbone returned {out.shape[1]} channels, fewer than its {self.channels} eps channels")
         return h, temb, out[:, :self.channels]
 
-    def forward(self, x: torch.Tensor, t: torch.Tensor | int | float) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, t: torch.Tensor | int | float, head_outputs: bool = False) -> torch.Tensor:
+        """cat([e1, e2, e3]): the raw moments E[eps^n | x_t]. ``head_outputs=True`` returns what the heads
+        themselves predict instead (for ``targets="central"`` the central moments c2, c3; what training fits)."""
         h, temb, eps = self.features(x, t)
-        return torch.cat([eps] + [self.heads[str(n)](h, temb).to(eps.dtype) for n in self.orders], dim=1)
+        outs = [self.heads[str(n)](h, temb).to(eps.dtype) for n in self.orders]
+        if self.targets == "central" and not head_outputs:
+            outs = raw_from_central(eps, outs)
+        return torch.cat([eps] + outs, dim=1)
 
     # -- heads alone ---------------------------------------------------------------------------------
     @property
     def head_config(self) -> dict[str, Any]:
-        return {"orders": list(self.orders), "head": self.head, "dropout": self.dropout,
+        return {"orders": list(self.orders), "head": self.head, "dropout": self.dropout, "targets": self.targets,
                 "family": getattr(self.backbone, "family", type(self.backbone).__name__),
                 "feature_channels": int(self.backbone.feature_channels),
                 "temb_channels": int(self.backbone.temb_channels), "channels": self.channels}
@@ -185,12 +213,14 @@ class MomentNet(nn.Module):
         data = read_torch_file(path) if data is None else data
         cfg = _check_format(data, path, HEADS_FORMAT, "a heads file (MomentNet.save_heads)")
         ours = self.head_config
-        diff = [k for k in ("orders", "head", "feature_channels", "temb_channels", "channels")
+        cfg = {"targets": "raw", **cfg}  # (heads files from before ``targets`` existed are raw)
+        diff = [k for k in ("orders", "head", "targets", "feature_channels", "temb_channels", "channels")
                 if k in cfg and cfg[k] != ours[k]]
         if diff:
             found = ", ".join(f"{k}: this MomentNet has {ours[k]!r}, the file {cfg[k]!r}" for k in diff)
             raise ValueError(f"{path}: the heads were saved for another configuration ({found}). Fix: build "
-                             f"MomentNet(backbone, orders={tuple(cfg.get('orders', ()))}, head={cfg.get('head')!r}) "
+                             f"MomentNet(backbone, orders={tuple(cfg.get('orders', ()))}, head={cfg.get('head')!r}, "
+                             f"targets={cfg['targets']!r}) "
                              f"on a backbone with {cfg.get('feature_channels')} feature / {cfg.get('temb_channels')} "
                              f"time-embedding channels (family {cfg.get('family')!r}), or use "
                              "MomentNet.from_heads(backbone, path)")
@@ -208,7 +238,8 @@ class MomentNet(nn.Module):
         data = read_torch_file(path) if data is None else data
         cfg = _check_format(data, path, HEADS_FORMAT, "a heads file (MomentNet.save_heads)")
         try:
-            net = cls(backbone, orders=cfg["orders"], head=cfg["head"], dropout=cfg.get("dropout", 0.0))
+            net = cls(backbone, orders=cfg["orders"], head=cfg["head"], dropout=cfg.get("dropout", 0.0),
+                      targets=cfg.get("targets", "raw"))
         except KeyError as e:
             raise ValueError(f"{path}: the heads config lacks {e}; save the heads again with save_heads") from None
         return net.load_heads(path, data)
@@ -257,7 +288,8 @@ class MomentNet(nn.Module):
         try:
             backbone, on_meta = BACKBONES[spec["family"]](spec)
             with torch.device("meta" if on_meta else "cpu"):
-                net = cls(backbone, orders=heads["orders"], head=heads["head"], dropout=heads.get("dropout", 0.0))
+                net = cls(backbone, orders=heads["orders"], head=heads["head"], dropout=heads.get("dropout", 0.0),
+                          targets=heads.get("targets", "raw"))
         except (TypeError, ValueError, KeyError) as e:
             raise ValueError(f"{path}: cannot rebuild the network from its stored config ({type(e).__name__}: {e})") from None
         described = format_call(f"MomentNet[{spec['family']}]", {"orders": heads.get("orders"), "head": heads.get("head")})

@@ -1,0 +1,238 @@
+"""Issue 20: what makes GMS win, on two real testbeds, chosen on a validation split and reported on a test split.
+
+Testbeds (:data:`TESTBEDS`):
+- ``digits``: the embedded digits model (trained on ``gk.data.digits("train")``), FD-digits against the
+  validation and the test split;
+- ``patches``: the embedded 8x8 natural-image patches model (trained on the train photos), FD-|DCT| and
+  sliced W1 against the validation photos, the test photos, and held-out positions of the train photos.
+
+Rows (:func:`row_options`) are labelled option sets: the baselines, the variance controls (SN-DDPM with its
+variance times c, DDPM with its variance interpolated towards beta_{t|s}) and GMS variants. One draw per
+(row, K, seed) is scored against every reference, so choosing on validation and reporting on test cost one
+sampling run. Every cell is cached (digits_study.ResultCache) under a key that names the model file's hash, so
+a retrained model never reads another model's numbers.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from ..metrics import fd_digits, frechet_distance_dct, paired_difference, seed_interval, sliced_wasserstein1
+from ..sampling import sample
+from ..schedule import DATA, Schedule
+from .digits_study import ResultCache
+
+STEPS = (5, 10, 20)
+# the acceptance baselines of issue 20: every Gaussian row (the variance-scaled controls included)
+BASELINE_PREFIXES = ("ddpm", "sn-ddpm", "ddim")
+
+
+@dataclass(frozen=True)
+class Testbed:
+    name: str
+    model: Callable[[], torch.nn.Module]
+    model_file: Path
+    shape: tuple[int, ...]
+    references: Callable[[], dict[str, torch.Tensor]]
+    metrics: dict[str, Callable[[torch.Tensor, torch.Tensor], float]]
+    primary: str  # the metric settings are chosen by (lower is better)
+
+
+def _digits_refs() -> dict[str, torch.Tensor]:
+    from ..data import digits
+
+    return {"validation": digits("validation")[0], "test": digits("test")[0]}
+
+
+def _patches_refs() -> dict[str, torch.Tensor]:
+    from ..data import patch_photos, patches
+
+    # held-out positions of the train photos: the distribution the model learned (the photo splits differ)
+    return {"validation": patches("validation"), "test": patches("test"),
+            "train-photos": patches("train", per_photo=-(-10000 // len(patch_photos("train"))), seed=1000)}
+
+
+def testbed(name: str, model_file: str | Path | None = None) -> Testbed:
+    """The ``digits`` or ``patches`` testbed with its shipped model, or the same architecture's weights in
+    ``model_file`` (an embedded-format file: e.g. the same backbone with other heads)."""
+    from .. import embedded as e
+
+    if name == "digits":
+        path = Path(model_file or e.DIGITS_MODEL)
+        return Testbed("digits", lambda: e.default_model(path), path, e.DIGITS_SHAPE, _digits_refs,
+                       {"fd": fd_digits}, "fd")
+    if name == "patches":
+        path = Path(model_file or e.PATCHES_MODEL)
+        return Testbed("patches", lambda: e.patches_model(path), path, e.PATCHES_SHAPE, _patches_refs,
+                       {"fd_dct": frechet_distance_dct,
+                        "swd": lambda x, y: sliced_wasserstein1(x, y, n_projections=256)}, "fd_dct")
+    raise ValueError(f"unknown testbed {name!r}; valid: digits, patches")
+
+
+# -- rows ------------------------------------------------------------------------------------------------------
+_ROW = re.compile(r"^(?P<base>[a-z0-9-]+(?: [a-z0-9/-]+)?)(?P<mods>(?: [a-z_]+=[^ ]+)*)$")
+# short names of the GMS variants: fit and component selection
+GMS_BASES = {
+    "gms closed/pixel": {"fit": "closed", "select": "pixel"},
+    "gms closed/sample": {"fit": "closed", "select": "sample"},
+    "gms adan/pixel": {"fit": "adan", "select": "pixel"},
+    "gms adan/sample": {"fit": "adan", "select": "sample"},
+}
+MODIFIERS = {"c": "variance_scale", "v": "variance_interp", "iters": "fit_iters", "tau": "skew_threshold",
+             "floor": "var_floor", "glast": "gaussian_last_step", "eta": "eta"}
+
+
+def row_options(label: str) -> tuple[str, dict]:
+    """(solver, options) of a row label: a solver name or a GMS base (:data:`GMS_BASES`), then ``key=value``
+    modifiers (:data:`MODIFIERS`), e.g. ``"sn-ddpm c=0.5"``, ``"ddpm v=0.25"``, ``"gms adan/pixel iters=70 c=0.8"``,
+    ``"gms closed/pixel glast=0"``; ``"gms"`` alone is the library's defaults."""
+    m = _ROW.match(label)
+    if m is None:
+        raise ValueError(f"cannot read row label {label!r}")
+    base = m["base"]
+    solver, options = ("gms", dict(GMS_BASES[base])) if base in GMS_BASES else (base, {})
+    for mod in m["mods"].split():
+        key, value = mod.split("=", 1)
+        if key not in MODIFIERS:
+            raise ValueError(f"unknown modifier {key!r} in {label!r}; valid: {', '.join(MODIFIERS)}")
+        options[MODIFIERS[key]] = bool(int(value)) if key == "glast" else int(value) if key == "iters" else float(value)
+    return solver, options
+
+
+def is_baseline(label: str) -> bool:
+    return label.split()[0] in BASELINE_PREFIXES
+
+
+def model_tag(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
+
+
+# -- measuring -------------------------------------------------------------------------------------------------
+def draw(model, shape: Sequence[int], label: str, steps: int, n: int, seed: int, batch: int = 1000,
+         **extra) -> torch.Tensor:
+    solver, options = row_options(label)
+    return torch.cat([sample(model, shape=(min(batch, n - i), *shape), steps=steps, solver=solver, generator=seed,
+                             first_index=i, progress=False, **options, **extra) for i in range(0, n, batch)])
+
+
+def measure(bed: Testbed, labels: Sequence[str], steps: Sequence[int] = STEPS, seeds: Sequence[int] = range(5),
+            n_samples: int = 1000, cache: ResultCache | None = None, log=print) -> dict[tuple[str, int, int], dict]:
+    """{(label, K, seed): {"<reference>/<metric>": value, ..., "seconds": sampling time}}."""
+    cache = cache or ResultCache(None)
+    model, refs, tag = bed.model(), bed.references(), model_tag(bed.model_file)
+    out = {}
+    for label in labels:
+        row_options(label)  # refuse a bad label before any sampling
+    for k in steps:
+        for label in labels:
+            for seed in seeds:
+                def run(label=label, k=k, seed=seed):
+                    t0 = time.perf_counter()
+                    x = draw(model, bed.shape, label, k, n_samples, seed)
+                    seconds = time.perf_counter() - t0
+                    scores = {f"{r}/{m}": fn(x, ref) for r, ref in refs.items() for m, fn in bed.metrics.items()}
+                    return {**scores, "seconds": seconds}
+                key = f"{bed.name}|{tag}|{label}|{k}|{seed}|{n_samples}"
+                out[(label, k, seed)] = r = cache.get_or_compute(key, run)
+                if log:
+                    log(f"{bed.name} {label:34s} K={k:3d} seed {seed}: "
+                        + " ".join(f"{name} {v:.4f}" for name, v in r.items() if name != "seconds")
+                        + f" ({r['seconds']:.0f} s)")
+    return out
+
+
+def summarise(results: dict[tuple[str, int, int], dict], metric: str, labels: Sequence[str], steps: Sequence[int],
+              seeds: Sequence[int]) -> dict[tuple[str, int], dict]:
+    """Per (label, K): the seed interval of ``metric`` and the paired difference to the best baseline at that K
+    (the lowest mean among the Gaussian rows, :func:`is_baseline`), with its significance (95%)."""
+    out = {}
+    for k in steps:
+        values = {label: [results[(label, k, s)][metric] for s in seeds] for label in labels}
+        intervals = {label: seed_interval(v) for label, v in values.items()}
+        baselines = [label for label in labels if is_baseline(label)]
+        best = min(baselines, key=lambda lb: intervals[lb].mean) if baselines else None
+        for label in labels:
+            row = {"interval": intervals[label], "best_baseline": best}
+            if best is not None and label != best:
+                row["diff"], row["significant"] = paired_difference(values[label], values[best])
+            out[(label, k)] = row
+    return out
+
+
+# -- diagnostics -----------------------------------------------------------------------------------------------
+@torch.no_grad()
+def fit_diagnostics(model, shape: Sequence[int], label: str, steps: int, n: int = 500, seed: int = 0,
+                    schedule: Schedule | None = None) -> list[dict]:
+    """Per step of one GMS row, from the fitted mixtures (float64 torch reference): the mean of |mu1 - mu2| / sd
+    and of s2 / Var (sd^2 = Var, the transition's variance), the share of elements whose s2 sits at the closed
+    fit's floor (s2 = var_floor Var) or at ADAN's beta bounds (s2 / Var = 0.1 or 1.2), the share the threshold
+    sent to a Gaussian, and the mean |standardized skewness| |kappa3| / Var^1.5 of the moments."""
+    from ..fit import ADAN_BETA_BOUNDS
+    from ..moments import central_third_moment
+
+    solver, options = row_options(label)
+    if solver != "gms":
+        raise ValueError(f"fit diagnostics need a GMS row, got {label!r}")
+    floor = options.get("var_floor", 0.1)
+    rows: list[dict] = []
+
+    def record(info: dict) -> None:
+        if "mu1" not in info or "var" not in info:
+            return  # the Gaussian last step, the denoising step
+        var = info["var"].clamp_min(1e-30)
+        ratio = info["s2"] / var
+        row = {"t": info["t"], "s": info["s"], "gap_sd": float(((info["mu1"] - info["mu2"]).abs() / var.sqrt()).mean()),
+               "s2_var": float(ratio.mean()),
+               "at_floor": float((ratio <= floor * (1 + 1e-9)).double().mean()) if options.get("fit") == "closed"
+               else float(((ratio <= ADAN_BETA_BOUNDS[0] * (1 + 1e-9)) | (ratio >= ADAN_BETA_BOUNDS[1] * (1 - 1e-9)))
+                          .double().mean()),
+               "skew": float((central_third_moment(info["m1"], info["var"].clamp_min(0.0), info["m3"]).abs()
+                              / var**1.5).mean()),
+               "gaussian": float(info["gaussian"].double().mean()) if "gaussian" in info else 0.0}
+        rows.append(row)
+
+    sample(model, shape=(n, *shape), steps=steps, solver=solver, generator=seed, progress=False, callback=record,
+           backend="torch", schedule=schedule, **options)
+    return rows
+
+
+@torch.no_grad()
+def head_diagnostics(net, data: torch.Tensor, ts: Sequence[int], seed: int = 0,
+                     schedule: Schedule | None = None) -> dict[int, dict]:
+    """The heads against Monte-Carlo moments of the noise, per t, on x_t ~ q(x_t | x_0) of held-out ``data``
+    (one noise draw eps per image). With r = eps - e1, averages over elements:
+
+    - ``var_head`` = mean of e2 - e1^2 (the heads' Var[eps | x_t]) against ``var_mc`` = mean of r^2, which equals
+      the true mean Var[eps | x_t] plus e1's own squared error (so ``var_mc`` >= the truth);
+    - ``kappa3_head`` = mean of e3 - 3 e1 e2 + 2 e1^3 (the heads' central third moment) against ``kappa3_mc`` =
+      mean of r^3 (the true mean kappa3 when e1 is exact); and ``abs_kappa3_head``, the mean of its size;
+    - ``negative``: the share of elements with e2 - e1^2 < 0 (the solvers clamp Var[x0 | x_t] to 0 there).
+    Per-element moments of the true posterior cannot be computed for real data; these aggregate checks can.
+    """
+    schedule = schedule or Schedule.linear()
+    eps = torch.randn(data.shape, generator=torch.Generator().manual_seed(seed), dtype=data.dtype)
+    C, out = data.shape[1], {}
+    for t in ts:
+        abar = schedule.alphas_cumprod[t].to(data.dtype)
+        pred = net(abar.sqrt() * data + (1 - abar).sqrt() * eps, torch.full((data.shape[0],), t)).double()
+        e1, e2, e3 = pred[:, :C], pred[:, C:2 * C], pred[:, 2 * C:3 * C]
+        r = eps.double() - e1
+        var = e2 - e1**2
+        kappa3 = e3 - 3 * e1 * e2 + 2 * e1**3
+        out[t] = {"var_head": float(var.mean()), "var_mc": float(r.pow(2).mean()),
+                  "kappa3_head": float(kappa3.mean()), "kappa3_mc": float(r.pow(3).mean()),
+                  "abs_kappa3_head": float(kappa3.abs().mean()), "negative": float((var < 0).double().mean())}
+    return out
+
+
+def trajectory_times(steps: int, schedule: Schedule | None = None) -> list[int]:
+    from ..schedule import trajectory
+
+    schedule = schedule or Schedule.linear()
+    return [t for t in trajectory(schedule, steps, "even") if t != DATA]

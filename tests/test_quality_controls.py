@@ -1,0 +1,242 @@
+"""Issue 20: the variance controls (sn-ddpm variance_scale, ddpm variance_interp), GMS's variance_scale and
+skew_threshold, central-moment heads, the digits splits and the quality study's bookkeeping. Every expected value
+is computed here from the formulas in float64, not by calling the function under test."""
+import math
+
+import pytest
+import torch
+
+import gms_kernels as gk
+from conftest import image_oracle
+from gms_kernels.experiments import quality_study as q
+from gms_kernels.models.moment_net import raw_from_central
+from gms_kernels.moments import central_third_moment, scale_spread, transition_moments
+
+T_, S_ = 600, 400
+
+
+@pytest.fixture(scope="module")
+def step_inputs():
+    sched = gk.Schedule.linear()
+    oracle = image_oracle(sched)
+    g = torch.Generator().manual_seed(3)
+    x_t = torch.randn(4, 3, 5, 7, generator=g, dtype=torch.float64)
+    heads = oracle(x_t, T_)
+    z = torch.randn(x_t.shape, generator=g, dtype=torch.float64)
+    return sched, x_t, heads, z
+
+
+def _moments(sched, x_t, heads):
+    e1, e2, e3 = heads.chunk(3, dim=1)
+    return transition_moments(x_t, e1, e2, e3, sched.coefficients(T_, S_), (-1.0, 1.0))
+
+
+@pytest.mark.parametrize("c", [0.25, 0.7, 1.6])
+def test_sn_ddpm_variance_scale_draws_c_times_the_variance(step_inputs, c):
+    sched, x_t, heads, z = step_inputs
+    mom = _moments(sched, x_t, heads)
+    x_s = gk.step(x_t, heads, T_, S_, sched, solver="sn-ddpm", noise=z, variance_scale=c)
+    torch.testing.assert_close(x_s, mom.m1 + (c * mom.var).sqrt() * z, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("v", [0.0, 0.3, 1.0])
+def test_ddpm_variance_interp_is_the_log_space_mix(step_inputs, v):
+    sched, x_t, heads, z = step_inputs
+    k = sched.coefficients(T_, S_)
+    ab_t, ab_s = float(sched.alphas_cumprod[T_]), float(sched.alphas_cumprod[S_])
+    beta_ts = 1 - ab_t / ab_s
+    beta_tilde = (1 - ab_s) / (1 - ab_t) * beta_ts  # the DDPM posterior variance
+    var = math.exp((1 - v) * math.log(beta_tilde) + v * math.log(beta_ts))
+    m1 = _moments(sched, x_t, heads).m1
+    x_s = gk.step(x_t, heads, T_, S_, sched, solver="ddpm", noise=z, variance_interp=v)
+    torch.testing.assert_close(x_s, m1 + math.sqrt(var) * z, rtol=1e-12, atol=1e-12)
+    assert k.lam2 == pytest.approx(beta_tilde, rel=1e-12)
+    if v == 1.0:  # the fixed-large end is 'ddpm-large'
+        torch.testing.assert_close(x_s, gk.step(x_t, heads, T_, S_, sched, solver="ddpm-large", noise=z))
+
+
+def test_scale_spread_keeps_mean_and_standardized_skew():
+    g = torch.Generator().manual_seed(0)
+    x = torch.distributions.Gamma(2.0, 3.0).sample((200000,)).double()  # a skewed sample
+    m1, var = x.mean(), x.var(unbiased=False)
+    mom = gk.moments.TransitionMoments(m1.reshape(1), var.reshape(1), (x**3).mean().reshape(1))
+    scaled = scale_spread(mom, 0.49)
+    y = m1 + 0.7 * (x - m1)  # the same distribution with 0.49 times the variance
+    torch.testing.assert_close(scaled.var, (0.49 * var).reshape(1))
+    torch.testing.assert_close(scaled.m3, (y**3).mean().reshape(1), rtol=1e-9, atol=1e-12)
+    assert scale_spread(mom, 1.0) is mom
+    del g
+
+
+def test_gms_variance_scale_fits_the_scaled_moments(step_inputs):
+    sched, x_t, heads, z = step_inputs
+    _, info = gk.step(x_t, heads, T_, S_, sched, solver="gms", noise=z, uniform=torch.full(x_t.shape, 0.5),
+                      variance_scale=0.6, return_info=True, select="pixel")
+    mom = _moments(sched, x_t, heads)
+    torch.testing.assert_close(info["var"], 0.6 * mom.var)
+    skew = central_third_moment(mom.m1, mom.var, mom.m3) / mom.var**1.5
+    torch.testing.assert_close(central_third_moment(info["m1"], info["var"], info["m3"]) / info["var"]**1.5, skew)
+    # the fitted mixture matches the scaled mean and variance exactly
+    w1, w2 = 1 / 3, 2 / 3
+    mean = w1 * info["mu1"] + w2 * info["mu2"]
+    var = w1 * w2 * (info["mu1"] - info["mu2"]) ** 2 + info["s2"]
+    torch.testing.assert_close(mean, mom.m1)
+    torch.testing.assert_close(var, 0.6 * mom.var)
+
+
+def test_skew_threshold_sends_low_skew_elements_to_the_gaussian(step_inputs):
+    sched, x_t, heads, z = step_inputs
+    u = torch.rand(x_t.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    mom = _moments(sched, x_t, heads)
+    skew = (central_third_moment(mom.m1, mom.var, mom.m3) / mom.var**1.5).abs()
+    tau = float(skew.median())
+    x_s, info = gk.step(x_t, heads, T_, S_, sched, solver="gms", noise=z, uniform=u, select="pixel",
+                        skew_threshold=tau, return_info=True)
+    full = gk.step(x_t, heads, T_, S_, sched, solver="gms", noise=z, uniform=u, select="pixel")
+    gaussian = skew <= tau
+    assert 0.3 < gaussian.double().mean() < 0.7
+    torch.testing.assert_close(info["gaussian"], gaussian)
+    torch.testing.assert_close(x_s[gaussian], (mom.m1 + mom.var.sqrt() * z)[gaussian])
+    torch.testing.assert_close(x_s[~gaussian], full[~gaussian])
+    # tau = 0 is the plain GMS step
+    torch.testing.assert_close(gk.step(x_t, heads, T_, S_, sched, solver="gms", noise=z, uniform=u, select="pixel",
+                                       skew_threshold=0.0), full)
+
+
+@pytest.mark.parametrize("solver,opts", [("sn-ddpm", {"variance_scale": 0.5}), ("ddpm", {"variance_interp": 0.5}),
+                                         ("gms", {"variance_scale": 0.8, "select": "pixel"}),
+                                         ("gms", {"skew_threshold": 0.2, "select": "pixel"})])
+def test_new_options_give_the_same_samples_on_every_cpu_backend(solver, opts):
+    sched = gk.Schedule.linear()
+    oracle = image_oracle(sched)
+    x = [gk.sample(oracle, (5, 3, 5, 7), steps=4, solver=solver, generator=2, progress=False, backend=b, **opts)
+         for b in ("torch", "auto")]
+    torch.testing.assert_close(x[0], x[1], rtol=0, atol=0)
+    assert not torch.equal(x[0], gk.sample(oracle, (5, 3, 5, 7), steps=4, solver=solver, generator=2,
+                                            progress=False, **{k: v for k, v in opts.items() if k == "select"}))
+
+
+@pytest.mark.parametrize("solver,opts,match", [
+    ("sn-ddpm", {"variance_scale": 0.0}, "variance_scale"), ("sn-ddpm", {"variance_scale": -1}, "variance_scale"),
+    ("gms", {"variance_scale": float("nan")}, "variance_scale"), ("ddpm", {"variance_interp": 1.5}, "variance_interp"),
+    ("gms", {"skew_threshold": -0.1}, "skew_threshold"), ("ddim", {"variance_scale": 0.5}, "unknown option"),
+    ("ddpm", {"skew_threshold": 0.5}, "unknown option")])
+def test_bad_control_options_are_refused_before_sampling(solver, opts, match):
+    calls = []
+
+    def model(x, t):
+        calls.append(t)
+        return torch.zeros(x.shape[0], 3 * x.shape[1], *x.shape[2:])
+    with pytest.raises(ValueError, match=match):
+        gk.sample(model, (2, 1, 4, 4), steps=3, solver=solver, generator=0, progress=False, **opts)
+    assert calls == []
+
+
+# -- central-moment heads ------------------------------------------------------------------------------------------
+def test_raw_from_central_is_the_binomial_expansion():
+    g = torch.Generator().manual_seed(0)
+    r = torch.distributions.Gamma(2.0, 2.0).sample((400000,)).double()
+    r = r - r.mean()  # a zero-mean, skewed residual
+    e1 = torch.tensor([-0.7, 0.0, 1.3], dtype=torch.float64)
+    c2, c3 = (r**2).mean().expand(3), (r**3).mean().expand(3)
+    e2, e3 = raw_from_central(e1, [c2, c3])
+    x = e1[:, None] + r[None, :]
+    torch.testing.assert_close(e2, (x**2).mean(1), rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(e3, (x**3).mean(1), rtol=1e-9, atol=1e-9)
+    del g
+
+
+def _tiny_backbone():
+    return gk.models.PytorchDDPMUNet(T=1000, ch=32, ch_mult=(1,), attn=(), num_res_blocks=1, dropout=0.0,
+                                     in_channels=1)
+
+
+def test_central_momentnet_returns_raw_moments_and_round_trips(tmp_path):
+    torch.manual_seed(0)
+    net = gk.models.MomentNet(_tiny_backbone(), targets="central").eval()
+    for head in net.heads.values():  # give the zero-initialised heads some output
+        for p in head.parameters():
+            torch.nn.init.normal_(p, std=0.05)
+    x, t = torch.randn(3, 1, 8, 8), torch.tensor([10, 500, 990])
+    with torch.no_grad():
+        out, heads = net(x, t), net(x, t, head_outputs=True)
+    e1, c2, c3 = heads.chunk(3, dim=1)
+    torch.testing.assert_close(out, torch.cat([e1, e1**2 + c2, e1**3 + 3 * e1 * c2 + c3], dim=1))
+    net.save(tmp_path / "net.pt")
+    again = gk.models.MomentNet.load(tmp_path / "net.pt")
+    assert again.targets == "central"
+    with torch.no_grad():
+        torch.testing.assert_close(again(x, t), out)
+    net.save_heads(tmp_path / "heads.pt")
+    with pytest.raises(ValueError, match="targets"):
+        gk.models.MomentNet(_tiny_backbone()).load_heads(tmp_path / "heads.pt")
+    with pytest.raises(ValueError, match="targets"):
+        gk.models.MomentNet(_tiny_backbone(), targets="centred")
+
+
+def test_train_heads_fits_central_heads_to_the_residual():
+    """With zero-initialised heads the first logged loss is the mean of the target squared: E[r^4] for the
+    central e2 head (r = eps - e1 of the backbone) against E[eps^4] = 3 for the raw one; on a backbone whose e1
+    is eps itself (an identity stand-in) r = 0 and the central loss must vanish."""
+    torch.manual_seed(0)
+    data = torch.rand(64, 1, 8, 8) * 2 - 1
+
+    class Oracle(torch.nn.Module):  # e1 = the exact noise of x_t for this fixed data point
+        eps_channels, feature_channels, temb_channels = 1, 4, 4
+
+        def forward_features(self, x, t):
+            sched = gk.Schedule.linear()
+            ab = sched.alphas_cumprod[t].float().reshape(-1, 1, 1, 1)
+            eps = (x - ab.sqrt() * data[:1]) / (1 - ab).sqrt()
+            return torch.zeros(x.shape[0], 4, 8, 8), torch.zeros(x.shape[0], 4), eps
+
+    losses = {}
+    for targets in ("raw", "central"):
+        net = gk.models.MomentNet(Oracle(), targets=targets)
+        seen = []
+        gk.train_heads(net, data[:1].expand(64, -1, -1, -1).clone(), steps=1, batch_size=16,
+                                progress=False, log=seen.append)
+        losses[targets] = seen[0]["mse_e2"]
+    assert losses["raw"] == pytest.approx(3.0, rel=0.4)  # E[eps^4] = 3 (4096 draws: sd of the mean ~0.15)
+    assert losses["central"] < 1e-8
+
+
+# -- digits splits and the study's bookkeeping -----------------------------------------------------------------------
+def test_digits_splits_are_disjoint_and_keep_the_old_test_split():
+    x, _ = gk.data.digits("all")
+    parts = {s: gk.data.digits(s)[0] for s in ("train", "validation", "test")}
+    assert [p.shape[0] for p in parts.values()] == [1079, 359, 359]
+    flat = {s: {tuple(r.tolist()) for r in p.flatten(1)} for s, p in parts.items()}
+    assert not (flat["train"] & flat["test"]) or len(flat["train"] & flat["test"]) < 5  # (digits has duplicates)
+    perm = torch.randperm(1797, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(parts["test"], x[perm[:359]])  # the split the FD classifier never saw
+    torch.testing.assert_close(torch.cat([parts["validation"], parts["train"]]), x[perm[359:]])
+    with pytest.raises(ValueError, match="split"):
+        gk.data.digits("val")
+
+
+def test_row_labels_read_into_options():
+    assert q.row_options("sn-ddpm c=0.5") == ("sn-ddpm", {"variance_scale": 0.5})
+    assert q.row_options("ddpm v=0.25") == ("ddpm", {"variance_interp": 0.25})
+    assert q.row_options("gms adan/pixel iters=70 c=0.8") == (
+        "gms", {"fit": "adan", "select": "pixel", "fit_iters": 70, "variance_scale": 0.8})
+    assert q.row_options("gms closed/pixel glast=0") == (
+        "gms", {"fit": "closed", "select": "pixel", "gaussian_last_step": False})
+    assert q.row_options("gms") == ("gms", {})
+    assert q.is_baseline("sn-ddpm c=0.5") and q.is_baseline("ddim") and not q.is_baseline("gms closed/pixel")
+    with pytest.raises(ValueError, match="modifier"):
+        q.row_options("sn-ddpm k=2")
+
+
+def test_summarise_names_the_best_baseline_and_significance():
+    res = {}
+    for s in range(5):
+        res[("ddpm", 10, s)] = {"v/fd": 10.0 + s}
+        res[("sn-ddpm c=0.5", 10, s)] = {"v/fd": 8.0 + s + 0.1 * (s % 2)}
+        res[("gms closed/pixel", 10, s)] = {"v/fd": 6.0 + s}
+        res[("gms adan/pixel", 10, s)] = {"v/fd": 8.0 + s + 0.1 * ((s + 1) % 2)}
+    out = q.summarise(res, "v/fd", ["ddpm", "sn-ddpm c=0.5", "gms closed/pixel", "gms adan/pixel"], [10], range(5))
+    assert out[("gms closed/pixel", 10)]["best_baseline"] == "sn-ddpm c=0.5"
+    assert out[("gms closed/pixel", 10)]["significant"] and out[("gms closed/pixel", 10)]["diff"].mean < 0
+    assert not out[("gms adan/pixel", 10)]["significant"]
+    assert "diff" not in out[("sn-ddpm c=0.5", 10)]
