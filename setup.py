@@ -4,8 +4,15 @@ The optional C++ extension ``gms_kernels._C`` (csrc/, pybind11, torch-free) is b
 compiler works; any failure to build it prints a warning and the package installs without it (the
 torch reference path still works). Environment variables:
 
-- ``GMS_KERNELS_PORTABLE=1``: do not add ``-march=native`` (for wheels moved to other machines);
+- ``GMS_KERNELS_PORTABLE=1``: do not add ``-march=native`` / ``-mtune=native`` (for wheels moved to
+  other machines);
 - ``GMS_KERNELS_NO_EXT=1``: skip the extension altogether.
+
+The kernels (csrc/step_target.cpp) are compiled once per target ISA and linked into the one
+extension, which picks the best target the CPU runs at import (``gms_kernels.kernels.cpu_info()``):
+on x86-64 ``avx512`` (x86-64-v4), ``avx2`` (x86-64-v3: AVX2, FMA) and ``sse2`` (every x86-64), so
+that a portable wheel still runs AVX2 and AVX-512 code where the CPU has it; elsewhere one
+``baseline`` target with the compiler's defaults (plus ``-march=native`` unless portable).
 """
 import os
 import shutil
@@ -46,6 +53,22 @@ int gms_probe(void) { int s = 0;
 _PLAIN_PROBE = "int gms_probe(void) { return 0; }\n"
 
 
+# x86-64 targets, best first: (name, flags, vector bytes). Each flag set is checked with the
+# compiler; a target it refuses is left out (the others still build).
+X86_TARGETS = (
+    ("avx512", ["-march=x86-64-v4", "-mprefer-vector-width=512"], 64),
+    ("avx2", ["-march=x86-64-v3"], 32),
+    ("sse2", ["-march=x86-64"], 16),
+)
+TARGET_SOURCE = "csrc/step_target.cpp"
+
+
+def _is_x86_64() -> bool:
+    import platform
+
+    return platform.machine().lower() in ("x86_64", "amd64")
+
+
 class OptionalBuildExt(build_ext):
     """build_ext that adds tested optimisation flags and never fails the install."""
 
@@ -80,16 +103,12 @@ class OptionalBuildExt(build_ext):
             self._give_up(exc)
 
     def _add_unix_flags(self, ext):
+        portable = os.environ.get("GMS_KERNELS_PORTABLE", "0") == "1"
         flags = ["-O3", "-fno-math-errno", "-Wno-unknown-pragmas"]
         if self._accepts(["-fno-wrapv"], _PLAIN_PROBE):
             # Python's CFLAGS carry -fwrapv, which makes int index arithmetic wrap: the compiler
             # must then keep a separate pointer per array in the ADAN loop (spilled: ~25% slower)
             flags.append("-fno-wrapv")
-        if os.environ.get("GMS_KERNELS_PORTABLE", "0") != "1":
-            if self._accepts(["-march=native"], _PLAIN_PROBE):
-                flags.append("-march=native")
-            if self._accepts(["-mprefer-vector-width=512"], _PLAIN_PROBE):
-                flags.append("-mprefer-vector-width=512")  # wide vectors pay off in the ADAN loop
         link = []
         if self._accepts(["-fopenmp"], _OPENMP_PROBE, link=True):
             flags.append("-fopenmp")
@@ -98,6 +117,29 @@ class OptionalBuildExt(build_ext):
             flags.append("-fopenmp-simd")
             ext.define_macros.append(("GMS_OPENMP_SIMD", "1"))
             _say("gms_kernels: OpenMP is not available with this compiler; building the extension single-threaded")
+        # the kernels, once per target, as objects linked into the extension
+        if _is_x86_64():
+            targets = [t for t in X86_TARGETS if self._accepts(t[1], _PLAIN_PROBE)]
+            if [t[0] for t in targets] == [t[0] for t in X86_TARGETS]:
+                ext.define_macros.append(("GMS_TARGETS_X86", "1"))
+                tune = ["-mtune=native"] if not portable and self._accepts(["-mtune=native"], _PLAIN_PROBE) else []
+                targets = [(name, t_flags + tune, vbytes) for name, t_flags, vbytes in targets]
+            else:  # (an old compiler without the x86-64-v3/v4 levels: one target, the default ISA)
+                targets = [("baseline", [], 16)]
+        else:
+            targets = [("baseline", [], 16)]
+        if targets[0][0] == "baseline" and not portable and self._accepts(["-march=native"], _PLAIN_PROBE):
+            targets = [("baseline", ["-march=native"], 16)]
+        macros = [m for m in ext.define_macros]
+        objects = []
+        for name, t_flags, vbytes in targets:
+            out_dir = os.path.join(self.build_temp, f"target_{name}")
+            objects += self.compiler.compile(
+                [TARGET_SOURCE], output_dir=out_dir, include_dirs=["csrc"],
+                macros=macros + [("GMS_TARGET_NS", name), ("GMS_VBYTES", str(vbytes))],
+                extra_postargs=["-std=c++17", "-fvisibility=hidden"] + flags + t_flags)
+            _say(f"gms_kernels: target {name}: {' '.join(flags + t_flags)}")
+        ext.extra_objects = list(ext.extra_objects or []) + objects
         ext.extra_compile_args += flags
         ext.extra_link_args += link
         _say(f"gms_kernels: building {ext.name} with {' '.join(flags)}")
@@ -126,7 +168,8 @@ def _extensions():
         _warn_without_extension("pybind11 is not importable at build time")
         return []
     return [Pybind11Extension(EXT_NAME, ["csrc/gms_step.cpp"], include_dirs=["csrc"],
-                              depends=["csrc/philox.h"], cxx_std=17)]
+                              depends=["csrc/philox.h", "csrc/step_api.h", "csrc/simd.h", "csrc/vector_random.h",
+                                       TARGET_SOURCE], cxx_std=17)]
 
 
 # Name, version (gms_kernels.__version__), dependencies and entry points: pyproject.toml's [project].

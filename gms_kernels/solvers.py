@@ -17,7 +17,7 @@ import torch
 from .backends import fused_step
 from .fit import (ADAN_MEANS, DEFAULT_WEIGHTS, LR_RANGE, PAPER_LR_TABLES, MixtureParams, check_fit_iters,
                   check_var_floor, check_weights, fit_adan, fit_closed)
-from .kernels import FusedStepConfig, NonFiniteInput, make_config
+from .kernels import CPP_ONLY_MODES, FusedStepConfig, NonFiniteInput, make_config
 from .mixture import check_select, sample_mixture
 from .model_io import check_inputs_finite
 from .moments import (DataRange, TransitionMoments, central_third_moment, clamp_x0_moments, last_step_variance_cap,
@@ -129,8 +129,9 @@ def sn_ddpm_step(x_t, heads, k, rand, o):
     return _learned_gaussian(mom, k, rand, o)
 
 
-def analytic_dpm_step(x_t, heads, k, rand, o):
-    """Analytic-DPM: Var[x0|x_t] = sigma_t^2/a_t^2 (1 - Gamma_t), isotropic, Gamma from a table."""
+def analytic_x0_variance(o: dict, k: StepCoefficients) -> float:
+    """Analytic-DPM's isotropic Var[x0|x_t] = sigma_t^2/a_t^2 (1 - Gamma_t), Gamma from the ``gamma`` table
+    (also the C++ kernel's variance, gms_kernels.kernels.make_config)."""
     gamma = o["gamma"]
     if gamma is None:
         raise ValueError("solver 'analytic-dpm' needs gamma=<table>: estimate it with "
@@ -138,17 +139,28 @@ def analytic_dpm_step(x_t, heads, k, rand, o):
     g = float(torch.as_tensor(gamma, dtype=torch.float64)[k.t])
     if not math.isfinite(g):
         raise ValueError(f"the gamma table has no value at t={k.t}: estimate it on this trajectory")
-    x0_var = torch.full_like(x_t, (k.sigma_t / k.a_t) ** 2 * (1.0 - g))
+    return (k.sigma_t / k.a_t) ** 2 * (1.0 - g)
+
+
+def analytic_dpm_step(x_t, heads, k, rand, o):
+    """Analytic-DPM: Var[x0|x_t] = sigma_t^2/a_t^2 (1 - Gamma_t), isotropic, Gamma from a table."""
+    x0_var = torch.full_like(x_t, analytic_x0_variance(o, k))
     mom = transition_moments(x_t, heads[0], None, None, k, o["data_range"], x0_var=x0_var)
     return _learned_gaussian(mom, k, rand, o)
+
+
+def ddim_scales(k: StepCoefficients, eta: float) -> tuple[float, float]:
+    """DDIM's (eps scale sqrt(sigma_s^2 - eta^2 lam2), noise variance eta^2 lam2) (also the C++ kernel's)."""
+    eta2_lam2 = eta**2 * k.lam2
+    return math.sqrt(max(k.sigma_s**2 - eta2_lam2, 0.0)), eta2_lam2
 
 
 def ddim_step(x_t, heads, k, rand, o):
     """DDIM (Song et al. 2021, Eq. 12): a_s x0 + sqrt(sigma_s^2 - eta^2 lam2) eps + eta sqrt(lam2) z."""
     x0 = transition_moments(x_t, heads[0], None, None, denoise_coefficients(k), o["data_range"]).m1  # clamped E[x0|x_t]
     eps = (x_t - k.a_t * x0) / k.sigma_t
-    eta2_lam2 = o["eta"] ** 2 * k.lam2
-    x_s = k.a_s * x0 + math.sqrt(max(k.sigma_s**2 - eta2_lam2, 0.0)) * eps
+    eps_scale, eta2_lam2 = ddim_scales(k, o["eta"])
+    x_s = k.a_s * x0 + eps_scale * eps
     if eta2_lam2 > 0:
         x_s = x_s + math.sqrt(eta2_lam2) * rand.normal()
     return x_s, {"x0": x0}
@@ -374,15 +386,16 @@ def solver_step(name: str, x_t: torch.Tensor, heads: list[torch.Tensor], k: Step
                 nonfinite_flag: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """One step t -> s of solver ``name``; t -> data returns the denoised mean by default.
 
-    ``backend`` 'cpp' or 'triton' runs the gms/sn-ddpm steps in one fused kernel that draws the
-    same Philox streams (it needs a generator, not explicit noise); everything else, and the
-    'torch' backend, runs the float64 reference below. A NaN or inf in x_t or the heads raises a
+    ``backend`` 'cpp' runs the gms, sn-ddpm, ddpm, ddpm-large, ddim and analytic-dpm steps in one
+    fused kernel that draws the same Philox streams (it needs a generator, not explicit noise);
+    'triton' the gms and sn-ddpm steps; everything else, and the 'torch' backend, runs the float64
+    reference below. A NaN or inf in x_t or the heads raises a
     ValueError that names it (``where`` says which step); the fused kernels check while they read.
     With ``nonfinite_flag`` the Triton kernel only sets that flag, for the caller to read later.
     """
     if backend != "torch" and rand.shares_streams:
         cfg = fused_config(name, options, k, data_range, T, x_t.shape[0], math.prod(x_t.shape[1:]))
-        if cfg is not None:
+        if cfg is not None and not (backend == "triton" and cfg.mode in CPP_ONLY_MODES):
             e2, e3 = (heads + [None, None])[1:3]
             src = rand.source
             seeds, indices = src.seeds, src.indices

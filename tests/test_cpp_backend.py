@@ -34,6 +34,8 @@ except ImportError as exc:  # only a missing or broken build skips these tests
 
 from gms_kernels.kernels import cpp
 
+cpp.available()  # (applies GMS_KERNELS_CPU_TARGET, tests/test_cpu_targets.py, before any direct call of C)
+
 EPS32 = float(torch.finfo(torch.float32).eps)
 SCHED = gk.Schedule.linear(1000)
 
@@ -653,3 +655,4 @@ def test_build_reports_openmp_and_isa():
     info = C.build_info()
     assert set(info) >= {"openmp", "max_threads", "isa", "block"} and info["max_threads"] >= 1
     assert cpp.available() and cpp.import_error() is None
+    assert info["isa"] == cpp.cpu_info()["target"] and info["isa"] in info["targets"]

@@ -1,15 +1,15 @@
-// Cost of the C++ extension's ADAN fit (csrc/gms_step.cpp: adan_fit over blocks, as the fused step
-// runs it) on one thread, for 307,200 elements of plausible moments and 25 iterations: milliseconds,
-// and cycles at the nominal clock per 16 elements (one 512-bit vector) per iteration. Best of 20
-// rounds (this is a shared VM: single runs swing by 30%).
+// Cost of the C++ extension's ADAN fit (csrc/step_target.cpp: adan_fit over blocks, as the fused
+// step runs it) on one thread, for 307,200 elements of plausible moments and 25 iterations:
+// milliseconds, and cycles at the nominal clock per 16 elements per iteration. Best of 20 rounds
+// (this is a shared VM: single runs swing by 30%). Compiled for one target as setup.py compiles it:
 //
-//   g++ -O3 -march=native -mprefer-vector-width=512 -fno-math-errno -fopenmp -std=c++17 \
-//       benchmarks/cpp/adan_loop_bench.cpp -o /tmp/adan_loop_bench && /tmp/adan_loop_bench 2.8
+//   g++ -O3 -march=x86-64-v4 -mprefer-vector-width=512 -DGMS_TARGET_NS=avx512 -DGMS_VBYTES=64 \
+//       -fno-math-errno -fno-wrapv -fopenmp -std=c++17 benchmarks/cpp/adan_loop_bench.cpp -o /tmp/b && /tmp/b 2.8
+//   (AVX2: -march=x86-64-v3 -DGMS_TARGET_NS=avx2 -DGMS_VBYTES=32)
 //
-// (the argument: the nominal clock in GHz). Add -DGMS_NO_AVX512 for the portable loop that the
-// compiler vectorises, instead of the software-pipelined AVX-512 one.
-#define GMS_KERNELS_NO_PYTHON
-#include "../../csrc/gms_step.cpp"
+// (the argument: the nominal clock in GHz).
+#include "../../csrc/step_config.h"
+#include "../../csrc/step_target.cpp"
 
 #include <chrono>
 #include <cstdio>
@@ -17,6 +17,7 @@
 #include <random>
 
 using namespace gms;
+using namespace gms::GMS_TARGET_NS;
 
 int main(int argc, char** argv) {
     const double ghz = argc > 1 ? std::atof(argv[1]) : 2.8;
@@ -32,8 +33,9 @@ int main(int argc, char** argv) {
         VAR[i] = 0.1 + 0.5 * uniform(gen);
         M3[i] = M1[i] * M1[i] * M1[i] + 3 * M1[i] * VAR[i] + 0.05 * normal(gen);
     }
-    const AdanConsts consts{1.0 / 3.0, 2.0 / 3072.0};
-    const AdanConfig cfg{consts, adan_iteration_coefs(std::vector<double>(iters, 0.06), consts)};
+    const double w1 = 1.0 / 3.0, grad_scale = 2.0 / 3072.0;
+    const std::vector<AdanIterCoefs> coefs = adan_iteration_coefs(std::vector<double>(iters, 0.06), w1, grad_scale);
+    const AdanConfig cfg{w1, grad_scale, coefs.data(), iters, false};
     double best = 1e30;
     for (int r = 0; r < rounds; ++r) {
         const auto t0 = std::chrono::steady_clock::now();

@@ -6,7 +6,11 @@ last-step rules of ``solvers.solver_step``). Per element (sample i, element j of
 
 1. moments (fp64 in every backend): ``moments.x0_moments`` -> ``moments.clamp_x0_moments``
    (when ``cfg.has_range``) -> M1, Var (no clamp of its own: Var[x0|x_t] is clamped), M3;
-2. by ``cfg.mode``: DENOISE writes M1; GAUSSIAN draws N(M1, min(Var, var_cap)); CLOSED and ADAN fit
+2. by ``cfg.mode``: DENOISE writes M1; GAUSSIAN draws N(M1, min(Var, var_cap)); FIXED draws
+   N(M1, fixed_var) from e1 alone (ddpm, ddpm-large, analytic-dpm; no draw when fixed_var is 0);
+   DDIM takes M1 = E[x0|x_t] (c1 = 0, c2 = 1) and writes
+   ``ddim_a_s x0 + ddim_eps_scale (x_t - a_t x0) / sigma_t`` plus N(0, fixed_var) noise
+   (``solvers.ddim_step``); CLOSED and ADAN fit
    (mu1, mu2, s2) like ``fit.fit_closed`` / ``fit.fit_adan`` (learning rate ``cfg.lrs[k]`` at
    iteration k, gradient scale ``cfg.grad_scale`` = 2 / count), then draw
    ``(u < w1 ? mu1 : mu2) + sqrt(s2) z``. ADAN's loop runs in fp32 by default (``adan_precision``
@@ -23,11 +27,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from ..fit import adan_learning_rates
 from ..moments import last_step_variance_cap
 from ..schedule import DATA
 
-MODE_GAUSSIAN, MODE_CLOSED, MODE_ADAN, MODE_DENOISE = 0, 1, 2, 3
+MODE_GAUSSIAN, MODE_CLOSED, MODE_ADAN, MODE_DENOISE, MODE_FIXED, MODE_DDIM = 0, 1, 2, 3, 4, 5
+# modes only the C++ kernel runs (the Triton kernel takes the others; these steps run the torch
+# reference on CUDA tensors)
+CPP_ONLY_MODES = (MODE_FIXED, MODE_DDIM)
 
 # The fp32 ADAN loop is used where |M1| <= 2^10, 2^-60 <= |Var| <= 2^20 and |kappa3| <= 2^30: the
 # gradients grow like S^5 and their squares like S^10 (S the largest of |M1|, sqrt|Var|,
@@ -63,9 +72,49 @@ class FusedStepConfig:
     grad_scale: float = 2.0
     per_pixel: bool = False
     adan_fp64: bool | None = None  # ADAN: the loop in float64 / float32; None: the backend's default
+    fixed_var: float = 0.0  # FIXED, DDIM: the noise variance of every element
+    ddim_a_s: float = 0.0  # DDIM: x_s = a_s x0 + eps_scale eps (+ noise)
+    ddim_eps_scale: float = 0.0
 
 
-FUSABLE_SOLVERS = ("gms", "sn-ddpm")
+FUSABLE_SOLVERS = ("gms", "sn-ddpm", "ddpm", "ddpm-large", "ddim", "analytic-dpm")
+
+
+def cpu_info() -> dict:
+    """The C++ kernels' CPU target (see :func:`gms_kernels.kernels.cpp.cpu_info`): the one in use,
+    the best this CPU runs, those compiled into the extension and those this CPU supports."""
+    from . import cpp
+
+    return cpp.cpu_info()
+
+
+def set_cpu_target(name: str | None) -> str:
+    """Run the C++ kernels compiled for CPU target ``name`` (e.g. 'avx2' on an AVX-512 machine, to
+    test or time that code; None: the best one); returns the target now in use."""
+    from . import cpp
+
+    return cpp.set_cpu_target(name)
+
+
+def _fixed_variance_config(solver: str, k, data_range, o: dict, common: dict) -> FusedStepConfig:
+    """ddpm, ddpm-large, analytic-dpm (N(M1, a variance shared by every element)) and ddim, from the
+    torch reference's own definitions of their variances and coefficients (solvers.py)."""
+    from ..moments import transition_moments
+    from ..solvers import analytic_x0_variance, ddim_scales
+
+    if solver == "ddim":
+        eps_scale, noise_var = ddim_scales(k, o["eta"])
+        common.update(c1=0.0, c2=1.0, lam2=0.0)  # (M1 = E[x0|x_t]: the moments of t -> data)
+        return FusedStepConfig(mode=MODE_DDIM, fixed_var=noise_var, ddim_a_s=k.a_s, ddim_eps_scale=eps_scale, **common)
+    if solver == "analytic-dpm":  # Var of an isotropic Var[x0|x_t], clamped and capped like _learned_gaussian
+        one = torch.zeros(1, dtype=torch.float64)
+        x0_var = torch.full_like(one, analytic_x0_variance(o, k))
+        var = transition_moments(one, one, None, None, k, data_range, x0_var=x0_var).var
+        cap = last_step_variance_cap(data_range, o["clip_pixel"]) if k.s == 0 else None
+        var = float(var.clamp(0.0, cap) if cap is not None else var.clamp_min(0.0))
+    else:
+        var = max(k.lam2 if solver == "ddpm" else k.beta_ts, 0.0)
+    return FusedStepConfig(mode=MODE_FIXED, fixed_var=var, **common)
 
 
 # options the fused kernels do not implement: a step that sets one runs the float64 torch reference
@@ -83,6 +132,8 @@ def make_config(solver: str, k, data_range, o: dict, T: int, batch: int, per_sam
         common.update(center=(data_range[0] + data_range[1]) / 2, half=(data_range[1] - data_range[0]) / 2)
     if k.s == DATA and o["denoise_final"]:
         return FusedStepConfig(mode=MODE_DENOISE, **common)
+    if solver in ("ddpm", "ddpm-large", "ddim", "analytic-dpm"):
+        return _fixed_variance_config(solver, k, data_range, o, common)
     if solver == "sn-ddpm" or (k.s == 0 and o["gaussian_last_step"]):
         cap = last_step_variance_cap(data_range, o["clip_pixel"]) if k.s == 0 else None
         return FusedStepConfig(mode=MODE_GAUSSIAN, var_cap=float("inf") if cap is None else cap, **common)

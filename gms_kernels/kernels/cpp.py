@@ -10,16 +10,24 @@ anything else (other dtypes, other strides) is first copied to contiguous float3
 releases the GIL and uses OpenMP with ``torch.get_num_threads()`` threads; x_s comes back in the
 dtype and shape of x_t, in a new buffer or in the caller's ``out``. The extension is imported
 lazily: without it, :func:`available` is False and the torch reference is used instead.
+
+The extension holds the kernels compiled for several CPU targets (x86-64: avx512, avx2, sse2) and
+uses the best one the CPU runs; the environment variable ``GMS_KERNELS_CPU_TARGET`` (read at the
+first use) or :func:`set_cpu_target` picks a lower one, e.g. to test or time the AVX2 code on an
+AVX-512 machine. :func:`cpu_info` says which one runs.
 """
 from __future__ import annotations
 
 import functools
 import importlib
+import os
 
 import torch
 
 from ..fit import MixtureParams
 from . import FusedStepConfig, NonFiniteInput
+
+CPU_TARGET_ENV = "GMS_KERNELS_CPU_TARGET"
 
 _ext = None
 _import_error: Exception | None = None
@@ -29,10 +37,35 @@ def _load():
     global _ext, _import_error
     if _ext is None and _import_error is None:
         try:
-            _ext = importlib.import_module("gms_kernels._C")
+            ext = importlib.import_module("gms_kernels._C")
         except ImportError as exc:  # not built (no compiler at install time) or broken build
             _import_error = exc
+            return None
+        forced = os.environ.get(CPU_TARGET_ENV)
+        if forced:
+            try:
+                ext.set_target(forced)
+            except ValueError as exc:
+                raise ValueError(f"environment variable {CPU_TARGET_ENV}={forced!r}: {exc}") from None
+        _ext = ext
     return _ext
+
+
+def cpu_info() -> dict:
+    """The C++ kernels' CPU target: ``{'target': in use, 'best': the best this CPU runs, 'compiled':
+    [...], 'supported': [...], 'vector_bits': .., 'fma': ..}``, plus ``'forced'`` (the environment
+    override, or None)."""
+    info = dict(_ext_or_raise().cpu_info())
+    info["forced"] = os.environ.get(CPU_TARGET_ENV) or None
+    return info
+
+
+def set_cpu_target(name: str | None) -> str:
+    """Run the kernels compiled for target ``name`` (one of ``cpu_info()['supported']``; None: the
+    best one); returns the target now in use. ValueError for a target this build or CPU lacks."""
+    ext = _ext_or_raise()
+    ext.set_target(ext.cpu_info()["best"] if name is None else str(name))
+    return ext.cpu_info()["target"]
 
 
 def available() -> bool:
@@ -210,7 +243,8 @@ def fused_step(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | None, e3:
         n, d, int(cfg.mode), int(cfg.t), float(cfg.a_t), float(cfg.sigma_t), float(cfg.c1), float(cfg.c2),
         float(cfg.lam2), bool(cfg.has_range), float(cfg.center), float(cfg.half), float(cfg.var_cap),
         float(cfg.w1), float(cfg.var_floor), cfg.lrs, float(cfg.grad_scale),
-        bool(cfg.per_pixel), _threads(), bool(cfg.adan_fp64 if adan_fp64 is None else adan_fp64))
+        bool(cfg.per_pixel), _threads(), bool(cfg.adan_fp64 if adan_fp64 is None else adan_fp64),
+        float(cfg.fixed_var), float(cfg.ddim_a_s), float(cfg.ddim_eps_scale))
     if not finite:
         raise NonFiniteInput("the fused step read a NaN or inf in x_t or a head")
     x_s = x_s if out is None else out

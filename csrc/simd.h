@@ -1,0 +1,230 @@
+// The portable vector layer of the fused step: GCC/Clang vector extensions whose width is the
+// target's (GMS_VBYTES: 64 for AVX-512, 32 for AVX2, 16 for SSE2 and NEON), so that the kernels
+// are written once over whole vectors and each target's translation unit compiles them to its
+// own instructions (csrc/step_target.cpp, included once per target by setup.py's build).
+//
+// Kernels use only the types and helpers below: elementwise operators, comparisons (lane masks),
+// select, min / max, conversions, whole-vector loads and stores. The few operations the vector
+// extensions cannot spell efficiently get a per-ISA form here, each beside a generic one that
+// gives the same result (to the documented accuracy):
+//   mul_wide   32 x 32 -> 64-bit products of the low words of 64-bit lanes (Philox);
+//   recip      a reciprocal estimate refined by Newton steps (the log's and the knee's divisions);
+//   sqrt_pos   a square root of s >= 0 (the draw's standard deviation).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+#ifndef GMS_VBYTES
+#define GMS_VBYTES 16
+#endif
+
+#if defined(__x86_64__) || defined(__i386__)
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+#include <immintrin.h>
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif
+
+#if defined(__GNUC__)
+#define GMS_VINLINE inline __attribute__((always_inline))
+#else
+#define GMS_VINLINE inline
+#endif
+
+#ifndef GMS_TARGET_NS
+#error "simd.h belongs to a target translation unit: define GMS_TARGET_NS (see csrc/step_target.cpp)"
+#endif
+
+// (inside the target's namespace: the inline functions of two targets never meet at link time)
+namespace gms {
+namespace GMS_TARGET_NS {
+namespace simd {
+
+constexpr int kBytes = GMS_VBYTES;
+constexpr int kF = kBytes / 4;  // float32 lanes per vector
+constexpr int kD = kBytes / 8;  // float64 lanes per vector
+
+typedef float VF __attribute__((vector_size(kBytes)));
+typedef int32_t VI __attribute__((vector_size(kBytes)));
+typedef uint32_t VU __attribute__((vector_size(kBytes)));
+typedef double VD __attribute__((vector_size(kBytes)));
+typedef int64_t VL __attribute__((vector_size(kBytes)));
+typedef uint64_t VQ __attribute__((vector_size(kBytes)));
+// half-width vectors: kD float32 / int32 / uint32 lanes, the partners of VD / VQ in conversions
+typedef float VFh __attribute__((vector_size(kBytes / 2)));
+typedef int32_t VIh __attribute__((vector_size(kBytes / 2)));
+typedef uint32_t VUh __attribute__((vector_size(kBytes / 2)));
+
+template <typename V>
+GMS_VINLINE V load(const void* p) {
+    V v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
+template <typename V>
+GMS_VINLINE void store(void* p, V v) {
+    std::memcpy(p, &v, sizeof v);
+}
+template <typename V, typename S>
+GMS_VINLINE V splat(S x) {
+    return V{} + x;
+}
+// the bits of v as another vector type of the same size
+template <typename To, typename From>
+GMS_VINLINE To bits(From v) {
+    static_assert(sizeof(To) == sizeof(From), "bit casts keep the size");
+    return (To)v;
+}
+
+// m ? a : b lane by lane (m: a comparison's result, all ones or zero per lane)
+template <typename M, typename V>
+GMS_VINLINE V select(M m, V a, V b) {
+    return m ? a : b;
+}
+// max(v, lo) as (v > lo ? v : lo) and min likewise: a NaN v gives lo (resp. hi), like maxpd/minpd
+template <typename V>
+GMS_VINLINE V vmax(V v, V lo) {
+    return v > lo ? v : lo;
+}
+template <typename V>
+GMS_VINLINE V vmin(V v, V hi) {
+    return v < hi ? v : hi;
+}
+template <typename V>
+GMS_VINLINE V clamp(V v, V lo, V hi) {
+    return vmin(vmax(v, lo), hi);
+}
+GMS_VINLINE VD vabs(VD v) { return bits<VD>(bits<VQ>(v) & splat<VQ>(0x7FFFFFFFFFFFFFFFull)); }
+GMS_VINLINE VD sign_bit(VD v) { return bits<VD>(bits<VQ>(v) & splat<VQ>(0x8000000000000000ull)); }
+GMS_VINLINE VD vor(VD a, VD b) { return bits<VD>(bits<VQ>(a) | bits<VQ>(b)); }
+GMS_VINLINE VD vxor(VD a, VD b) { return bits<VD>(bits<VQ>(a) ^ bits<VQ>(b)); }
+template <typename M>
+GMS_VINLINE bool any(M m) {
+    bool r = false;
+    for (size_t i = 0; i < sizeof(M) / sizeof(m[0]); ++i) r |= m[i] != 0;
+    return r;
+}
+
+GMS_VINLINE VD widen(VFh v) { return __builtin_convertvector(v, VD); }
+GMS_VINLINE VFh narrow(VD v) { return __builtin_convertvector(v, VFh); }
+GMS_VINLINE VD widen_int(VIh v) { return __builtin_convertvector(v, VD); }
+GMS_VINLINE VQ widen_u32(VUh v) { return __builtin_convertvector(v, VQ); }
+GMS_VINLINE VUh low_words(VQ v) { return __builtin_convertvector(v, VUh); }
+
+// fused multiply-add where the target has it (the lanes' own fma: contraction off or on), else
+// a * b + c; div_exact needs the fused form and checks GMS_VEC_FMA itself
+#if defined(__FMA__) || defined(__ARM_FEATURE_FMA) || defined(__aarch64__)
+#define GMS_VEC_FMA 1
+#endif
+GMS_VINLINE VD fma(VD a, VD b, VD c) {
+#ifdef GMS_VEC_FMA
+    VD r;
+    for (int i = 0; i < kD; ++i) r[i] = __builtin_fma(a[i], b[i], c[i]);
+    return r;
+#else
+    return a * b + c;
+#endif
+}
+GMS_VINLINE VF fma(VF a, VF b, VF c) {
+#ifdef GMS_VEC_FMA
+    VF r;
+    for (int i = 0; i < kF; ++i) r[i] = __builtin_fmaf(a[i], b[i], c[i]);
+    return r;
+#else
+    return a * b + c;
+#endif
+}
+
+GMS_VINLINE VD sqrt(VD v) {
+    VD r;
+    for (int i = 0; i < kD; ++i) r[i] = __builtin_sqrt(v[i]);
+    return r;
+}
+GMS_VINLINE VF sqrt(VF v) {
+    VF r;
+    for (int i = 0; i < kF; ++i) r[i] = __builtin_sqrtf(v[i]);
+    return r;
+}
+
+// The low 32 bits of each 64-bit lane of a and b multiplied to a 64-bit product (pmuludq).
+GMS_VINLINE VQ mul_wide(VQ a, VQ b) {
+#if GMS_VBYTES == 64 && defined(__AVX512F__)
+    return bits<VQ>(_mm512_mul_epu32(bits<__m512i>(a), bits<__m512i>(b)));
+#elif GMS_VBYTES == 32 && defined(__AVX2__)
+    return bits<VQ>(_mm256_mul_epu32(bits<__m256i>(a), bits<__m256i>(b)));
+#elif GMS_VBYTES == 16 && defined(__SSE2__)
+    return bits<VQ>(_mm_mul_epu32(bits<__m128i>(a), bits<__m128i>(b)));
+#else
+    const VQ low = splat<VQ>(0xFFFFFFFFull);
+    return (a & low) * (b & low);
+#endif
+}
+
+template <size_t... I>
+GMS_VINLINE VQ hi_down_impl(VQ v, std::index_sequence<I...>) {
+    const VU u = bits<VU>(v);
+    return bits<VQ>(VU(__builtin_shufflevector(u, u, static_cast<int>(I | 1)...)));
+}
+// the high word of each 64-bit lane copied into its low word (a dword shuffle: on x86 it runs on
+// another port than the multiplies and shifts)
+GMS_VINLINE VQ hi_down(VQ v) { return hi_down_impl(v, std::make_index_sequence<kF>()); }
+
+// 1 / d for 2^-100 <= d <= 2^100, to 2^-24 relative or better, for callers that refine it with
+// a Newton step in double. AVX-512: vrcp14pd (2^-14) and one step (2^-28); elsewhere the float32
+// reciprocal (a float division, correctly rounded: 2^-24).
+GMS_VINLINE VD recip(VD d) {
+#if GMS_VBYTES == 64 && defined(__AVX512F__)
+    const VD r = bits<VD>(_mm512_rcp14_pd(bits<__m512d>(d)));
+    return fma(r, fma(-d, r, splat<VD>(1.0)), r);
+#else
+    return widen(splat<VFh>(1.0f) / narrow(d));
+#endif
+}
+
+// x / d for d > 0 finite, within 2 ulp. On Intel AVX-512 cores the 14-bit reciprocal estimate and
+// one Newton step (the divider is busy with the square roots of the same loop); AMD's Zen 4
+// (znver3/4 to GCC) divides fast and issues 512-bit FMAs at half rate, so there (and on every
+// other target) the division itself.
+#if GMS_VBYTES == 64 && defined(__AVX512F__) && !(defined(__znver3__) || defined(__znver4__) || \
+    defined(__znver5__) || defined(__tune_znver3__) || defined(__tune_znver4__) || defined(__tune_znver5__))
+#define GMS_RCP_DIVISION 1
+#endif
+GMS_VINLINE VF div_fast(VF x, VF d) {
+#ifdef GMS_RCP_DIVISION
+    const VF r = bits<VF>(_mm512_rcp14_ps(bits<__m512>(d)));
+    return x * fma(r, fma(-d, r, splat<VF>(1.0f)), r);
+#else
+    return x / d;
+#endif
+}
+
+// sqrt(s) for s >= 0, +inf or NaN (returned as they are). AVX-512: s r with r from vrsqrt14pd
+// and two Newton steps (a few ulp: vsqrtpd is slow and poorly pipelined on 512-bit vectors);
+// elsewhere the square root itself.
+GMS_VINLINE VD sqrt_pos(VD s) {
+#if GMS_VBYTES == 64 && defined(__AVX512F__)
+    const VD one = splat<VD>(1.0), half = splat<VD>(0.5);
+    VD r = bits<VD>(_mm512_rsqrt14_pd(bits<__m512d>(s)));
+    VD q = s * r;
+    VD h = fma(-q, r, one) * half;
+    r = fma(r, h, r);
+    q = fma(q, h, q);
+    h = fma(-q, r, one) * half;
+    const auto regular = (s > splat<VD>(0.0)) & (s < splat<VD>(__builtin_inf()));
+    return select(regular, fma(q, h, q), s);
+#else
+    return sqrt(s);
+#endif
+}
+
+}  // namespace simd
+}  // namespace GMS_TARGET_NS
+}  // namespace gms

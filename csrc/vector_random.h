@@ -1,0 +1,342 @@
+// The Philox streams and normals of csrc/philox.h on whole vectors (csrc/simd.h), written once for
+// every target: included by csrc/step_target.cpp inside its target namespace.
+//
+// Philox: each 64-bit lane keeps one 32-bit word in its low half (the high halves hold junk that
+// never reaches a low half: only the fresh products' high words are brought down, by hi_down), so
+// that the 32 x 32 -> 64-bit products are single instructions (mul_wide). Integers and uniforms
+// are bit-identical to the scalar forms on every target.
+//
+// Normals (Box-Muller, random.normal): u1 = max(u1, 1e-7f), theta = 2 pi u2, then log(u1),
+// cos(theta) and sin(theta) are evaluated in double and rounded once to float32, with short
+// polynomials (log: the odd atanh series to s^11, relative error < 6e-11; cos to z^14 and sin to
+// z^13 on [0, pi/2], absolute error < 7e-10), far below a float32 ulp before that rounding; then
+// sqrt(-2 log u1) and the products in float32, as the torch reference forms them. The normals agree
+// with torch's to about 2.4e-7 and, across targets, up to a rare last-bit tie.
+#pragma once
+
+#include "philox.h"
+#include "simd.h"
+
+namespace gms {
+namespace GMS_TARGET_NS {
+using namespace simd;
+
+// the low / high kD lanes of a float vector, and two halves joined (shuffles)
+template <size_t... I>
+GMS_VINLINE VFh low_half_impl(VF v, std::index_sequence<I...>) {
+    return __builtin_shufflevector(v, v, static_cast<int>(I)...);
+}
+template <size_t... I>
+GMS_VINLINE VFh high_half_impl(VF v, std::index_sequence<I...>) {
+    return __builtin_shufflevector(v, v, static_cast<int>(I + kD)...);
+}
+template <size_t... I>
+GMS_VINLINE VF join_impl(VFh lo, VFh hi, std::index_sequence<I...>) {
+    return __builtin_shufflevector(lo, hi, static_cast<int>(I)...);
+}
+template <size_t... I>
+GMS_VINLINE VF zip_low_impl(VF a, VF b, std::index_sequence<I...>) {  // a0 b0 a1 b1 ...
+    return __builtin_shufflevector(a, b, static_cast<int>(I % 2 ? kF + I / 2 : I / 2)...);
+}
+template <size_t... I>
+GMS_VINLINE VF zip_high_impl(VF a, VF b, std::index_sequence<I...>) {  // a(kF/2) b(kF/2) ...
+    return __builtin_shufflevector(a, b, static_cast<int>(I % 2 ? kF + kF / 2 + I / 2 : kF / 2 + I / 2)...);
+}
+GMS_VINLINE VFh low_half(VF v) { return low_half_impl(v, std::make_index_sequence<kD>()); }
+GMS_VINLINE VFh high_half(VF v) { return high_half_impl(v, std::make_index_sequence<kD>()); }
+GMS_VINLINE VF join(VFh lo, VFh hi) { return join_impl(lo, hi, std::make_index_sequence<kF>()); }
+GMS_VINLINE VF zip_low(VF a, VF b) { return zip_low_impl(a, b, std::make_index_sequence<kF>()); }
+GMS_VINLINE VF zip_high(VF a, VF b) { return zip_high_impl(a, b, std::make_index_sequence<kF>()); }
+
+inline int imin(int a, int b) { return a < b ? a : b; }
+
+// The round keys of one seed, broadcast.
+struct PhiloxKeys {
+    VQ k0[kPhiloxRounds], k1[kPhiloxRounds];
+    explicit PhiloxKeys(uint64_t seed) {
+        uint32_t r0 = static_cast<uint32_t>(seed), r1 = static_cast<uint32_t>(seed >> 32);
+        for (int r = 0; r < kPhiloxRounds; ++r, r0 += kPhiloxKeyA, r1 += kPhiloxKeyB) {
+            k0[r] = splat<VQ>(uint64_t(r0));
+            k1[r] = splat<VQ>(uint64_t(r1));
+        }
+    }
+};
+
+GMS_VINLINE VQ lane_index() {
+    VQ v;
+    for (int l = 0; l < kD; ++l) v[l] = static_cast<uint64_t>(l);
+    return v;
+}
+
+// Philox4x32-10 of W vectors of kD consecutive counters head | (first + kD j + lane), one key. The
+// first round starts from c2 = c3 = 0 (its B product is 0: c0 <- c1 ^ k0, c1 <- 0); of the last
+// round only words 0 and 1 are formed unless ALL_WORDS. The W vectors go through the rounds
+// together, so that their dependency chains (~70 cycles each) overlap.
+template <int W, bool ALL_WORDS>
+GMS_VINLINE void philox_rounds_run(const PhiloxKeys& keys, uint64_t head, uint64_t first, VQ* c0, VQ* c1, VQ* c2,
+                                   VQ* c3) {
+    const VQ ma = splat<VQ>(uint64_t(kPhiloxMulA)), mb = splat<VQ>(uint64_t(kPhiloxMulB));
+    const VQ iota = lane_index();
+    VQ pa[W], pb[W];
+    for (int j = 0; j < W; ++j) {
+        const VQ lo_word = (splat<VQ>(first + static_cast<uint64_t>(kD * j)) + iota) | splat<VQ>(head);
+        pa[j] = mul_wide(lo_word, ma);
+        c0[j] = hi_down(lo_word) ^ keys.k0[0];
+        c1[j] = splat<VQ>(uint64_t(0));
+        c2[j] = hi_down(pa[j]) ^ keys.k1[0];
+        c3[j] = pa[j];
+    }
+    for (int r = 1; r < kPhiloxRounds; ++r) {
+        const bool last = r == kPhiloxRounds - 1;
+        for (int j = 0; j < W; ++j) {
+            pb[j] = mul_wide(c2[j], mb);
+            if (ALL_WORDS || !last) pa[j] = mul_wide(c0[j], ma);
+        }
+        for (int j = 0; j < W; ++j) {
+            c0[j] = hi_down(pb[j]) ^ c1[j] ^ keys.k0[r];
+            c1[j] = pb[j];
+            if (ALL_WORDS || !last) {
+                c2[j] = hi_down(pa[j]) ^ c3[j] ^ keys.k1[r];
+                c3[j] = pa[j];
+            }
+        }
+    }
+}
+
+// Words 0 and 1 for one key (seed) and the n consecutive counters head | (first + m), m < n.
+inline void philox_run(int n, uint64_t seed, uint64_t head, uint64_t first, uint32_t* __restrict w0,
+                       uint32_t* __restrict w1) {
+    const PhiloxKeys keys(seed);
+    int i = 0;
+    const auto run = [&](auto w_const, int at) {
+        constexpr int W = decltype(w_const)::value;
+        VQ c0[W], c1[W], c2[W], c3[W];
+        philox_rounds_run<W, false>(keys, head, first + static_cast<uint64_t>(at), c0, c1, c2, c3);
+        for (int j = 0; j < W; ++j) {
+            store(w0 + at + kD * j, low_words(c0[j]));
+            store(w1 + at + kD * j, low_words(c1[j]));
+        }
+    };
+    for (; i + 4 * kD <= n; i += 4 * kD) run(std::integral_constant<int, 4>(), i);
+    for (; i + kD <= n; i += kD) run(std::integral_constant<int, 1>(), i);
+    for (; i < n; ++i) {
+        const uint64_t off = head | (first + static_cast<uint64_t>(i));
+        uint32_t c0 = static_cast<uint32_t>(off), c1 = static_cast<uint32_t>(off >> 32), c2 = 0, c3 = 0;
+        philox4x32_10(c0, c1, c2, c3, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+        w0[i] = c0;
+        w1[i] = c1;
+    }
+}
+
+// The words of the Box-Muller pairs of n consecutive counters head | (g0 + m), m < n, one key:
+// pair 2m takes words 0 and 1 of counter m, pair 2m + 1 words 2 and 3 (random.normal); A gets
+// each pair's u1 word, B its u2 word.
+inline void philox_pairs_run(int n, uint64_t seed, uint64_t head, uint64_t g0, uint32_t* __restrict A,
+                             uint32_t* __restrict B) {
+    const PhiloxKeys keys(seed);
+    int i = 0;
+    const auto run = [&](auto w_const, int at) {
+        constexpr int W = decltype(w_const)::value;
+        VQ c0[W], c1[W], c2[W], c3[W];
+        philox_rounds_run<W, true>(keys, head, g0 + static_cast<uint64_t>(at), c0, c1, c2, c3);
+        const VQ low = splat<VQ>(0xFFFFFFFFull);
+        for (int j = 0; j < W; ++j) {  // 64-bit lanes (word 0 | word 2 << 32) store as the pairs (w0, w2)
+            store(A + 2 * (at + kD * j), (c0[j] & low) | (c2[j] << 32));
+            store(B + 2 * (at + kD * j), (c1[j] & low) | (c3[j] << 32));
+        }
+    };
+    for (; i + 4 * kD <= n; i += 4 * kD) run(std::integral_constant<int, 4>(), i);
+    for (; i + kD <= n; i += kD) run(std::integral_constant<int, 1>(), i);
+    for (; i < n; ++i) {
+        const uint64_t off = head | (g0 + static_cast<uint64_t>(i));
+        uint32_t c0 = static_cast<uint32_t>(off), c1 = static_cast<uint32_t>(off >> 32), c2 = 0, c3 = 0;
+        philox4x32_10(c0, c1, c2, c3, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+        A[2 * i] = c0;
+        B[2 * i] = c1;
+        A[2 * i + 1] = c2;
+        B[2 * i + 1] = c3;
+    }
+}
+
+// Philox4x32-10 of n counters (lo[i], hi[i], 0, 0) with keys (k0[i], k1[i]); writes words 0 and 1,
+// and words 2 and 3 where w2 and w3 are given.
+inline void philox_block(int n, const uint32_t* __restrict lo, const uint32_t* __restrict hi,
+                         const uint32_t* __restrict k0, const uint32_t* __restrict k1, uint32_t* __restrict w0,
+                         uint32_t* __restrict w1, uint32_t* __restrict w2 = nullptr,
+                         uint32_t* __restrict w3 = nullptr) {
+    const VQ ma = splat<VQ>(uint64_t(kPhiloxMulA)), mb = splat<VQ>(uint64_t(kPhiloxMulB));
+    const VQ ka = splat<VQ>(uint64_t(kPhiloxKeyA)), kb = splat<VQ>(uint64_t(kPhiloxKeyB));
+    int i = 0;
+    for (; i + kD <= n; i += kD) {
+        VQ c0 = widen_u32(load<VUh>(lo + i)), c1 = widen_u32(load<VUh>(hi + i));
+        VQ key0 = widen_u32(load<VUh>(k0 + i)), key1 = widen_u32(load<VUh>(k1 + i));
+        VQ c2 = splat<VQ>(uint64_t(0)), c3 = c2;
+        for (int r = 0; r < kPhiloxRounds; ++r) {
+            const VQ pb = mul_wide(c2, mb), pa = mul_wide(c0, ma);
+            c0 = hi_down(pb) ^ c1 ^ key0;
+            c2 = hi_down(pa) ^ c3 ^ key1;
+            c1 = pb;
+            c3 = pa;
+            key0 += ka;  // (carries into the high halves are junk there)
+            key1 += kb;
+        }
+        store(w0 + i, low_words(c0));
+        store(w1 + i, low_words(c1));
+        if (w2 != nullptr) {
+            store(w2 + i, low_words(c2));
+            store(w3 + i, low_words(c3));
+        }
+    }
+    for (; i < n; ++i) {
+        uint32_t c0 = lo[i], c1 = hi[i], c2 = 0, c3 = 0;
+        philox4x32_10(c0, c1, c2, c3, k0[i], k1[i]);
+        w0[i] = c0;
+        w1[i] = c1;
+        if (w2 != nullptr) {
+            w2[i] = c2;
+            w3[i] = c3;
+        }
+    }
+}
+
+// Triton's uint32 -> float32 uniform (bit-identical to uint_to_uniform)
+GMS_VINLINE VF uniform_of(VU w) {
+    const VI v = bits<VI>(w);
+    return __builtin_convertvector(v ^ (v >> 31), VF) * kUniformScale;  // (~v where negative)
+}
+
+// log(m 2^e) for m in [sqrt(1/2), sqrt(2)) given as double: 2 atanh(s) + e ln 2 with
+// s = (m - 1)/(m + 1) (|s| < 0.1716); the division is a reciprocal estimate refined by a Newton step.
+GMS_VINLINE VFh log_core(VD m, VD e) {
+    const VD one = splat<VD>(1.0);
+    const VD den = m + one;
+    VD inv = recip(den);
+    inv = fma(inv, fma(-den, inv, one), inv);
+    const VD s = (m - one) * inv, s2 = s * s;
+    VD p = splat<VD>(2.0 / 11.0);
+    p = fma(p, s2, splat<VD>(2.0 / 9.0));
+    p = fma(p, s2, splat<VD>(2.0 / 7.0));
+    p = fma(p, s2, splat<VD>(2.0 / 5.0));
+    p = fma(p, s2, splat<VD>(2.0 / 3.0));
+    p = fma(p, s2, splat<VD>(2.0));
+    return narrow(fma(e, splat<VD>(0.69314718055994530942), s * p));
+}
+
+// cos(theta) and sin(theta) for theta in [0, 2 pi]: with x = theta - pi (pi in two parts, so that x
+// keeps its absolute accuracy), y = |x| and z = y (y <= pi/2) or pi - y, an even polynomial for
+// cos z and an odd one for sin z; cos(theta) = -cos(x) = (far ? cos z : -cos z) and
+// sin(theta) = -sin(x) = (x < 0 ? sin z : -sin z).
+GMS_VINLINE void sincos_core(VD theta, VFh& cos_out, VFh& sin_out) {
+    const VD pi_hi = splat<VD>(3.141592653589793116), pi_lo = splat<VD>(1.2246467991473532e-16);
+    const VD x = (theta - pi_hi) - pi_lo;
+    const VD y = vabs(x);
+    const auto far = y > splat<VD>(1.5707963267948966);
+    const VD z = select(far, (pi_hi - y) + pi_lo, y);
+    const VD z2 = z * z;
+    VD c = splat<VD>(-1.0 / 87178291200.0);  // -1/14!
+    VD s = splat<VD>(1.0 / 6227020800.0);    // 1/13!
+    static const double cos_coef[] = {1.0 / 479001600.0, -1.0 / 3628800.0, 1.0 / 40320.0, -1.0 / 720.0,
+                                      1.0 / 24.0,        -0.5,               1.0};
+    static const double sin_coef[] = {-1.0 / 39916800.0, 1.0 / 362880.0, -1.0 / 5040.0, 1.0 / 120.0, -1.0 / 6.0};
+    for (double cf : cos_coef) c = fma(c, z2, splat<VD>(cf));
+    for (double cf : sin_coef) s = fma(s, z2, splat<VD>(cf));
+    s = fma(s * z2, z, z);
+    cos_out = narrow(select(far, c, -c));
+    sin_out = narrow(select(x >= splat<VD>(0.0), -s, s));
+}
+
+// The 2 kF normals of kF pairs of words (a: u1 words, b: u2 words), interleaved (r cos, r sin)
+// per pair into lo (pairs 0 .. kF/2 - 1) and hi.
+GMS_VINLINE void box_muller(VU a, VU b, VF& lo, VF& hi) {
+    const VF u1 = vmax(uniform_of(a), splat<VF>(kMinU1));
+    const VF theta = splat<VF>(kTwoPi) * uniform_of(b);
+    // u1 = m 2^e with m in [sqrt(1/2), sqrt(2))
+    const VU ubits = bits<VU>(u1);
+    VU mbits = (ubits & 0x007FFFFFu) | 0x3F800000u;
+    const VI big = bits<VI>(mbits > 0x3FB504F3u);  // (-1 where m > sqrt(2): m / 2, e + 1)
+    const VI e = bits<VI>(ubits >> 23) - 127 - big;
+    mbits -= bits<VU>(big) & (1u << 23);
+    const VF m = bits<VF>(mbits);
+    VFh lg[2], cs[2], sn[2];
+    const VF ef = __builtin_convertvector(e, VF);  // (exact: |e| < 2^8)
+    const VFh mh[2] = {low_half(m), high_half(m)}, eh[2] = {low_half(ef), high_half(ef)};
+    const VFh th[2] = {low_half(theta), high_half(theta)};
+    for (int h = 0; h < 2; ++h) {
+        lg[h] = log_core(widen(mh[h]), widen(eh[h]));
+        sincos_core(widen(th[h]), cs[h], sn[h]);
+    }
+    const VF radius = sqrt(splat<VF>(-2.0f) * join(lg[0], lg[1]));
+    const VF r_cos = radius * join(cs[0], cs[1]), r_sin = radius * join(sn[0], sn[1]);
+    lo = zip_low(r_cos, r_sin);
+    hi = zip_high(r_cos, r_sin);
+}
+
+// The 2 n normals of n pairs of words (u1 words A, u2 words B): z[2 p] = r cos(theta) and
+// z[2 p + 1] = r sin(theta) of pair p. A partial last vector is computed on zero-padded copies, so
+// that a normal never depends on its position in the block (or on the block's length).
+inline void normal_pairs(int n, const uint32_t* __restrict A, const uint32_t* __restrict B, float* __restrict z) {
+    int i = 0;
+    for (; i + 2 * kF <= n; i += 2 * kF) {  // (two vectors per iteration: their chains overlap)
+        VF lo0, hi0, lo1, hi1;
+        box_muller(load<VU>(A + i), load<VU>(B + i), lo0, hi0);
+        box_muller(load<VU>(A + i + kF), load<VU>(B + i + kF), lo1, hi1);
+        store(z + 2 * i, lo0);
+        store(z + 2 * i + kF, hi0);
+        store(z + 2 * i + 2 * kF, lo1);
+        store(z + 2 * i + 3 * kF, hi1);
+    }
+    for (; i < n; i += kF) {
+        const int left = imin(kF, n - i);
+        alignas(64) uint32_t a[kF] = {}, b[kF] = {};
+        alignas(64) float out[2 * kF];
+        std::memcpy(a, A + i, sizeof(uint32_t) * static_cast<size_t>(left));
+        std::memcpy(b, B + i, sizeof(uint32_t) * static_cast<size_t>(left));
+        VF lo, hi;
+        box_muller(load<VU>(a), load<VU>(b), lo, hi);
+        store(out, lo);
+        store(out + kF, hi);
+        std::memcpy(z + 2 * i, out, sizeof(float) * static_cast<size_t>(2 * left));
+    }
+}
+
+// The normals of the n consecutive counters head | (first + m), m < n, for one key: four to a
+// Philox call (philox_pairs_run), in chunks of kChunk calls.
+inline void normals_run(int n, uint64_t seed, uint64_t head, uint64_t first, float* __restrict z) {
+    constexpr int kChunk = 64;
+    alignas(64) uint32_t A[2 * kChunk], B[2 * kChunk];
+    alignas(64) float all[4 * kChunk];
+    uint64_t g = first >> 2;
+    int skip = static_cast<int>(first & 3), done = 0;  // (the first call's normals before `first`)
+    while (done < n) {
+        const int calls = imin(kChunk, (skip + (n - done) + 3) >> 2);
+        philox_pairs_run(calls, seed, head, g, A, B);
+        normal_pairs(2 * calls, A, B, all);
+        const int take = imin(4 * calls - skip, n - done);
+        std::memcpy(z + done, all + skip, sizeof(float) * static_cast<size_t>(take));
+        done += take;
+        g += static_cast<uint64_t>(calls);
+        skip = 0;
+    }
+}
+
+// Uniforms of n words.
+inline void uniforms_block(int n, const uint32_t* __restrict w, float* __restrict u) {
+    int i = 0;
+    for (; i + kF <= n; i += kF) store(u + i, uniform_of(load<VU>(w + i)));
+    for (; i < n; ++i) u[i] = uint_to_uniform(w[i]);
+}
+
+// The normal of counter `offset` (the same number as normals_run draws).
+inline float philox_normal(uint64_t seed, uint64_t offset) {
+    const uint64_t g = normal_group(offset);
+    uint32_t c0 = static_cast<uint32_t>(g), c1 = static_cast<uint32_t>(g >> 32), c2 = 0, c3 = 0;
+    philox4x32_10(c0, c1, c2, c3, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+    const bool second_pair = (offset >> 1) & 1;
+    const uint32_t a = second_pair ? c2 : c0, b = second_pair ? c3 : c1;
+    float z[2];
+    normal_pairs(1, &a, &b, z);
+    return z[offset & 1];
+}
+
+}  // namespace GMS_TARGET_NS
+}  // namespace gms
