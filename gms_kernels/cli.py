@@ -124,9 +124,7 @@ def _sdedit(args: argparse.Namespace) -> int:
         schedule = Schedule.cosine(args.T) if args.schedule == "cosine" else Schedule.linear(args.T)
     images = _read_images(args.input, data_range).to(args.device)
     guide = stroke_guide(images, args.stroke, args.colors, data_range) if args.stroke else images
-    options = {}
-    if args.solver == "gms":
-        options.update(fit=args.fit, select=args.select)
+    options = _gms_options(args) if args.solver == "gms" else {}
     if args.solver == "ddim":
         options["eta"] = args.eta
     res = sdedit(model, guide, args.t0, args.steps, solver=args.solver, schedule=schedule,
@@ -179,9 +177,7 @@ def _sample(args: argparse.Namespace) -> int:
     model = _load_model(args.model, args.kind) if args.model else default_model()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = model.to(device)
-    options = {}
-    if args.solver == "gms":
-        options = dict(fit=args.fit, select=args.select, fit_iters=args.fit_iters, adan_precision=args.adan_precision)
+    options = _gms_options(args) if args.solver == "gms" else {}
     paths = distributed.sample_shards(model, args.out, args.num_samples, shape, shard_size=args.shard_size,
                                       batch_size=args.batch_size, seed=args.seed, progress=not args.quiet,
                                       device=device, steps=args.steps, solver=args.solver,
@@ -240,7 +236,7 @@ def _reproduce(args: argparse.Namespace) -> int:
         if not os.path.isfile(args.feature_extractor) or not _is_torchscript(args.feature_extractor):
             raise UsageError(f"--feature-extractor {args.feature_extractor}: not a TorchScript file (torch.jit.save)")
         extractor = torch.jit.load(args.feature_extractor, map_location="cpu")
-    gms = dict(fit=args.fit, select=args.select, fit_iters=args.fit_iters)
+    gms = _gms_options(args)
     started = distributed.init_from_env()
     try:
         res = reproduce(args.model, args.stats, args.out, inception_weights=args.inception, feature_extractor=extractor,
@@ -373,6 +369,24 @@ def _add_common(p: argparse.ArgumentParser, out: str) -> None:
                    help="show the full traceback of an error")
 
 
+def _add_gms_args(p: argparse.ArgumentParser) -> None:
+    """GMS's options; left out, each takes the library's default (gms_kernels.solvers.SOLVERS['gms'])."""
+    from .solvers import PRESETS
+
+    p.add_argument("--preset", choices=sorted(PRESETS["gms"]), default=None,
+                   help="GMS: a named option set (official: what the official GMS code runs); options below override it")
+    p.add_argument("--fit", default=None, choices=["closed", "adan"], help="GMS: the mixture fit")
+    p.add_argument("--select", default=None, choices=["sample", "pixel"],
+                   help="GMS: one mixture component per sample or per pixel")
+    p.add_argument("--fit-iters", type=int, default=None, help="GMS with --fit adan: ADAN iterations per step")
+
+
+def _gms_options(args: argparse.Namespace) -> dict:
+    """The GMS options named on the command line (the library's defaults fill in the rest)."""
+    names = ("preset", "fit", "select", "fit_iters", "adan_precision")
+    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+
+
 def _add_sampler_args(p: argparse.ArgumentParser, steps: int, solvers: Sequence[str]) -> None:
     from .backends import BACKENDS
     from .schedule import TRAJECTORY_KINDS
@@ -380,9 +394,7 @@ def _add_sampler_args(p: argparse.ArgumentParser, steps: int, solvers: Sequence[
     p.add_argument("--steps", type=int, default=steps, help="sampling steps K")
     p.add_argument("--solver", default="gms", choices=solvers, help="the reverse-step solver")
     p.add_argument("--trajectory", default="even", choices=TRAJECTORY_KINDS, help="which time indices are visited")
-    p.add_argument("--fit", default="closed", choices=["closed", "adan"], help="GMS: the mixture fit")
-    p.add_argument("--select", default="sample", choices=["sample", "pixel"],
-                   help="GMS: one mixture component per sample or per pixel")
+    _add_gms_args(p)
     p.add_argument("--backend", default="auto", choices=BACKENDS, help="where the fused GMS step runs")
 
 
@@ -419,9 +431,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--batch-size", type=int, default=250, help="samples per network call")
     s.add_argument("--shard-size", type=int, default=1000, help="samples per shard file")
     _add_sampler_args(s, 10, [name for name in SOLVERS if name != "exact"])
-    s.add_argument("--fit-iters", type=int, default=25, help="GMS with --fit adan: ADAN iterations per step")
-    s.add_argument("--adan-precision", choices=["float32", "float64"], default="float32",
-                   help="the fused kernels' ADAN loop (float64 follows the reference's fit exactly)")
+    s.add_argument("--adan-precision", choices=["float32", "float64"], default=None,
+                   help="the fused kernels' ADAN loop (float64 follows the reference's fit exactly; default float32)")
     s.add_argument("--fd", action="store_true", help="report FD-digits of the samples at the end")
     s.add_argument("--npz", metavar="FILE.npz", help="also write all samples to this .npz (arr_0: uint8 [N, H, W, C])")
     _add_common(s, "gms_out/samples")
@@ -450,11 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--batch-size", type=int, default=250, help="samples per network call")
     r.add_argument("--shard-size", type=int, default=1000, help="samples per shard file")
     r.add_argument("--trajectory", default="even", choices=TRAJECTORY_KINDS, help="which time indices are visited")
-    r.add_argument("--fit", default="adan", choices=["closed", "adan"], help="GMS: the mixture fit (paper: adan)")
-    r.add_argument("--select", default="sample", choices=["sample", "pixel"],
-                   help="GMS: component draw per sample or pixel")
-    r.add_argument("--fit-iters", type=int, default=25,
-                   help="GMS with --fit adan: ADAN iterations per step (paper: 25)")
+    _add_gms_args(r)
     r.add_argument("--backend", default="auto", choices=BACKENDS, help="where the fused GMS step runs")
     r.add_argument("--out", default="gms_out/reproduce", help="output folder (shards, fid.json per run, fid_table.md)")
     r.add_argument("--quiet", action="store_true", help="no progress bars (TQDM_DISABLE=1 also works)")

@@ -71,6 +71,19 @@ def init_from_env() -> bool:
     return True
 
 
+def solver_settings(sample_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Every option the solver will run with (its defaults filled in), so that a resumed run whose library
+    defaults changed is refused instead of mixing shards of two samplers."""
+    import inspect
+
+    from .solvers import get_solver, resolve_options
+
+    own = inspect.signature(sample).parameters
+    named = {k: v for k, v in sample_kwargs.items() if k not in own}
+    resolved = resolve_options(get_solver(sample_kwargs.get("solver", own["solver"].default)), named)
+    return {k: v for k, v in resolved.items() if k != "oracle"}  # (an object: its weights are the model's)
+
+
 def sample_shards(model: Callable, out_dir: str | Path, num_samples: int, sample_shape: tuple[int, ...], *,
                   shard_size: int = 1000, batch_size: int = 250, seed: int = 0, progress: bool = True,
                   device: torch.device | str | None = None, **sample_kwargs: Any) -> list[Path]:
@@ -87,7 +100,8 @@ def sample_shards(model: Callable, out_dir: str | Path, num_samples: int, sample
     plan = ShardPlan(num_samples, shard_size)
     rank, size = world()
     meta = {"num_samples": num_samples, "shard_size": shard_size, "seed": seed, "shape": list(sample_shape),
-            "options": {k: json_ready(v, k) for k, v in sample_kwargs.items() if k not in _NOT_RECORDED}}
+            "options": {k: json_ready(v, k) for k, v in sample_kwargs.items() if k not in _NOT_RECORDED},
+            "solver_options": json_ready(solver_settings(sample_kwargs), "solver options")}
     manifest = out / "manifest.json"
     if rank == 0:
         if manifest.exists() and json.loads(manifest.read_text()) != meta:

@@ -53,7 +53,7 @@ from .solvers import SOLVERS, get_solver, resolve_options
 BETA_SCHEDULES = ("linear", "scaled_linear", "cosine", "squaredcos_cap_v2", "sigmoid")
 # 'exact' needs an oracle object; EDM-SDE, SEEDS-2 and GGF make several calls per step (gk.sample only)
 SCHEDULER_SOLVERS = tuple(name for name, spec in SOLVERS.items() if name != "exact" and not spec.multi_call)
-_GMS_KEYS = ("fit", "select", "fit_iters")
+_GMS_KEYS = ("fit", "select", "fit_iters", "preset")
 
 
 @dataclass
@@ -153,7 +153,10 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
             ``"analytic-dpm"`` (1, with ``solver_options={"gamma": table}``), or ``"seeds-1"`` (1; SEEDS-1, the
             exponential SDE step in the noise prediction). EDM-SDE, SEEDS-2 and GGF make two network calls per
             step on states only their sampler holds, so they have no scheduler form: use ``gk.sample``.
-        fit, select, fit_iters: GMS options (ignored by the other solvers); eta: DDIM's eta.
+        fit, select, fit_iters: GMS options (ignored by the other solvers; None: ``gk.step``'s defaults); eta:
+            DDIM's eta.
+        preset: GMS: a named option set under the options above, e.g. ``"official"`` (what the official GMS
+            code runs; see ``gms_kernels.solvers.PRESETS``).
         data_range: range of the data for the official clamps (like ``clip_sample``); ``None`` = off.
         backend: ``"auto"``, ``"torch"``, ``"cpp"`` or ``"triton"`` (see :func:`gms_kernels.step`).
         solver_options: further options of the solver (e.g. ``weights``, ``var_floor``, ``lr``,
@@ -206,13 +209,14 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
         timestep_spacing: str = "even",
         steps_offset: int = 0,
         solver: str = "gms",
-        fit: str = "closed",
-        select: str = "sample",
-        fit_iters: int = 25,
+        fit: str | None = None,
+        select: str | None = None,
+        fit_iters: int | None = None,
         eta: float = 0.0,
         data_range: Sequence[float] | None = (-1.0, 1.0),
         backend: str = "auto",
         solver_options: dict | None = None,
+        preset: str | None = None,
         prediction_type: str = "epsilon",
         rescale_betas_zero_snr: bool = False,
     ):
@@ -238,7 +242,7 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
                              f"{num_train_timesteps}")
         self._data_range = check_data_range(data_range)
         self._spec = get_solver(solver)
-        self._options = self._solver_options(solver, fit, select, fit_iters, eta, solver_options)
+        self._options = self._solver_options(solver, fit, select, fit_iters, eta, solver_options, preset)
         resolve_options(self._spec, dict(self._options))  # fail now, not at the first step
 
         self.schedule = Schedule(make_betas(num_train_timesteps, beta_start, beta_end, beta_schedule, trained_betas))
@@ -255,12 +259,15 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
 
     # -- configuration -----------------------------------------------------------------------------
     @staticmethod
-    def _solver_options(solver: str, fit: str, select: str, fit_iters: int, eta: float,
-                        extra: dict | None) -> dict[str, Any]:
+    def _solver_options(solver: str, fit: str | None, select: str | None, fit_iters: int | None, eta: float,
+                        extra: dict | None, preset: str | None) -> dict[str, Any]:
         valid = SOLVERS[solver].options
         options = {}
-        if "fit" in valid:
-            options.update(fit=fit, select=select, fit_iters=int(fit_iters))
+        if "fit" in valid:  # GMS: only what the caller names; gk.step's defaults fill in the rest
+            named = {"preset": preset, "fit": fit, "select": select, "fit_iters": fit_iters}
+            options.update({k: v for k, v in named.items() if v is not None})
+        elif preset is not None:
+            raise ValueError(f"preset applies to solver 'gms', not {solver!r}")
         if "eta" in valid:
             options["eta"] = float(eta)
         for key, value in dict(extra or {}).items():

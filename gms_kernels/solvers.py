@@ -258,7 +258,7 @@ SOLVERS: dict[str, Solver] = {
         Solver("gms", 3, gms_step, dict(LAST_STEP_OPTIONS, fit="closed", select="sample",
                                          weights=DEFAULT_WEIGHTS, fit_iters=25, lr=0.06,
                                          var_floor=0.1, adan_mean="sample", adan_precision=None,
-                                         variance_scale=1.0, skew_threshold=0.0)),
+                                         variance_scale=1.0, skew_threshold=0.0, preset=None)),
         Solver("exact", 0, exact_step, {"oracle": None}),
         Solver("seeds-1", 1, seeds_1_step, {"prediction": "noise"}),
         # sample()-only solvers; their loops are in gms_kernels.sde (the recommended settings as defaults)
@@ -266,6 +266,15 @@ SOLVERS: dict[str, Solver] = {
         Solver("seeds-2", 1, _multi_call_step, {"r": 0.5, "prediction": "noise"}, multi_call=True),
         Solver("ggf", 1, _multi_call_step, GGF_DEFAULTS, multi_call=True),
     ]
+}
+
+
+# Named option sets under the caller's own options. "official": what the official GMS code runs (reference-notes
+# 2): 70 ADAN iterations at a constant lr 0.06, the loss's mean over the whole batch, one component per image,
+# the Gaussian last step with the pixel-level variance cap.
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "gms": {"official": {"fit": "adan", "fit_iters": 70, "lr": 0.06, "adan_mean": "batch", "select": "sample",
+                         "variance_scale": 1.0, "skew_threshold": 0.0, **LAST_STEP_OPTIONS}},
 }
 
 
@@ -282,7 +291,14 @@ def resolve_options(solver: Solver, options: dict[str, Any]) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"unknown option(s) {', '.join(unknown)} for solver {solver.name!r}; "
                          f"valid: {', '.join(solver.options) or 'none'}")
-    o = dict(solver.options, **options)
+    o = dict(solver.options)
+    if options.get("preset") is not None:
+        presets = PRESETS.get(solver.name, {})
+        if options["preset"] not in presets:
+            raise ValueError(f"unknown preset {options['preset']!r} for solver {solver.name!r}; valid: "
+                             f"{', '.join(presets) or 'none'}")
+        o.update(presets[options["preset"]])  # under the options the caller names
+    o.update(options)
     for name in ("gaussian_last_step", "denoise_final"):
         if name in o and not isinstance(o[name], bool):
             raise ValueError(f"{name} must be True or False, got {o[name]!r}")

@@ -223,6 +223,7 @@ def test_row_labels_read_into_options():
     assert q.row_options("gms closed/pixel glast=0") == (
         "gms", {"fit": "closed", "select": "pixel", "gaussian_last_step": False})
     assert q.row_options("gms") == ("gms", {})
+    assert q.row_options("gms preset=official") == ("gms", {"preset": "official"})
     assert q.is_baseline("sn-ddpm c=0.5") and q.is_baseline("ddim") and not q.is_baseline("gms closed/pixel")
     with pytest.raises(ValueError, match="modifier"):
         q.row_options("sn-ddpm k=2")
@@ -240,3 +241,32 @@ def test_summarise_names_the_best_baseline_and_significance():
     assert out[("gms closed/pixel", 10)]["significant"] and out[("gms closed/pixel", 10)]["diff"].mean < 0
     assert not out[("gms adan/pixel", 10)]["significant"]
     assert "diff" not in out[("sn-ddpm c=0.5", 10)]
+
+
+# -- presets ---------------------------------------------------------------------------------------------------------
+OFFICIAL = {"fit": "adan", "fit_iters": 70, "lr": 0.06, "adan_mean": "batch", "select": "sample",
+            "gaussian_last_step": True, "denoise_final": True, "clip_pixel": 1.0}
+
+
+def test_official_preset_is_the_official_codes_options_and_named_options_win():
+    sched = gk.Schedule.linear()
+    oracle = image_oracle(sched)
+    run = lambda **o: gk.sample(oracle, (3, 3, 5, 7), steps=3, generator=4, progress=False, **o)  # noqa: E731
+    torch.testing.assert_close(run(preset="official"), run(**OFFICIAL), rtol=0, atol=0)
+    torch.testing.assert_close(run(preset="official", fit_iters=5), run(**dict(OFFICIAL, fit_iters=5)), rtol=0, atol=0)
+    assert not torch.equal(run(preset="official"), run())
+    with pytest.raises(ValueError, match="unknown preset 'paper'.*official"):
+        run(preset="paper")
+    with pytest.raises(ValueError, match="unknown option"):
+        gk.sample(oracle, (3, 3, 5, 7), steps=3, solver="ddpm", generator=4, progress=False, preset="official")
+
+
+def test_scheduler_takes_the_preset_and_leaves_unnamed_options_to_the_library():
+    sched = gk.GMSScheduler(preset="official")
+    assert sched._options == {"preset": "official"}
+    assert gk.GMSScheduler()._options == {}
+    assert gk.GMSScheduler(fit="adan")._options == {"fit": "adan"}
+    with pytest.raises(ValueError, match="preset"):
+        gk.GMSScheduler(solver="ddpm", preset="official")
+    with pytest.raises(ValueError, match="unknown preset"):
+        gk.GMSScheduler(preset="nope")

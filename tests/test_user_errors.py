@@ -157,7 +157,7 @@ def test_mistyped_sample_command_writes_nothing_and_the_corrected_one_runs(tmp_p
     assert main(["sample", "--num-samples", "4", "--steps", "2", "--out", str(out), "--quiet",
                  "--npz", str(tmp_path / "s.npz")]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["options"]["steps"] == 2 and manifest["options"]["fit_iters"] == 25  # values, not repr
+    assert manifest["options"]["steps"] == 2 and manifest["solver_options"]["fit_iters"] == 25  # values, not repr
     arr = np.load(tmp_path / "s.npz")["arr_0"]
     assert arr.dtype == np.uint8 and arr.shape == (4, 8, 8, 1)  # NHWC, as the FID tools read
     assert np.array_equal(arr, to_uint8(load_shards(out)))

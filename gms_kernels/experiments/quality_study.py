@@ -85,13 +85,13 @@ GMS_BASES = {
     "gms adan/sample": {"fit": "adan", "select": "sample"},
 }
 MODIFIERS = {"c": "variance_scale", "v": "variance_interp", "iters": "fit_iters", "tau": "skew_threshold",
-             "floor": "var_floor", "glast": "gaussian_last_step", "eta": "eta"}
+             "floor": "var_floor", "glast": "gaussian_last_step", "eta": "eta", "preset": "preset"}
 
 
 def row_options(label: str) -> tuple[str, dict]:
     """(solver, options) of a row label: a solver name or a GMS base (:data:`GMS_BASES`), then ``key=value``
     modifiers (:data:`MODIFIERS`), e.g. ``"sn-ddpm c=0.5"``, ``"ddpm v=0.25"``, ``"gms adan/pixel iters=70 c=0.8"``,
-    ``"gms closed/pixel glast=0"``; ``"gms"`` alone is the library's defaults."""
+    ``"gms closed/pixel glast=0"``, ``"gms preset=official"``; ``"gms"`` alone is the library's defaults."""
     m = _ROW.match(label)
     if m is None:
         raise ValueError(f"cannot read row label {label!r}")
@@ -101,7 +101,8 @@ def row_options(label: str) -> tuple[str, dict]:
         key, value = mod.split("=", 1)
         if key not in MODIFIERS:
             raise ValueError(f"unknown modifier {key!r} in {label!r}; valid: {', '.join(MODIFIERS)}")
-        options[MODIFIERS[key]] = bool(int(value)) if key == "glast" else int(value) if key == "iters" else float(value)
+        options[MODIFIERS[key]] = (bool(int(value)) if key == "glast" else int(value) if key == "iters"
+                                   else value if key == "preset" else float(value))
     return solver, options
 
 
