@@ -149,8 +149,8 @@ def _sdedit(args: argparse.Namespace) -> int:
 def _digits(args: argparse.Namespace) -> int:
     from .experiments.digits_job import run_digits_job
 
-    report = run_digits_job(args.out, steps=args.steps, n_samples=args.samples, seed=args.seed,
-                            progress=not args.quiet)
+    report = run_digits_job(args.out, steps=args.steps, n_samples=args.samples, seeds=args.seeds,
+                            first_seed=args.seed, progress=not args.quiet)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / f"digits_K{args.steps}.md").write_text(report + "\n")
     print()
@@ -419,7 +419,9 @@ def build_parser() -> argparse.ArgumentParser:
     d = command("digits", "the default job: digits from the embedded model, GMS and the baselines at K steps, "
                           "FD table + grid", _digits)
     d.add_argument("--steps", type=int, default=10, help="sampling steps K")
-    d.add_argument("--samples", type=int, default=2000, help="samples per solver")
+    d.add_argument("--samples", type=int, default=1000, help="samples per solver and seed")
+    d.add_argument("--seeds", type=int, default=5, help="runs per solver (seeds --seed, --seed + 1, ...): the 95%% "
+                                                        "intervals need two or more")
     _add_common(d, "gms_out")
 
     s = command("sample", "sample to resumable shards (the embedded digits model by default); runs under "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -56,37 +57,72 @@ def diagnose(args) -> None:
               f"{r['abs_kappa3_head']:.5f} | {r['negative']:.3f} |")
 
 
-def report(args) -> None:
-    bed = study.testbed(args.testbed, args.model)
-    tag = study.model_tag(bed.model_file)
+def machine() -> str:
+    info = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+    fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+    isa = "AVX-512" if "avx512f" in fields.get("Flags", "") else "AVX2" if "avx2" in fields.get("Flags", "") else "SSE"
+    return f"{fields.get('Model name', '?').strip()}, {fields.get('CPU(s)', '?').strip()} CPUs, {isa}"
+
+
+def _split_label(label: str, aliases: dict[str, str]) -> tuple[str | None, str]:
+    """'central: gms closed/pixel' -> (the weights file of alias 'central', 'gms closed/pixel')."""
+    if ": " in label:
+        alias, row = label.split(": ", 1)
+        if alias not in aliases:
+            sys.exit(f"label {label!r} names model {alias!r}; pass --alias {alias}=FILE")
+        return aliases[alias], row
+    return None, label
+
+
+def collect(args) -> dict:
+    """{(label, K, seed): cell} from the caches, for every label (an unmeasured cell stops the report)."""
+    aliases = dict(a.split("=", 1) for a in args.alias)
     cache = _cache(args).data
-    seeds = list(range(args.seeds))
     results = {}
     for label in args.labels:
+        model_file, row = _split_label(label, aliases)
+        bed = study.testbed(args.testbed, model_file)
+        tag = study.model_tag(bed.model_file)
+        study.row_options(row)
         for k in args.steps:
-            for s in seeds:
-                key = f"{bed.name}|{tag}|{label}|{k}|{s}|{args.samples}"
+            for s in range(args.seeds):
+                key = f"{bed.name}|{tag}|{row}|{k}|{s}|{args.samples}"
                 if key not in cache:
                     sys.exit(f"not measured: {key} (run the measure command first)")
                 results[(label, k, s)] = cache[key]
-    lines = []
-    for metric in args.metrics or [bed.primary]:
-        name = f"{args.split}/{metric}"
-        summary = study.summarise(results, name, args.labels, args.steps, seeds)
-        lines += [f"### {name}", "", "| row | " + " | ".join(f"K={k}" for k in args.steps) + " |",
-                  "|---|" + "---|" * len(args.steps)]
-        for label in args.labels:
-            cells = []
-            for k in args.steps:
-                r = summary[(label, k)]
-                iv = r["interval"]
-                mark = "**" if r["best_baseline"] == label else ""
-                sig = ""
-                if "diff" in r and r["significant"]:
-                    sig = " +" if r["diff"].mean < 0 else " -"
-                cells.append(f"{mark}{iv.mean:.{args.digits}f} ± {iv.half_width:.{args.digits}f}{mark}{sig}")
-            lines.append(f"| {label} | " + " | ".join(cells) + " |")
-        lines.append("")
+    return results
+
+
+def table(results: dict, metric: str, args) -> list[str]:
+    seeds = list(range(args.seeds))
+    summary = study.summarise(results, metric, args.labels, args.steps, seeds)
+    lines = ["| row | " + " | ".join(f"K={k}" for k in args.steps) + " |", "|---|" + "---|" * len(args.steps)]
+    for label in args.labels:
+        cells = []
+        for k in args.steps:
+            r = summary[(label, k)]
+            iv, mark = r["interval"], "**" if r["best_baseline"] == label else ""
+            sig = (" +" if r["diff"].mean < 0 else " -") if r.get("significant") else ""
+            cells.append(f"{mark}{iv.mean:.{args.digits}f} ± {iv.half_width:.{args.digits}f}{mark}{sig}")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def report(args) -> None:
+    results = collect(args)
+    bed = study.testbed(args.testbed)
+    metrics = args.metrics or [bed.primary]
+    cmd = "python python/quality_benchmark.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    lines = [f"Command (tables from the cached cells): `{cmd}`", "",
+             f"Machine: {machine()}; torch {torch.__version__}, 1 torch thread. {args.samples} samples per cell; "
+             f"seeds 0..{args.seeds - 1} (the same initial noise for every row at a seed). Cells: mean ± half-width "
+             "of the 95% Student-t interval over seeds (gk.metrics.seed_interval). **Bold**: the best baseline at "
+             "that K (lowest mean of the Gaussian rows: ddpm, sn-ddpm, ddim and their variance-scaled variants). "
+             "`+` / `-`: significantly better / worse than it (paired per-seed difference, 95% interval excludes "
+             "0: gk.metrics.paired_difference). Lower is better.", ""]
+    for split in args.splits:
+        for metric in metrics:
+            lines += [f"### {split} / {metric}", "", *table(results, f"{split}/{metric}", args), ""]
     text = "\n".join(lines)
     if args.out:
         Path(args.out).write_text(text + "\n")
@@ -104,7 +140,9 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=1000)
     p.add_argument("--times", type=int, nargs="+", default=[50, 100, 200, 400, 700, 900],
                    help="diagnose: the t of the heads' check")
-    p.add_argument("--split", default="validation")
+    p.add_argument("--splits", nargs="+", default=["validation", "test"], help="report: the reference sets")
+    p.add_argument("--alias", nargs="*", default=[], metavar="NAME=FILE",
+                   help="report: rows labelled 'NAME: row' use these weights (embedded format)")
     p.add_argument("--metrics", nargs="+", default=None)
     p.add_argument("--digits", type=int, default=2)
     p.add_argument("--run", default="main", help="this run's cache file name (parallel runs need their own)")

@@ -65,11 +65,14 @@ def test_sdedit_grid_reports_faithfulness_and_realism(model):
     assert edits[("ddim", 0.2)].shape == (6, 1, 8, 8)
 
 
-def test_main_job_reports_every_solver_and_writes_the_grid(tmp_path):
-    from gms_kernels.experiments.digits_job import JOB_SOLVERS, run_digits_job
+def test_main_job_reports_every_solver_with_intervals_and_writes_the_grid(tmp_path):
+    from gms_kernels.experiments.digits_job import JOB_ROWS, run_digits_job
 
-    report = run_digits_job(tmp_path, steps=2, n_samples=12, progress=False, log=lambda *_: None)
+    report = run_digits_job(tmp_path, steps=2, n_samples=12, seeds=2, progress=False, log=lambda *_: None)
     rows = [line for line in report.splitlines() if line.startswith("| ") and "FD-digits" not in line]
-    assert [r.split(" | ")[0][2:] for r in rows] == list(JOB_SOLVERS)
-    assert all(math.isfinite(float(r.split(" | ")[2])) for r in rows)
+    assert [r.split(" | ")[0][2:] for r in rows] == list(JOB_ROWS)
+    for r in rows:
+        mean, half = (float(v) for v in r.split(" | ")[1].split(" ± "))
+        assert math.isfinite(mean) and half > 0
+    assert rows[0].endswith("(this row) |") and all("[" in r for r in rows[1:])
     assert (tmp_path / "digits_K2.png").stat().st_size > 0
