@@ -1,6 +1,12 @@
 """GMS per-step cost on this CPU, every backend side by side in one run, as ratios to baseline (i).
 
     python benchmarks/run_cpu.py [--runs 3]   # writes benchmarks/results/cpu.md
+    python benchmarks/run_cpu.py --targets    # only the CPU targets side by side: writes
+                                              # benchmarks/results/cpu-targets.md and cpu-avx2.md
+
+The C++ extension holds the kernels compiled for several CPU targets (x86-64: avx512, avx2, sse2)
+and runs the best one this CPU has; the targets section runs each one in turn on the same inputs
+(gk.kernels.set_cpu_target), interleaved with (i), and states each target's FMA roofline.
 
 (i) the official code's loop re-implemented (autograd + ADAN optimizer object + mean loss, fp32);
 (ii) the torch reference (float64); (iii) the C++ extension; (iv) Triton (GPU only: see benchmarks/gpu).
@@ -81,8 +87,9 @@ ROOFLINE_TAIL = (
     "The part of the step outside the fit (moments, normals, mixture draw; measured in the section above) "
     "is bound by the double-precision moments, Philox/Box-Muller and the first touch of the inputs in memory.")
 
-# How adan_loop_bench.cpp is compiled: as setup.py builds the extension on this machine.
-ADAN_LOOP_FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno", "-fno-wrapv", "-fopenmp"]
+# How adan_loop_bench.cpp is compiled: as setup.py builds the extension's avx512 target on this machine.
+ADAN_LOOP_FLAGS = ["-O3", "-march=x86-64-v4", "-mprefer-vector-width=512", "-mtune=native", "-DGMS_TARGET_NS=avx512",
+                   "-DGMS_VBYTES=64", "-fno-math-errno", "-fno-wrapv", "-fopenmp"]
 
 # The mnemonics of the compiled ADAN loop by unit: square roots and divisions on the divider, the
 # other arithmetic on the FMA / FP-add units.
@@ -98,7 +105,7 @@ def adan_loop_mix(flags: list[str]) -> dict[str, int] | None:
     src = Path(__file__).parent / "cpp" / "adan_loop_bench.cpp"
     asm = subprocess.run(["g++", *flags, "-std=c++17", "-S", str(src), "-o", "-"], check=True,
                          capture_output=True, text=True).stdout.splitlines()
-    name = "_ZN3gms14adan_iterationILb0EEEvRNS_9AdanBlockIfEEiRKNS_9AdanPacksIDv16_fEE:"
+    name = "_ZN3gms6avx51214adan_iterationILb0EEEvRNS0_9AdanBlockIfEEiRKNS0_9AdanPacksIDv16_fEE:"
     if name not in asm:
         return None
     labels, body = {}, None
@@ -113,8 +120,8 @@ def adan_loop_mix(flags: list[str]) -> dict[str, int] | None:
     vector = [op for op in body if op[0].startswith("v") and "zmm" in op[-1]]
     mix = {d: sum(op[0] == d for op in vector) for d in DIVIDER}
     mix["memory"] = sum("(" in op[-1] for op in vector)
-    # (vmovaps: register copies, loads and stores)
-    mix["fma-unit"] = sum(op[0] not in DIVIDER and op[0] != "vmovaps" for op in vector)
+    # (vmovaps / vmovups: register copies, loads and stores)
+    mix["fma-unit"] = sum(op[0] not in DIVIDER and op[0] not in ("vmovaps", "vmovups") for op in vector)
     return mix
 
 
@@ -343,6 +350,141 @@ def warm_up(schedule: gk.Schedule, rounds: int = 10, calls: int = 5) -> list[str
     return lines
 
 
+# The targets section: the fits and the one-Gaussian solvers, every supported target in turn.
+TARGET_VARIANTS = {  # name: (solver, options)
+    "closed": ("gms", FITS["closed"]),
+    "adan-25": ("gms", FITS["adan-25"]),
+    "adan-70": ("gms", FITS["adan-70"]),
+    "sn-ddpm": ("sn-ddpm", {}),
+    "ddpm": ("ddpm", {}),
+    "ddim": ("ddim", {}),
+}
+TARGET_LANES = {"avx512": 16, "avx2": 8, "sse2": 4, "baseline": 4}  # float32 lanes per vector
+
+
+def target_rooflines(ceilings: str | None, threads: int, ghz: float) -> dict[str, tuple[float, str]]:
+    """{target: (fp32 GFLOP/s, how it is made)}: lanes x 2 flops x FMA instructions per ns (the
+    measured rate of that width, i.e. FMA units x clock) x threads. SSE2 has no FMA instruction: one
+    flop per lane at the 256-bit FMA ports' rate."""
+    if not ceilings:
+        return {}
+    rate = instruction_rates(ceilings)
+    out = {}
+    for target, lanes in TARGET_LANES.items():
+        if target == "avx512":
+            r, flops, what = rate["vfmadd zmm"], 2, "vfmadd zmm"
+        elif target == "avx2":
+            r, flops, what = rate["vfmadd ymm"], 2, "vfmadd ymm"
+        else:
+            r, flops, what = rate["vfmadd ymm"], 1, "no FMA: one flop per lane at the vfmadd ymm rate"
+        units = r / ghz
+        out[target] = (lanes * flops * r * threads,
+                       f"{lanes} lanes x {flops} flops x {r:.2f} {what} per ns (= {units:.2f} units x {ghz:.2f} GHz) "
+                       f"x {threads} threads")
+    return out
+
+
+def targets_side_by_side(schedule: gk.Schedule, rounds: int) -> tuple[dict, dict]:
+    """Kernel-alone times of every TARGET_VARIANTS step on every supported target, and of (i) at 25
+    and 70 iterations, in turns (rounds of 5 calls per variant and target, one call of (i)); returns
+    ({(target, variant): [seconds]}, {25: [...], 70: [...]})."""
+    from gms_kernels.kernels import cpu_info, set_cpu_target
+
+    x_t, out = make_inputs(SIZES["cifar10-b100"])
+    fns, calls = {}, {}
+    for target in cpu_info()["supported"]:
+        for name, (solver, options) in TARGET_VARIANTS.items():
+            f = runner("cpp-kernel", name, x_t, out, schedule, options, solver)
+            fns[(target, name)] = lambda f=f, target=target: (set_cpu_target(target), f())
+            calls[(target, name)] = 5
+    for iters in (25, 70):
+        fns[("(i)", iters)] = runner("reference-loop", "adan-25" if iters == 25 else "adan-70", x_t, out, schedule)
+        calls[("(i)", iters)] = 1
+    try:
+        times = interleaved_seconds(fns, rounds, calls)
+    finally:
+        set_cpu_target(None)
+    return ({k: v for k, v in times.items() if k[0] != "(i)"}, {k[1]: v for k, v in times.items() if k[0] == "(i)"})
+
+
+def targets_report(schedule: gk.Schedule, rounds: int) -> tuple[list[str], list[str]]:
+    """Markdown lines of the targets section (all targets) and of the AVX2 target alone."""
+    from gms_kernels.kernels import cpu_info
+
+    info = cpu_info()
+    times, ref = targets_side_by_side(schedule, rounds)
+    threads = torch.get_num_threads()
+    ghz = nominal_ghz()
+    ceilings = run_cpp_bench("vector_ceilings.cpp", ["-O2", "-march=native"])
+    roofs = target_rooflines(ceilings, threads, ghz)
+    targets = info["supported"]
+    n = x_numel("cifar10-b100")
+    flops_adan25 = flops_per_element("adan-25")
+    st = {key: [f(v) for _, f in STATS] for key, v in times.items()}
+    rf = {k: [f(v) for _, f in STATS] for k, v in ref.items()}
+    fmt = lambda v: f"{v[0] * 1e3:.2f} / {v[1] * 1e3:.2f} ms"
+    lines = ["## CPU targets side by side (C++ kernel alone, 307,200 elements)", "",
+             f"Target chosen at import on this machine: **{info['best']}** (`gk.kernels.cpu_info()`: compiled "
+             f"{', '.join(info['compiled'])}; this CPU runs {', '.join(targets)}). Each target was forced in turn "
+             "(`gk.kernels.set_cpu_target`) on the same inputs, in rounds that also run (i) once at 25 and 70 "
+             f"iterations: {rounds} rounds, 5 calls per target and step; fastest / median call.", "",
+             "| step | " + " | ".join(targets) + " |", "|---|" + "---|" * len(targets)]
+    for name in TARGET_VARIANTS:
+        lines.append(f"| {name} | " + " | ".join(fmt(st[(t, name)]) for t in targets) + " |")
+    lines.append(f"| (i) reference loop, 25 / 70 iterations | {fmt(rf[25])} / {fmt(rf[70])} |" + " |" * (len(targets) - 1))
+    lines += ["", "Ratios (fastest call / median call):", "",
+              "| ratio | " + " | ".join(targets) + " |", "|---|" + "---|" * len(targets)]
+    ratio_rows = {
+        "adan-25 vs (i) (speed-up)": lambda t, i: rf[25][i] / st[(t, "adan-25")][i],
+        "adan-70 vs (i) at 70 (speed-up)": lambda t, i: rf[70][i] / st[(t, "adan-70")][i],
+        "closed vs adan-25 (speed-up)": lambda t, i: st[(t, "adan-25")][i] / st[(t, "closed")][i],
+        "sn-ddpm / closed (cost)": lambda t, i: st[(t, "sn-ddpm")][i] / st[(t, "closed")][i],
+        "ddpm / closed (cost)": lambda t, i: st[(t, "ddpm")][i] / st[(t, "closed")][i],
+        "ddim / closed (cost)": lambda t, i: st[(t, "ddim")][i] / st[(t, "closed")][i],
+    }
+    for label, fn in ratio_rows.items():
+        lines.append(f"| {label} | " + " | ".join(f"{fn(t, 0):.2f}x / {fn(t, 1):.2f}x" for t in targets) + " |")
+    if roofs:
+        lines.append(f"| adan-25 step, % of the target's FMA roofline ({flops_adan25} flops / element) | " + " | ".join(
+            f"{100 * flops_adan25 * n / st[(t, 'adan-25')][i] / 1e9 / roofs[t][0]:.0f}%" if t in roofs else "-"
+            for t in targets for i in (0,)) + " |")
+        lines += ["", "FMA rooflines (fp32 GFLOP/s: lanes x flops per instruction x the FMA instruction rate of that "
+                  "width measured by benchmarks/cpp/vector_ceilings.cpp in this run, which is FMA units x clock; the "
+                  f"clock quoted is the kernel's nominal one, {ghz:.2f} GHz from /proc/cpuinfo, so the units column is "
+                  "what the measured rate implies at that clock; on a shared VM the measured rate falls when other "
+                  "work runs):", ""]
+        lines += [f"- {t}: {roofs[t][0]:.0f} GFLOP/s = {roofs[t][1]}" for t in targets if t in roofs]
+        lines += ["", f"- `benchmarks/cpp/vector_ceilings.cpp`: {ceilings}"]
+    lines += ["", f"Flops per element of the adan-25 step: {flops_adan25} (moments {FLOPS_MOMENTS}, 25 ADAN iterations of "
+              f"{FLOPS_ADAN_ITER}, sampling {FLOPS_SAMPLING}; see the roofline section)."]
+    avx2 = []
+    if "avx2" in targets:
+        t = "avx2"
+        avx2 = ["# GMS per-step cost, the AVX2 target (C++ kernel alone, 307,200 elements)", "",
+                "The kernels compiled for AVX2 + FMA (x86-64-v3), run on this AVX-512 machine by forcing the target "
+                "(`GMS_KERNELS_CPU_TARGET=avx2` / `gk.kernels.set_cpu_target('avx2')`): the code an AVX2 machine "
+                "(without AVX-512) runs. Same run as the side-by-side table of cpu-targets.md.", "",
+                "| step | fastest call | median call |", "|---|---|---|"]
+        avx2 += [f"| {name} | {st[(t, name)][0] * 1e3:.2f} ms | {st[(t, name)][1] * 1e3:.2f} ms |" for name in TARGET_VARIANTS]
+        avx2 += [f"| (i) reference loop, 25 iterations | {rf[25][0] * 1e3:.1f} ms | {rf[25][1] * 1e3:.1f} ms |",
+                 f"| (i) reference loop, 70 iterations | {rf[70][0] * 1e3:.1f} ms | {rf[70][1] * 1e3:.1f} ms |", "",
+                 "| acceptance (issue 21) | fastest call | median call | target |", "|---|---|---|---|"]
+        checks = [("adan-25 vs (i)", ratio_rows["adan-25 vs (i) (speed-up)"], ">= 100x", lambda v: v >= 100),
+                  ("closed vs adan-25", ratio_rows["closed vs adan-25 (speed-up)"], ">= 5x", lambda v: v >= 5)]
+        checks += [(f"{s} / closed", ratio_rows[f"{s} / closed (cost)"], "<= 1.5x", lambda v: v <= 1.5)
+                   for s in ("sn-ddpm", "ddpm", "ddim")]
+        for label, fn, goal, ok in checks:
+            a, b = fn(t, 0), fn(t, 1)
+            avx2.append(f"| {label} | {a:.2f}x | {b:.2f}x | {goal}: {'met' if ok(a) else 'NOT met'} (fastest), "
+                        f"{'met' if ok(b) else 'NOT met'} (median) |")
+        if t in roofs:
+            pct = [100 * flops_adan25 * n / st[(t, "adan-25")][i] / 1e9 / roofs[t][0] for i in (0, 1)]
+            avx2.append(f"| adan-25, % of the AVX2 FMA roofline ({roofs[t][0]:.0f} GFLOP/s) | {pct[0]:.0f}% | {pct[1]:.0f}% | "
+                        f">= 60%: {'met' if pct[0] >= 60 else 'NOT met'} (fastest) |")
+            avx2 += ["", f"Roofline: {roofs[t][1]}."]
+    return lines, avx2
+
+
 def summarise(times: dict) -> dict:
     """{(size, fit): {backend: (fastest, median) seconds}}."""
     return {key: {b: tuple(f(v) for _, f in STATS) for b, v in per.items()} for key, per in times.items()}
@@ -351,8 +493,13 @@ def summarise(times: dict) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=3, help="independent passes over all sizes and fits")
+    p.add_argument("--targets", action="store_true", help="only the CPU targets side by side (cpu-targets.md, cpu-avx2.md)")
+    p.add_argument("--target-rounds", type=int, default=8, help="rounds of the targets section")
     args = p.parse_args()
     schedule = gk.Schedule.linear()
+    if args.targets:
+        write_targets(schedule, args)
+        return
     have_cpp = backend_available("cpp")
     backends = ["reference-loop", "torch"] + (["cpp", "cpp-kernel"] if have_cpp else [])
     runs = []
@@ -368,8 +515,7 @@ def main() -> None:
         "",
         f"Command: `python benchmarks/run_cpu.py --runs {args.runs}`",
         "",
-        f"Machine: {cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
-        f"Python {platform.python_version()}, {datetime.date.today().isoformat()}.",
+        machine_line() + f" C++ kernels' CPU target: {gk.kernels.cpu_info()['target'] if have_cpp else 'not built'}.",
         "",
         "One GMS step t=500 -> s=400 (moments, fit, mixture sampling) on batch-100 inputs. The backends and "
         f"fits take turns: {args.runs} runs of {ROUNDS} rounds per size, each round running (i) once at 25 and "
@@ -420,6 +566,7 @@ def main() -> None:
                                enumerate(STATS)) + ". The tables above put (i) and (ii) between the bursts; the "
                   "warm-up table below shows what that does to the first calls of a burst."]
         lines += [""] + parts + [""] + warm_up(schedule)
+        lines += [""] + targets_report(schedule, args.target_rounds)[0]
         ceilings = run_cpp_bench("vector_ceilings.cpp", ["-O2", "-march=native"])
         loop = run_cpp_bench("adan_loop_bench.cpp", ADAN_LOOP_FLAGS, str(nominal_ghz()))
         mix = adan_loop_mix(ADAN_LOOP_FLAGS)
@@ -464,6 +611,33 @@ def main() -> None:
     out.parent.mkdir(exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
     print(f"wrote {out}")
+
+
+def machine_line() -> str:
+    return (f"Machine: {cpu_name()} (model {cpu_model()}), {torch.get_num_threads()} threads, torch {torch.__version__}, "
+            f"Python {platform.python_version()}, {datetime.date.today().isoformat()}; load average before the run: "
+            f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}.")
+
+
+def cpu_model() -> str:
+    try:
+        m = re.search(r"^model\s*:\s*(\d+)", Path("/proc/cpuinfo").read_text(), re.M)
+        return m.group(1) if m else "?"
+    except OSError:
+        return "?"
+
+
+def write_targets(schedule: gk.Schedule, args) -> None:
+    head = machine_line()
+    lines, avx2 = targets_report(schedule, args.target_rounds)
+    results = Path(__file__).parent / "results"
+    cmd = f"Command: `python benchmarks/run_cpu.py --targets --target-rounds {args.target_rounds}`"
+    (results / "cpu-targets.md").write_text("\n".join(["# GMS per-step cost on CPU: every target", "", cmd, "", head, ""]
+                                                     + lines) + "\n")
+    print(f"wrote {results / 'cpu-targets.md'}")
+    if avx2:
+        (results / "cpu-avx2.md").write_text("\n".join(avx2[:2] + [cmd, "", head, ""] + avx2[2:]) + "\n")
+        print(f"wrote {results / 'cpu-avx2.md'}")
 
 
 def x_numel(size: str) -> int:

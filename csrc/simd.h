@@ -7,6 +7,7 @@
 // select, min / max, conversions, whole-vector loads and stores. The few operations the vector
 // extensions cannot spell efficiently get a per-ISA form here, each beside a generic one that
 // gives the same result (to the documented accuracy):
+//   any        whether a comparison holds in some lane;
 //   mul_wide   32 x 32 -> 64-bit products of the low words of 64-bit lanes (Philox);
 //   recip      a reciprocal estimate refined by Newton steps (the log's and the knee's divisions);
 //   sqrt_pos   a square root of s >= 0 (the draw's standard deviation).
@@ -106,11 +107,33 @@ GMS_VINLINE VD vabs(VD v) { return bits<VD>(bits<VQ>(v) & splat<VQ>(0x7FFFFFFFFF
 GMS_VINLINE VD sign_bit(VD v) { return bits<VD>(bits<VQ>(v) & splat<VQ>(0x8000000000000000ull)); }
 GMS_VINLINE VD vor(VD a, VD b) { return bits<VD>(bits<VQ>(a) | bits<VQ>(b)); }
 GMS_VINLINE VD vxor(VD a, VD b) { return bits<VD>(bits<VQ>(a) ^ bits<VQ>(b)); }
-template <typename M>
-GMS_VINLINE bool any(M m) {
+// whether any lane of a comparison's result is set (a mask test on x86: the lane loop of the generic
+// form becomes one extraction per lane there)
+GMS_VINLINE bool any(VL m) {
+#if GMS_VBYTES == 64 && defined(__AVX512F__)
+    return _mm512_test_epi64_mask(bits<__m512i>(m), bits<__m512i>(m)) != 0;
+#elif GMS_VBYTES == 32 && defined(__AVX__)
+    return _mm256_movemask_pd(bits<__m256d>(m)) != 0;
+#elif GMS_VBYTES == 16 && defined(__SSE2__)
+    return _mm_movemask_pd(bits<__m128d>(m)) != 0;
+#else
     bool r = false;
-    for (size_t i = 0; i < sizeof(M) / sizeof(m[0]); ++i) r |= m[i] != 0;
+    for (int i = 0; i < kD; ++i) r |= m[i] != 0;
     return r;
+#endif
+}
+GMS_VINLINE bool any(VI m) {
+#if GMS_VBYTES == 64 && defined(__AVX512F__)
+    return _mm512_test_epi32_mask(bits<__m512i>(m), bits<__m512i>(m)) != 0;
+#elif GMS_VBYTES == 32 && defined(__AVX__)
+    return _mm256_movemask_ps(bits<__m256>(m)) != 0;
+#elif GMS_VBYTES == 16 && defined(__SSE2__)
+    return _mm_movemask_ps(bits<__m128>(m)) != 0;
+#else
+    bool r = false;
+    for (int i = 0; i < kF; ++i) r |= m[i] != 0;
+    return r;
+#endif
 }
 
 GMS_VINLINE VD widen(VFh v) { return __builtin_convertvector(v, VD); }

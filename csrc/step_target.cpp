@@ -285,7 +285,7 @@ template <int W>
 GMS_NO_FMA_FN GMS_VINLINE void closed_fit_w(const ClosedConsts& c, const VD* m1, const VD* var_in, const VD* m3,
                                             VD* p1, VD* p2, VD* ps, VD* sd) {
     GMS_NO_FMA_BEGIN
-    const VD zero = splat<VD>(0.0), one = splat<VD>(1.0);
+    const VD zero = splat<VD>(0.0);
     VD var[W], t[W], delta[W], s2[W], floor[W], sq[W], knee2[W], line[W];
     VL skewed[W], below[W];
     GMS_EACH {
@@ -294,14 +294,14 @@ GMS_NO_FMA_FN GMS_VINLINE void closed_fit_w(const ClosedConsts& c, const VD* m1,
         t[j] = div_exact(k3, splat<VD>(c.denom), splat<VD>(c.inv_denom));
     }
     // the straight line below the knee, q / knee2 with knee2 = knee_delta^2 Var, formed before the
-    // cube root (the out-of-order core overlaps the two chains) and without a division: a
-    // reciprocal estimate refined by a Newton step, y = q r, and one residual step y + (q - y knee2) r
-    // (about an ulp). knee2 outside [2^-100, 2^100] is divided below.
+    // cube root (the out-of-order core overlaps the two chains) and without a division: y = q r from
+    // a reciprocal estimate r (2^-24 or better) and one residual step y + (q - y knee2) r, which
+    // leaves ~2^-48 relative (the draw rounds to float32). knee2 outside [2^-100, 2^100] is divided
+    // below.
     bool odd_knee = false;
     GMS_EACH {
         knee2[j] = c.knee2 * var[j];
-        VD r = recip(knee2[j]);
-        r = fma(r, fma(-knee2[j], r, one), r);
+        const VD r = recip(knee2[j]);
         const VD y = t[j] * r;
         line[j] = fma(fma(-y, knee2[j], t[j]), r, y);
         odd_knee |= any((knee2[j] < splat<VD>(0x1p-100)) | (knee2[j] > splat<VD>(0x1p100)));
@@ -344,8 +344,9 @@ GMS_NO_FMA_FN GMS_VINLINE VD mix_vec(VD p1, VD p2, VD sd, VFh z, VFh u, float w1
 }
 
 // The closed-form fit and the mixture draw of n elements whose moments are in M1, VAR, M3
-// (double, L1-resident, whole vectors) and whose random numbers are in Z, U.
-template <int W = 4>
+// (double, L1-resident, whole vectors) and whose random numbers are in Z, U. W: 64 elements per
+// pass on every target (8 vectors of AVX-512, 16 of AVX2 would spill: 4, i.e. 16 elements, there).
+template <int W = (kD >= 8 ? 8 : 4)>
 GMS_NO_FMA_FN inline void closed_fit_mix(const ClosedConsts& cs, int n, const double* __restrict M1,
                                          const double* __restrict VAR, const double* __restrict M3,
                                          const float* __restrict Z, const float* __restrict U, float* out,
@@ -832,14 +833,14 @@ inline bool all_finite(const float* p, int n) {
     const VU exponent = splat<VU>(0x7f800000u);
     VU bad = splat<VU>(0u);
     int i = 0;
-    for (; i + kF <= n; i += kF) bad |= VU((load<VU>(p + i) & exponent) == exponent);
+    for (; i + kF <= n; i += kF) bad |= bits<VU>((load<VU>(p + i) & exponent) == exponent);
     uint32_t tail = 0;
     for (; i < n; ++i) {
         uint32_t u;
         std::memcpy(&u, p + i, sizeof u);
         tail |= static_cast<uint32_t>((u & 0x7f800000u) == 0x7f800000u);
     }
-    return !any(bad) && tail == 0;
+    return !any(bits<VI>(bad)) && tail == 0;
 }
 
 // One block of the step; returns false (and writes nothing) when an input it reads is not finite.

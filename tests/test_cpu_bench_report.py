@@ -47,3 +47,12 @@ def test_fma_peak_takes_the_better_vector_width():
     ceilings = "instructions per ns, one thread: vfmadd zmm 3.50, vfmadd ymm 7.25, vsqrtps zmm 0.35"
     assert run_cpu.fma_peak_gflops(ceilings, 2) == 7.25 * 8 * 2 * 2  # 256-bit wins: 232 GFLOP/s
     assert run_cpu.fma_peak_gflops(ceilings.replace("3.50", "5.50"), 1) == 5.5 * 16 * 2
+
+
+def test_target_rooflines_multiply_lanes_flops_rate_and_threads():
+    ceilings = "instructions per ns, one thread: vfmadd zmm 5.00, vfmadd ymm 6.00, vsqrtps zmm 0.100"
+    roofs = run_cpu.target_rooflines(ceilings, threads=2, ghz=2.5)
+    assert roofs["avx512"][0] == 16 * 2 * 5.0 * 2 and roofs["avx2"][0] == 8 * 2 * 6.0 * 2
+    assert roofs["sse2"][0] == 4 * 1 * 6.0 * 2  # (no FMA instruction: one flop per lane)
+    assert "2.00 units x 2.50 GHz" in roofs["avx512"][1]
+    assert run_cpu.target_rooflines(None, 2, 2.5) == {}
