@@ -36,6 +36,7 @@ STREAM_INITIAL = 2      # x_T
 STREAM_SECOND_NOISE = 3  # a step's second Gaussian (SEEDS-2's second half-interval)
 STREAM_ADAPTIVE = 4     # the adaptive GGF sampler's noise; its "t" field counts that sample's attempts
 STREAM_BROWNIAN = 5     # GGF's Brownian path (noise="brownian"); its counters address tree nodes (normal_at_nodes)
+STREAM_THIRD_NOISE = 6  # a step's third Gaussian (SEEDS-3's last interval)
 _T_SHIFT, _STREAM_SHIFT = 40, 56
 MAX_INDEX = 1 << _T_SHIFT
 NODE_LOW_BITS = 8  # normal_at_nodes: a node's low bits extend the element index, the rest fill the t field

@@ -1,6 +1,6 @@
-"""The SDE baselines that make several network calls per step: EDM's stochastic sampler, SEEDS-2 and
-Gotta Go Fast. One function per sampler (k-diffusion style); :func:`gms_kernels.sample` calls them for
-``solver="edm-sde" | "seeds-2" | "ggf"``. (SEEDS-1 makes one call per step and is an ordinary solver step,
+"""The SDE baselines that make several network calls per step: EDM's stochastic sampler, SEEDS-2, SEEDS-3
+and Gotta Go Fast. One function per sampler (k-diffusion style); :func:`gms_kernels.sample` calls them for
+``solver="edm-sde" | "seeds-2" | "seeds-3" | "ggf"``. (SEEDS-1 makes one call per step and is an ordinary solver step,
 ``gms_kernels.solvers.seeds_1_step``, so it also runs in ``gk.step`` and ``GMSScheduler``.)
 
 They have no one-step form: a step's second network call needs the first call's result on a state that only
@@ -25,7 +25,8 @@ import torch
 from .model_io import call_model, split_heads, time_values
 from .moments import DataRange
 from .progress import progress_bar
-from .random import STREAM_ADAPTIVE, STREAM_BROWNIAN, STREAM_SECOND_NOISE, STREAM_STEP_NOISE, SampleNoise
+from .random import (STREAM_ADAPTIVE, STREAM_BROWNIAN, STREAM_SECOND_NOISE, STREAM_STEP_NOISE, STREAM_THIRD_NOISE,
+                     SampleNoise)
 from .schedule import DATA, Schedule
 from .solvers import denoised_and_eps
 
@@ -34,10 +35,13 @@ EpsFn = Callable[[torch.Tensor, "int | torch.Tensor"], torch.Tensor]
 
 def network_calls(solver: str, points: int) -> int:
     """Network calls of a fixed-grid sampler visiting ``points`` time indices (then stepping to data):
-    one per point for the one-call solvers, two per step for EDM-SDE and SEEDS-2 except the last step into
-    data, which is one call (the denoised mean). GGF's count is adaptive: read it from the callback's ``nfe``."""
+    one per point for the one-call solvers, two per step for EDM-SDE and SEEDS-2 and three for SEEDS-3, except
+    the last step into data, which is one call (the denoised mean). GGF's count is adaptive: read it from the
+    callback's ``nfe``."""
     if solver == "ggf":
         raise ValueError("GGF's network calls are adaptive: read them from the callback's 'nfe'")
+    if solver == "seeds-3":
+        return 3 * points - 2
     return 2 * points - 1 if solver in ("edm-sde", "seeds-2") else points
 
 
@@ -195,8 +199,10 @@ class BrownianTree:
         levels = torch.arange(D, dtype=torch.int64)
         nodes = torch.cat([torch.zeros(M, 1, dtype=torch.int64), (1 << levels) + (q[:, None] >> (D - levels))], 1)
         right = ((q[:, None] >> (D - 1 - levels)) & 1).bool()
-        sub = SampleNoise(self.noise.seeds[rows].repeat_interleave(D + 1), self.noise.indices[rows].repeat_interleave(D + 1))
-        z = sub.normal_at_nodes(STREAM_BROWNIAN, nodes.flatten(), self.shape, self.device).reshape(M, D + 1, *self.shape)
+        sub = SampleNoise(self.noise.seeds[rows].repeat_interleave(D + 1),
+                          self.noise.indices[rows].repeat_interleave(D + 1))
+        z = sub.normal_at_nodes(STREAM_BROWNIAN, nodes.flatten(), self.shape, self.device)
+        z = z.reshape(M, D + 1, *self.shape)
         w_lo, w_hi = torch.zeros_like(z[:, 0]), z[:, 0]  # W(0), W(1)
         for d in range(D):
             w_mid = 0.5 * (w_lo + w_hi) + math.sqrt(0.25 * 2.0 ** -d) * z[:, d + 1]
@@ -204,6 +210,106 @@ class BrownianTree:
             w_lo, w_hi = torch.where(r, w_mid, w_lo), torch.where(r, w_hi, w_mid)
         frac = u.to(torch.float64).cpu() * (1 << D) - q  # position inside the leaf, in [0, 1]
         return w_lo + _view(frac, w_lo) * (w_hi - w_lo)
+
+
+def _lambda_cut(schedule: Schedule, t: int, h: float, r: float) -> tuple[int, float]:
+    """The grid index nearest to lambda_t + r h (a stage point of a multi-stage step t -> s of length h in
+    lambda = log(a / sigma)), and its exact distance in lambda from t."""
+    vs_t = schedule.ve_sigma(t)  # e^{-lambda_t}
+    m = int(schedule.index_of_ve_sigma(vs_t * math.exp(-r * h)))
+    return m, math.log(vs_t / schedule.ve_sigma(m))
+
+
+def _exp_noise(p: float, cuts: Sequence[float], prediction: str) -> list[float]:
+    """The weights, on independent N(0, 1) variables of the lambda intervals [0, c_1], [c_1, c_2], ..., of the
+    exact Ito noise of the linear part at lambda_t + p (in units of sigma there; p >= every cut): the interval
+    [a, b] adds sqrt(e^{2(p - a)} - e^{2(p - b)}) (noise prediction) or sqrt(e^{-2(p - b)} - e^{-2(p - a)}) (data
+    prediction). Their squares add up to e^{2p} - 1 or 1 - e^{-2p}: SEEDS-1's variance over [0, p]."""
+    sign = 1.0 if prediction == "noise" else -1.0
+    out, a = [], 0.0
+    for b in cuts:
+        out.append(math.sqrt(max(sign * (math.exp(sign * 2 * (p - a)) - math.exp(sign * 2 * (p - b))), 0.0)))
+        a = b
+    return out
+
+
+def _exp_drift(x: torch.Tensor, pred: torch.Tensor, slope: torch.Tensor | None, p: float, a_t: float, sig_t: float,
+               a_p: float, sig_p: float, prediction: str) -> torch.Tensor:
+    """The drift part of the exact solution of the linear SDE from lambda_t to lambda_t + p, with the model
+    term taken as pred + (lambda - lambda_t) slope (a first-order Taylor model in lambda; slope None: constant).
+
+    noise prediction: (a_p / a_t) x - 2 sigma_p [(e^p - 1) pred + (e^p - 1 - p) slope]
+    data prediction:  (sigma_p / sigma_t) e^{-p} x + a_p [(1 - e^{-2p}) pred + (p - (1 - e^{-2p}) / 2) slope]
+    (the integrals of the SDE's kernels 2 e^{p - l} and 2 e^{-2(p - l)} against 1 and l over [0, p])."""
+    if prediction == "noise":
+        out = (a_p / a_t) * x - 2.0 * sig_p * math.expm1(p) * pred
+        return out if slope is None else out - 2.0 * sig_p * (math.expm1(p) - p) * slope
+    out = (sig_p / sig_t) * math.exp(-p) * x - a_p * math.expm1(-2 * p) * pred
+    return out if slope is None else out + a_p * (p + 0.5 * math.expm1(-2 * p)) * slope
+
+
+@torch.no_grad()
+def sample_seeds_3(e1: EpsFn, x: torch.Tensor, ts: Sequence[int], schedule: Schedule, noise: SampleNoise,
+                   data_range: DataRange, o: dict[str, Any], callback: Callable[[dict], None] | None = None,
+                   progress: bool = False) -> tuple[torch.Tensor, dict]:
+    """SEEDS-3 (Gonzalez et al. 2023), the three-stage exponential SDE solver, in our derivation.
+
+    The reverse VP SDE in lambda = log(a / sigma) has the exact solution (variation of constants; noise
+    prediction) x_s = (a_s / a_t) x_t - 2 sigma_s int_0^h e^{h - l} eps(lambda_t + l) dl + sigma_s int ... dW,
+    the same form as DPM-Solver's ODE solution with the model term doubled, plus a Gaussian whose variance is
+    known exactly. As DPM-Solver-3 (Lu et al. 2022, Alg. 3) does for the ODE, with the stage points
+    r1 = 1/3, r2 = 2/3 of the step (rounded to the grid: h1, h2 are their exact lambda distances), eps taken
+    linear in lambda through the stages (:func:`_exp_drift`), P = the prediction (eps or x0):
+
+        u1  = drift(x_t; P_t, slope none, h1)                       + noise(h1)
+        u2  = drift(x_t; P_t, slope (P(u1) - P_t) / h1, h2)        + noise(h2)
+        x_s = drift(x_t; P_t, slope (P(u2) - P_t) / h2, h)         + noise(h)
+
+    The noise terms are the exact Ito integrals of the linear part, built from three independent normals of
+    the lambda intervals [0, h1], [h1, h2], [h2, h] (:func:`_exp_noise`), so u1, u2 and x_s see one Brownian
+    path and each has SEEDS-1's variance over its own interval. ``prediction="data"`` integrates the
+    data-prediction form with the same structure. The last step into data is the denoised mean (one call).
+    Noise: STREAM_STEP_NOISE, STREAM_SECOND_NOISE and STREAM_THIRD_NOISE at t.
+    """
+    shape, dtype, form = x.shape[1:], x.dtype, o["prediction"]
+    x, calls = x.to(torch.float64), 0
+    for i, t in enumerate(progress_bar(ts, progress, desc=f"seeds-3 K={len(ts)}", leave=False)):
+        s = ts[i + 1] if i + 1 < len(ts) else DATA
+        a_t, sig_t = schedule.alpha(t), schedule.sigma(t)
+        x0, eps = denoised_and_eps(x, e1(x, t), a_t, sig_t, data_range)
+        calls += 1
+        if s == DATA:
+            x = x0
+        else:
+            h = math.log(schedule.ve_sigma(t) / schedule.ve_sigma(s))
+            (m1, h1), (m2, h2) = _lambda_cut(schedule, t, h, 1.0 / 3.0), _lambda_cut(schedule, t, h, 2.0 / 3.0)
+            z = [noise.normal(stream, t, shape, x.device).to(torch.float64)
+                 for stream in (STREAM_STEP_NOISE, STREAM_SECOND_NOISE, STREAM_THIRD_NOISE)]
+            cuts = (h1, h2, h)
+
+            def point(p: float, m: int | None, pred: torch.Tensor, slope: torch.Tensor | None) -> torch.Tensor:
+                a_p, sig_p = (schedule.alpha(m), schedule.sigma(m)) if m is not None else (schedule.alpha(s),
+                                                                                             schedule.sigma(s))
+                w = _exp_noise(p, [c for c in cuts if c <= p], form)
+                return (_exp_drift(x, pred, slope, p, a_t, sig_t, a_p, sig_p, form)
+                        + sig_p * sum(wi * zi for wi, zi in zip(w, z)))
+
+            def model(u: torch.Tensor, m: int) -> torch.Tensor:
+                mx0, meps = denoised_and_eps(u, e1(u, m), schedule.alpha(m), schedule.sigma(m), data_range)
+                return meps if form == "noise" else mx0
+
+            def slope(u: torch.Tensor, m: int, p: float) -> torch.Tensor | None:
+                return (model(u, m) - pred) / p if p > 0 else None  # (a stage rounded onto t: no slope)
+
+            pred = eps if form == "noise" else x0
+            u1 = point(h1, m1, pred, None)
+            u2 = point(h2, m2, pred, slope(u1, m1, h1))
+            x = point(h, None, pred, slope(u2, m2, h2))
+            calls += 2
+        if callback is not None:
+            callback({"step": i, "i": i, "t": t, "s": s, "sigma": schedule.ve_sigma(t), "x": x.to(dtype, copy=True),
+                      "denoised": x0.to(dtype), "nfe": calls})
+    return x.to(dtype), {"nfe": calls}
 
 
 @torch.no_grad()
@@ -310,4 +416,4 @@ def sample_ggf(e1: EpsFn, x: torch.Tensor, ts: Sequence[int], schedule: Schedule
     return x0.to(dtype), {"nfe": nfe}
 
 
-SAMPLERS = {"edm-sde": sample_edm_sde, "seeds-2": sample_seeds_2, "ggf": sample_ggf}
+SAMPLERS = {"edm-sde": sample_edm_sde, "seeds-2": sample_seeds_2, "seeds-3": sample_seeds_3, "ggf": sample_ggf}

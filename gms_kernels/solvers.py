@@ -264,6 +264,7 @@ SOLVERS: dict[str, Solver] = {
         # sample()-only solvers; their loops are in gms_kernels.sde (the recommended settings as defaults)
         Solver("edm-sde", 1, _multi_call_step, EDM_SDE_DEFAULTS, multi_call=True),
         Solver("seeds-2", 1, _multi_call_step, {"r": 0.5, "prediction": "noise"}, multi_call=True),
+        Solver("seeds-3", 1, _multi_call_step, {"prediction": "noise"}, multi_call=True),
         Solver("ggf", 1, _multi_call_step, GGF_DEFAULTS, multi_call=True),
     ]
 }

@@ -45,3 +45,38 @@ def test_cli_default_job_writes_table_and_figure(tmp_path, capsys):
     assert "| gms-closed |" in text and "## What it shows" in text and "K=5" in text
     assert (tmp_path / "oracle_fig1.png").stat().st_size > 10_000
     assert "W1 ranks" in capsys.readouterr().out
+
+
+def test_seed_summary_intervals_and_significance_against_the_best_baseline():
+    from gms_kernels.experiments.oracle_study import interval_cell, seed_summary
+    values = {"a": [1.0, 1.1, 0.9, 1.0, 1.05], "b": [2.0, 2.2, 1.9, 2.1, 2.0], "c": [1.0, 1.12, 0.91, 1.01, 1.04],
+              "new": [0.5, 0.6, 0.45, 0.5, 0.55]}
+    low = seed_summary(values, ("a", "b", "c"))
+    assert low["new"]["best"] == "a" and low["a"]["diff"] is None
+    assert low["new"]["interval"] == metrics.seed_interval(values["new"])
+    diff, sig = metrics.paired_difference(values["new"], values["a"])
+    assert low["new"]["diff"] == diff and sig and low["new"]["significant"]
+    assert not low["c"]["significant"]  # c differs from a by noise only
+    high = seed_summary(values, ("a", "b"), higher_is_better=True)
+    assert high["new"]["best"] == "b" and high["new"]["diff"].mean < 0
+    cell = interval_cell(low["new"])
+    assert cell.startswith(f"{low['new']['mean']:.4f} ± ") and cell.endswith("*]")
+    assert interval_cell(low["a"]).endswith("(best baseline)")
+    single = seed_summary({"a": [1.0], "new": [0.5]}, ("a",))
+    assert interval_cell(single["new"]) == "0.5000" and single["new"]["interval"] is None
+
+
+def test_study_over_seeds_reports_intervals_convergence_and_ggf():
+    from gms_kernels.experiments import oracle_study as study
+    res = study.run_study(200, (5,), ("1d",), seeds=(0, 1), progress=False,
+                          ggf_grid=(("brownian", 0.5, 0.0078), ("redraw", 0.5, 0.0078)))
+    row = res.results["1d"]["seeds-3"][5]
+    assert len(row["per_seed"]["w1"]) == 2 and row["w1"] == sum(row["per_seed"]["w1"]) / 2
+    oracle = study.paper_1d(gk.Schedule.linear(1000))  # seed 1 alone gives the same run
+    x = gk.sample(oracle, shape=(200, 1), steps=5, solver="seeds-3", generator=1, progress=False, data_range=None,
+                  dtype=torch.float64, backend="torch")
+    assert study.score_samples(x, study.fresh_data(oracle, 200, 1))["w1"] == row["per_seed"]["w1"][1]
+    text = study.report(res, "pytest")
+    assert "| seeds-3 (data) | " in text and " ± " in text and "(best baseline)" in text
+    assert "## Convergence to the exact sampler (issue 23)" in text and "| (a) | redraw | 0.5 | 0.0078 |" in text
+    assert "2 seeds (0, 1" in text and "200 samples per seed" in text

@@ -84,3 +84,17 @@ def test_report_has_every_table_with_finite_numbers(trained_1d, tmp_path):
     assert exact_w1 < res.scores["1d"][("ddpm", "learned")][10]["w1"]
     png = toy.plot_fig1(res, tmp_path / "fig.png")
     assert png.stat().st_size > 10_000
+
+
+def test_seeds_give_intervals_paired_against_the_best_baseline(trained_1d):
+    trained, _ = trained_1d
+    res = toy.ToyResult(TINY, n_samples=300, steps=(5,), seeds=(0, 1, 2))
+    toy.evaluate("1d", trained.net, res, progress=False)
+    alone = toy.ToyResult(TINY, n_samples=300, steps=(5,))
+    toy.evaluate("1d", trained.net, alone, seed=2, progress=False)
+    row = res.scores["1d"][("gms-closed", "learned")][5]
+    assert row["per_seed"]["kde"][2] == alone.scores["1d"][("gms-closed", "learned")][5]["kde"]
+    assert row["kde"] == pytest.approx(sum(row["per_seed"]["kde"]) / 3)
+    table = toy.score_table(res, "1d", "kde")
+    assert table.count("(best baseline)") == 2  # one per heads kind (learned, oracle)
+    assert re.search(r"\| gms-closed \| learned \| \**-?[0-9.]+ ± [0-9.]+ \[[+-][0-9.]+\*?\]", table)

@@ -36,13 +36,23 @@ SOLVER_GRID: list[tuple[str, str, dict]] = [
     ("gms-closed", "gms", {"fit": "closed", "select": "sample", **_MIX}),
     ("gms-closed-pixel", "gms", {"fit": "closed", "select": "pixel", **_MIX}),
     ("gms-closed-gausslast", "gms", {"fit": "closed"}),
-    # the SDE baselines of issue 23 (seeds-2 and edm-sde make 2K+1 network calls for K steps, the others K+1)
+    # the SDE baselines of issue 23 (K steps: seeds-2 and edm-sde make 2K-1 network calls, seeds-3 3K-2, the
+    # others K); SEEDS in its noise-prediction form and, "(data)", in its data-prediction form
     ("seeds-1", "seeds-1", {}),
     ("seeds-2", "seeds-2", {}),
+    ("seeds-2 (data)", "seeds-2", {"prediction": "data"}),
+    ("seeds-3", "seeds-3", {}),
+    ("seeds-3 (data)", "seeds-3", {"prediction": "data"}),
     ("edm-sde", "edm-sde", {}),
 ]
-# Gotta Go Fast has no K: it runs at these relative tolerances (absolute 0.0078) and reports its calls
-GGF_TOLERANCES = (0.5, 0.1, 0.05, 0.01)
+# the rows the significance marks compare against: every solver that is neither GMS nor the exact sampler
+BASELINES = ("ddpm", "ddpm-large", "sn-ddpm", "seeds-1", "seeds-2", "seeds-2 (data)", "seeds-3", "seeds-3 (data)",
+             "edm-sde")
+# Gotta Go Fast has no K: it runs at these (noise, eps_rel, eps_abs) and reports its calls. "brownian" is the
+# package's default (one Brownian path per sample), "redraw" Alg. 1's fresh noise per proposal
+GGF_GRID = (("brownian", 0.1, 0.0078), ("brownian", 0.01, 0.0078), ("brownian", 0.01, 1e-4),
+            ("redraw", 0.1, 0.0078), ("redraw", 0.01, 0.0078), ("redraw", 0.01, 1e-4))
+GGF_QUICK = (("brownian", 0.1, 0.0078), ("redraw", 0.1, 0.0078))  # run_study's default (the CLI's quick job)
 
 
 def paper_1d(schedule: Schedule) -> GaussianMixtureOracle:
@@ -69,10 +79,55 @@ METRICS = {"w1": "W1 (sliced in 2-D), lower is better",
 class StudyResult:
     n_samples: int
     steps: tuple[int, ...]
-    # results[dataset][label][K] = {"w1":..., "kde":..., "energy":..., "seconds":...}
+    seeds: tuple[int, ...] = (0,)
+    # results[dataset][label][K] = {"w1":..., "kde":..., "energy":..., "seconds":...} (means over the seeds)
+    # and "per_seed": {metric: [one value per seed]}
     results: dict = field(default_factory=dict)
-    ggf: dict = field(default_factory=dict)  # ggf[dataset][eps_rel] = {metrics..., "nfe": mean, "nfe_max": max}
-    samples: dict = field(default_factory=dict)  # (dataset, label, K) -> samples kept for plots
+    # ggf[dataset][(noise, eps_rel, eps_abs)] = {metrics (means)..., "nfe": mean, "nfe_max": max, "per_seed": ...}
+    ggf: dict = field(default_factory=dict)
+    samples: dict = field(default_factory=dict)  # (dataset, label, K) -> samples kept for plots (first seed)
+
+
+def mean_row(rows: Sequence[dict]) -> dict:
+    """One row per seed -> their means, with the per-seed values kept under "per_seed"."""
+    keys = [k for k in rows[0] if isinstance(rows[0][k], (int, float))]
+    out = {k: sum(float(r[k]) for r in rows) / len(rows) for k in keys}
+    out["per_seed"] = {k: [float(r[k]) for r in rows] for k in keys}
+    return out
+
+
+def seed_summary(values: dict[str, Sequence[float]], baselines: Sequence[str], higher_is_better: bool = False,
+                 level: float = 0.95) -> dict[str, dict]:
+    """Per row (label -> one value per seed, the same seeds for every row): its mean and Student-t interval
+    over the seeds (gk.metrics.seed_interval) and, against the best baseline (the best mean among
+    ``baselines`` present), the paired per-seed difference row - best and whether it is significant
+    (gk.metrics.paired_difference: its interval excludes 0). With one seed only the mean is given."""
+    from ..metrics import paired_difference, seed_interval
+
+    present = [b for b in baselines if b in values]
+    mean = {lab: sum(v) / len(v) for lab, v in values.items()}
+    best = (max if higher_is_better else min)(present, key=mean.get) if present else None
+    out = {}
+    for lab, v in values.items():
+        entry = {"mean": mean[lab], "interval": None, "diff": None, "significant": False, "best": best}
+        if len(v) >= 2:
+            entry["interval"] = seed_interval(v, level)
+            if best is not None and lab != best:
+                entry["diff"], entry["significant"] = paired_difference(v, values[best], level)
+        out[lab] = entry
+    return out
+
+
+def interval_cell(entry: dict, digits: int = 4) -> str:
+    """``mean ± half-width``, then ``[difference to the best baseline]`` with ``*`` when significant;
+    the best baseline itself is marked ``(best baseline)``."""
+    iv = entry["interval"]
+    text = f"{entry['mean']:.{digits}f}" + ("" if iv is None else f" ± {iv.half_width:.{digits}f}")
+    if entry["diff"] is not None:
+        text += f" [{entry['diff'].mean:+.{digits}f}{'*' if entry['significant'] else ''}]"
+    elif iv is not None and entry["best"] is not None:
+        text += " (best baseline)"
+    return text
 
 
 def fresh_data(oracle: GaussianMixtureOracle, n: int, seed: int = 0) -> torch.Tensor:
@@ -98,59 +153,78 @@ def density_panel(ax, x: torch.Tensor | None, grid: torch.Tensor, density: torch
 
 
 def run_study(n_samples: int = 20000, steps: Sequence[int] = DEFAULT_STEPS, datasets: Sequence[str] = tuple(DATASETS),
-              seed: int = 0, progress: bool = True, log=print) -> StudyResult:
+              seed: int = 0, progress: bool = True, log=print, seeds: Sequence[int] | None = None,
+              ggf_grid: Sequence[tuple[str, float, float]] = GGF_QUICK) -> StudyResult:
+    """Every row of SOLVER_GRID at every K and GGF at every ``ggf_grid`` entry, once per seed (``seeds``, or
+    ``seed`` alone): the sampler's seed, and fresh data drawn with a seed derived from it."""
+    seeds = tuple(seeds) if seeds is not None else (seed,)
     schedule = Schedule.linear(1000)
-    out = StudyResult(n_samples, tuple(steps))
+    out = StudyResult(n_samples, tuple(steps), seeds)
     for name in datasets:
         oracle = DATASETS[name][1](schedule)
         shape = (n_samples, *oracle.data_shape)
-        fresh = fresh_data(oracle, n_samples, seed)
-        table = out.results.setdefault(name, {})
-        for label, solver, options in SOLVER_GRID:
-            for K in steps:
+        runs: dict = {}  # (label, K) or ("ggf", entry) -> one row per seed
+        for sd in seeds:
+            fresh = fresh_data(oracle, n_samples, sd)
+            for label, solver, options in SOLVER_GRID:
+                for K in steps:
+                    t0 = time.perf_counter()
+                    x = sample(oracle, shape=shape, steps=K, solver=solver, generator=sd, progress=False,
+                               data_range=None, dtype=torch.float64, backend="torch", **options)
+                    seconds = time.perf_counter() - t0
+                    row = {**score_samples(x, fresh), "seconds": seconds}
+                    runs.setdefault((label, K), []).append(row)
+                    if name == "1d" and K in PLOT_STEPS and sd == seeds[0]:
+                        out.samples[(name, label, K)] = x.flatten()
+                    if progress:
+                        log(f"  {name:6s} seed {sd} {label:20s} K={K:3d}  W1={row['w1']:.4f}  KDE={row['kde']:.4f}  "
+                            f"energy={row['energy']:.5f}  ({seconds:.1f}s)")
+            for entry in ggf_grid:
+                noise, tol, tol_abs = entry
+                seen: list[dict] = []
                 t0 = time.perf_counter()
-                x = sample(oracle, shape=shape, steps=K, solver=solver, generator=seed, progress=False,
-                           data_range=None, dtype=torch.float64, backend="torch", **options)
-                seconds = time.perf_counter() - t0
-                row = {**score_samples(x, fresh), "seconds": seconds}
-                table.setdefault(label, {})[K] = row
-                if name == "1d" and K in PLOT_STEPS:
-                    out.samples[(name, label, K)] = x.flatten()
+                x = sample(oracle, shape=shape, steps=1, solver="ggf", generator=sd, progress=False, data_range=None,
+                           dtype=torch.float64, callback=seen.append, eps_rel=tol, eps_abs=tol_abs, noise=noise)
+                nfe = seen[-1]["nfe"].double()
+                row = {**score_samples(x, fresh), "nfe": float(nfe.mean()), "nfe_max": float(nfe.max()),
+                       "seconds": time.perf_counter() - t0}
+                runs.setdefault(("ggf", entry), []).append(row)
                 if progress:
-                    log(f"  {name:6s} {label:20s} K={K:3d}  W1={row['w1']:.4f}  KDE={row['kde']:.4f}  "
-                        f"energy={row['energy']:.5f}  ({seconds:.1f}s)")
-        for tol in GGF_TOLERANCES:
-            seen: list[dict] = []
-            x = sample(oracle, shape=shape, steps=1, solver="ggf", generator=seed, progress=False, data_range=None,
-                       dtype=torch.float64, callback=seen.append, eps_rel=tol)
-            nfe = seen[-1]["nfe"].double()
-            row = out.ggf.setdefault(name, {})[tol] = {**score_samples(x, fresh), "nfe": float(nfe.mean()),
-                                                        "nfe_max": int(nfe.max())}
-            if progress:
-                log(f"  {name:6s} ggf eps_rel={tol:<5g}  W1={row['w1']:.4f}  NFE={row['nfe']:.1f}")
+                    log(f"  {name:6s} seed {sd} ggf {noise} eps_rel={tol:<5g} eps_abs={tol_abs:<6g} "
+                        f"W1={row['w1']:.4f}  "
+                        f"NFE={row['nfe']:.1f}  ({row['seconds']:.1f}s)")
+        table = out.results.setdefault(name, {})
+        for label, _, _ in SOLVER_GRID:
+            table[label] = {K: mean_row(runs[(label, K)]) for K in steps}
+        out.ggf[name] = {entry: mean_row(runs[("ggf", entry)]) for entry in ggf_grid}
     return out
 
 
 def ggf_table(res: StudyResult) -> list[str]:
-    """GGF's W1 and calls per tolerance, next to the exact sampler's best and worst W1."""
+    """GGF's W1 and calls per (noise, tolerance), next to the exact sampler's W1 at every K."""
+    entries = list(next(iter(res.ggf.values())))
     lines = ["### Gotta Go Fast (adaptive steps)\n",
-             "W1 as in the tables below; NFE = network calls per sample (mean, max), the final denoising call "
-             "included. The exact sampler's W1 range over K is its sampling noise.\n",
-             "| data | " + " | ".join(f"eps_rel={tol:g}: W1 (NFE mean / max)" for tol in GGF_TOLERANCES)
-             + " | exact sampler W1 |", "|---|" + "---|" * (len(GGF_TOLERANCES) + 1)]
+             "W1 as in the tables below (mean ± 95% interval over the seeds); NFE = network calls per sample "
+             "(mean over samples and seeds; max), the final denoising call included. `brownian`: one fixed "
+             "Brownian path per sample (the package's default); `redraw`: Alg. 1's fresh noise for every proposal, "
+             "whose rejections select small increments (`gms_kernels.sde.sample_ggf`). The exact sampler's W1 "
+             "over K is the floor at this sample size.\n",
+             "| data | noise | eps_rel | eps_abs | W1 | NFE mean / max |", "|---|---|---|---|---|---|"]
     for name, rows in res.ggf.items():
-        exact = [r["w1"] for r in res.results[name]["exact"].values()]
-        cells = [f"{rows[tol]['w1']:.4f} ({rows[tol]['nfe']:.0f} / {rows[tol]['nfe_max']})" for tol in GGF_TOLERANCES]
-        lines.append(f"| {DATASETS[name][0].split(' ')[0]} | " + " | ".join(cells)
-                     + f" | {min(exact):.4f} - {max(exact):.4f} |")
+        tag = DATASETS[name][0].split(" ")[0]
+        for noise, tol, tol_abs in entries:
+            r = rows[(noise, tol, tol_abs)]
+            cell = interval_cell(seed_summary({"x": r["per_seed"]["w1"]}, ())["x"])
+            lines.append(f"| {tag} | {noise} | {tol:g} | {tol_abs:g} | {cell} | {r['nfe']:.0f} / {r['nfe_max']:.0f} |")
+        exact = res.results[name]["exact"]
+        lines.append(f"| {tag} | exact sampler | | | " + ", ".join(
+            f"K={K}: {exact[K]['w1']:.4f}" for K in res.steps) + " | |")
     return lines + [""]
 
 
-def _fmt(metric: str, v: float) -> str:
-    return f"{v:.5f}" if metric == "energy" else f"{v:.4f}"
-
-
 def markdown_tables(res: StudyResult) -> str:
+    """Per data set and metric: every row at every K as mean ± 95% interval over the seeds, with the paired
+    difference to the best baseline at that K (* = significant); the best mean of the non-exact rows in bold."""
     lines = []
     for name, table in res.results.items():
         lines.append(f"### {DATASETS[name][0]}\n")
@@ -158,11 +232,14 @@ def markdown_tables(res: StudyResult) -> str:
             lines.append(f"**{desc}**\n")
             lines.append("| solver | " + " | ".join(f"K={K}" for K in res.steps) + " |")
             lines.append("|---|" + "---|" * len(res.steps))
-            for label, row in table.items():
+            summary = {K: seed_summary({lab: r[K]["per_seed"][metric] for lab, r in table.items()}, BASELINES,
+                                       higher_is_better=metric == "kde") for K in res.steps}
+            digits = 5 if metric == "energy" else 4
+            for label in table:
                 best = {K: _best(table, metric, K) for K in res.steps}
                 cells = []
                 for K in res.steps:
-                    cell = _fmt(metric, row[K][metric])
+                    cell = interval_cell(summary[K][label], digits)
                     cells.append(f"**{cell}**" if label == best[K] else cell)
                 lines.append(f"| {label} | " + " | ".join(cells) + " |")
             lines.append("")
@@ -173,6 +250,23 @@ def _best(table: dict, metric: str, K: int) -> str:
     """Best non-exact solver at K (bold in the tables)."""
     rows = {label: r[K][metric] for label, r in table.items() if label != "exact"}
     return (max if metric == "kde" else min)(rows, key=rows.get)
+
+
+def convergence_lines(res: StudyResult) -> list[str]:
+    """Issue 23's oracle check: the SDE baselines' W1 against K next to the exact sampler's, and GGF's against
+    its tolerance."""
+    out = []
+    for name, table in res.results.items():
+        tag = DATASETS[name][0].split(" ")[0]
+        for label in ("seeds-1", "seeds-2", "seeds-2 (data)", "seeds-3", "seeds-3 (data)", "edm-sde"):
+            if label in table:
+                out.append(f"{tag} {label}: W1 over K = {', '.join(map(str, res.steps))}: "
+                           + " -> ".join(f"{table[label][K]['w1']:.4f}" for K in res.steps)
+                           + f" (exact sampler {table['exact'][res.steps[-1]]['w1']:.4f} at K={res.steps[-1]}).")
+        for (noise, tol, tol_abs), r in res.ggf.get(name, {}).items():
+            out.append(f"{tag} ggf {noise} eps_rel={tol:g} eps_abs={tol_abs:g}: W1 {r['w1']:.4f} at "
+                       f"{r['nfe']:.0f} calls.")
+    return out
 
 
 def findings(res: StudyResult) -> list[str]:
@@ -202,10 +296,12 @@ def findings(res: StudyResult) -> list[str]:
             out.append(f"{label}: per-pixel component choice beats per-sample choice at K = {pix or 'none'}: "
                        "one component per sample moves all coordinates together, which the per-coordinate "
                        "moments do not ask for.")
-        sde = ("seeds-1", "seeds-2", "edm-sde")
-        if all(lab in w for lab in sde):
+        sde = [lab for lab in ("seeds-1", "seeds-2", "seeds-2 (data)", "seeds-3", "seeds-3 (data)", "edm-sde")
+               if lab in w]
+        if sde:
             wins = [K for K in res.steps if w["gms-closed"][K] < min(w[lab][K] for lab in sde)]
-            out.append(f"{label}: gms-closed beats all three SDE baselines at equal K at K = {wins or 'none'}.")
+            out.append(f"{label}: gms-closed beats every SDE baseline ({', '.join(sde)}) at equal K at K = "
+                       f"{wins or 'none'}.")
             pairs = [(K, 2 * K) for K in res.steps if 2 * K in res.steps]
             if pairs:
                 out.append(f"{label}: at equal network calls (two-call solvers at K against one-call ones at 2K): "
@@ -246,22 +342,50 @@ def plot_fig1(res: StudyResult, path: str | Path, schedule: Schedule | None = No
 
 
 def report(res: StudyResult, command: str) -> str:
+    seeds = res.seeds
+    stats = (f"Every cell is the mean over {len(seeds)} seeds ({', '.join(map(str, seeds))}; each seeds the sampler "
+             f"and the fresh data) ± the half-width of its 95% Student-t interval (`gk.metrics.seed_interval`), "
+             f"{res.n_samples} samples per seed. In brackets: the paired per-seed difference to the best baseline at "
+             f"that K (the best mean among {', '.join(BASELINES)}; `gk.metrics.paired_difference`), `*` where its "
+             "95% interval excludes 0." if len(seeds) > 1 else
+             f"One seed ({seeds[0]}), {res.n_samples} samples: no intervals.")
     return "\n".join([
         "# Oracle study: solvers with exact heads on Gaussian-mixture data\n",
         f"Command: `{command}`\n",
-        f"Linear schedule (T=1000), even trajectory, {res.n_samples} samples per run, `data_range=None` "
-        "(no clamps), fp64, seed 0. Metrics against fresh data drawn with another seed. Heads are exact "
+        f"Machine: {machine_note()}.\n",
+        f"Linear schedule (T=1000), even trajectory, `data_range=None` (no clamps), fp64. {stats} Metrics against "
+        "fresh data drawn with another seed. Heads are exact "
         "(`gk.GaussianMixtureOracle`), so every difference is the solver's. Every solver ends with the "
         "denoised mean at t=0, as in the official "
-        "code. The GMS rows fit and sample a mixture at every step, as the paper's Alg. sampling does "
-        "(`gaussian_last_step=False`); `gms-closed-gausslast` keeps the official Gaussian step into s=0 "
-        "(the library default) to show what that step costs here. "
-        "Best non-exact value per column in bold. The SDE baselines of issue 23: `seeds-1` (one call per step), "
-        "`seeds-2` and `edm-sde` (two calls per step: K steps cost 2K+1 calls, so compare them with the one-call "
-        "rows at about twice their K); GGF has its own table.\n",
+        "code. The GMS rows are labelled by their options: they fit and sample a mixture at every step, as the "
+        "paper's Alg. sampling does (`gaussian_last_step=False`); `gms-closed` = fit closed, select sample; "
+        "`gms-closed-pixel` = fit closed, select pixel; `gms-adan-25/70` = fit adan with 25/70 iterations, "
+        "select sample; `gms-closed-gausslast` = fit closed with the official Gaussian step into s=0. "
+        "Best non-exact mean per column in bold. The SDE baselines of issue 23: `seeds-1` (one call per step), "
+        "`seeds-2` and `edm-sde` (two calls per step), `seeds-3` (three calls per step), SEEDS in its noise- and, "
+        "`(data)`, its data-prediction form: K steps cost K, 2K-1 and 3K-2 calls (the step into data is one "
+        "call), so compare them with the one-call rows at two or three times their K; GGF has its own table.\n",
         "## What it shows\n",
         *[f"- {line}" for line in findings(res)],
+        "",
+        "## Convergence to the exact sampler (issue 23)\n",
+        *[f"- {line}" for line in convergence_lines(res)],
         "",
         *(ggf_table(res) if res.ggf else []),
         markdown_tables(res),
     ])
+
+
+def machine_note() -> str:
+    """The CPU model, torch's threads and version."""
+    import platform
+
+    cpu = platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {torch.get_num_threads()} torch thread(s), torch {torch.__version__}"

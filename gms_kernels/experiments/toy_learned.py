@@ -260,57 +260,73 @@ class ToyResult:
     config: ToyConfig
     n_samples: int
     steps: tuple[int, ...]
+    seeds: tuple[int, ...] = (0,)  # sampling seeds (the networks are trained once, with config.seed)
     training: dict = field(default_factory=dict)  # name -> Trained.info
-    # scores[name][(label, heads)][K] = {"kde":..., "w1":..., "seconds":...}; heads "learned" | "oracle" | "-"
+    # scores[name][(label, heads)][K] = {"kde":..., "w1":..., "seconds":...} (means over the seeds; "max_abs" the
+    # max and "n_far" the sum) with "per_seed": {metric: [one per seed]}; heads "learned" | "oracle" | "-"
     scores: dict = field(default_factory=dict)
     heads: dict = field(default_factory=dict)  # name -> heads_error(...)
     samples: dict = field(default_factory=dict)  # (name, label, heads) -> samples at K = PLOT_K
     eval_seconds: float = 0.0
 
 
-def evaluate(name: str, net: nn.Module, res: ToyResult, seed: int = 0, progress: bool = True, log=print) -> None:
-    """Every solver of LABELS[name] on learned and on exact heads, plus the exact sampler; fills ``res``."""
+def evaluate(name: str, net: nn.Module, res: ToyResult, seed: int | None = None, progress: bool = True,
+             log=print) -> None:
+    """Every solver of LABELS[name] on learned and on exact heads, plus the exact sampler, once per seed of
+    ``res.seeds`` (or ``seed`` alone): the sampler's seed and the fresh data's; fills ``res``."""
     schedule = net.schedule
     oracle = study.DATASETS[name][1](schedule)
-    fresh = study.fresh_data(oracle, res.n_samples, seed)
     shape = (res.n_samples, *oracle.data_shape)
-    table = res.scores.setdefault(name, {})
+    seeds = res.seeds if seed is None else (seed,)
     rows = [("exact", "-", oracle)] + [(lab, h, m) for lab in LABELS[name]
                                        for h, m in (("learned", net), ("oracle", oracle))]
-    for label, heads, model in rows:
-        solver, options = GRID[label]
-        if solver == "exact":
-            options = {**options, "oracle": oracle}
+    runs: dict = {}
+    for sd in seeds:
+        fresh = study.fresh_data(oracle, res.n_samples, sd)
+        for label, heads, model in rows:
+            solver, options = GRID[label]
+            if solver == "exact":
+                options = {**options, "oracle": oracle}
+            for K in res.steps:
+                t0 = time.perf_counter()
+                x = sample(model, shape=shape, steps=K, solver=solver, schedule=schedule, generator=sd,
+                           progress=False, data_range=None, dtype=torch.float64, backend="torch", **options)
+                seconds = time.perf_counter() - t0
+                far = x.abs().amax(dim=1)
+                row = {**study.score_samples(x, fresh, TABLE_METRICS), "seconds": seconds,
+                       "max_abs": float(far.max()), "n_far": int((far > FAR).sum())}
+                runs.setdefault((label, heads, K), []).append(row)
+                if K == PLOT_K and sd == seeds[0]:
+                    res.samples[(name, label, heads)] = x
+                if progress:
+                    log(f"  {name:6s} seed {sd} {label:17s} {heads:7s} K={K:3d}  KDE={row['kde']:.4f}  "
+                        f"W1={row['w1']:.4f}  ({seconds:.1f}s)")
+        if PLOT_K in res.steps and sd == seeds[0]:
+            res.samples[(name, "data", "-")] = fresh
+    table = res.scores.setdefault(name, {})
+    for label, heads, _ in rows:
         for K in res.steps:
-            t0 = time.perf_counter()
-            x = sample(model, shape=shape, steps=K, solver=solver, schedule=schedule, generator=seed, progress=False,
-                       data_range=None, dtype=torch.float64, backend="torch", **options)
-            seconds = time.perf_counter() - t0
-            far = x.abs().amax(dim=1)
-            row = {**study.score_samples(x, fresh, TABLE_METRICS), "seconds": seconds,
-                   "max_abs": float(far.max()), "n_far": int((far > FAR).sum())}
+            row = study.mean_row(runs[(label, heads, K)])
+            row["max_abs"] = max(row["per_seed"]["max_abs"])
+            row["n_far"] = int(sum(row["per_seed"]["n_far"]))
             table.setdefault((label, heads), {})[K] = row
-            if K == PLOT_K:
-                res.samples[(name, label, heads)] = x
-            if progress:
-                log(f"  {name:6s} {label:17s} {heads:7s} K={K:3d}  KDE={row['kde']:.4f}  W1={row['w1']:.4f}  "
-                    f"({seconds:.1f}s)")
-    if PLOT_K in res.steps:
-        res.samples[(name, "data", "-")] = fresh
 
 
 def run(cfg: ToyConfig = ToyConfig(), steps: Sequence[int] = DEFAULT_STEPS, n_samples: int = 20000,
         datasets: Sequence[str] = tuple(study.DATASETS), cache_dir: str | Path | None = None,
-        skip_training: bool = False, head_points: int = 20000, progress: bool = True, log=print) -> ToyResult:
+        skip_training: bool = False, head_points: int = 20000, progress: bool = True, log=print,
+        seeds: Sequence[int] | None = None) -> ToyResult:
+    """Train (or load) each data set's nets, check the heads, and sample every row once per sampling seed
+    (``seeds``; default: the training seed alone)."""
     schedule = Schedule.linear(1000)
-    res = ToyResult(cfg, n_samples, tuple(steps))
+    res = ToyResult(cfg, n_samples, tuple(steps), tuple(seeds) if seeds is not None else (cfg.seed,))
     for name in datasets:
         trained = train_toy(name, cfg, schedule, cache_dir, skip_training, progress, log)
         res.training[name] = trained.info
         t0 = time.perf_counter()
         oracle = study.DATASETS[name][1](schedule)
         res.heads[name] = heads_error(trained.net, oracle, n=head_points, seed=cfg.seed)
-        evaluate(name, trained.net, res, seed=cfg.seed, progress=progress, log=log)
+        evaluate(name, trained.net, res, progress=progress, log=log)
         res.eval_seconds += time.perf_counter() - t0
     return res
 
@@ -414,13 +430,25 @@ def _best(table: dict, metric: str, K: int, heads: str = "learned") -> tuple[str
     return (max if metric == "kde" else min)(rows, key=rows.get)
 
 
+BASELINES = ("ddpm", "sn-ddpm")  # the rows the significance marks compare against (with the same heads)
+
+
 def score_table(res: ToyResult, name: str, metric: str) -> str:
+    """Rows as mean ± 95% interval over the seeds, each with its paired difference to the best baseline with
+    the same heads (learned or oracle; the exact sampler against the oracle-heads one), * = significant."""
     table = res.scores[name]
     lines = ["| solver | heads | " + " | ".join(f"K={K}" for K in res.steps) + " |",
              "|---|---|" + "---|" * len(res.steps)]
     best = {K: _best(table, metric, K) for K in res.steps}
+    summary = {}
+    for heads in ("learned", "oracle"):
+        keys = [key for key in table if key[1] == heads or (heads == "oracle" and key[1] == "-")]
+        for K in res.steps:
+            got = study.seed_summary({key: table[key][K]["per_seed"][metric] for key in keys},
+                                     [key for key in keys if key[0] in BASELINES], higher_is_better=metric == "kde")
+            summary.update({(key, K): entry for key, entry in got.items()})
     for key, row in table.items():
-        cells = [f"{row[K][metric]:.4f}" for K in res.steps]
+        cells = [study.interval_cell(summary[(key, K)]) for K in res.steps]
         cells = [f"**{c}**" if key == best[K] else c for c, K in zip(cells, res.steps)]
         label = "exact sampler (ceiling)" if key[0] == "exact" else key[0]
         lines.append(f"| {label} | {key[1]} | " + " | ".join(cells) + " |")
@@ -463,8 +491,17 @@ def report(res: ToyResult, command: str, total_seconds: float | None = None) -> 
         f"Machine: {machine_note()}.\n",
         "Data sets and evaluation as in the oracle study (`python/results/oracle.md`): linear schedule T=1000, "
         f"even trajectory, {res.n_samples} samples per run, `data_range=None` (no clamps), fp64 sampling with the "
-        "torch backend, seed 0, scored against fresh data drawn with another seed. The GMS rows fit and sample a "
-        "mixture at every step (`gaussian_last_step=False`, paper Alg. sampling). Each solver runs with the "
+        f"torch backend, sampling seeds {', '.join(map(str, res.seeds))} (each also seeds the fresh data the samples "
+        "are scored against; the networks are trained once). "
+        + (f"Every cell is the mean over the {len(res.seeds)} seeds ± the half-width of its 95% Student-t interval "
+           "(`gk.metrics.seed_interval`); in brackets the paired per-seed difference to the best baseline "
+           f"({' or '.join(BASELINES)}, best mean) with the same heads (`gk.metrics.paired_difference`), `*` where "
+           "its 95% interval excludes 0; the exact sampler is compared with the best oracle-heads baseline. "
+           if len(res.seeds) > 1 else "One seed: no intervals. ")
+        + "The GMS rows are labelled by their options: they fit and sample a mixture at every step "
+        "(`gaussian_last_step=False`, paper Alg. sampling); `gms-closed` = fit closed, select sample; "
+        "`gms-closed-pixel` = fit closed, select pixel; `gms-adan-25` = fit adan, 25 iterations. Each solver runs "
+        "with the "
         "LEARNED heads and, with the same seed and so the same random numbers, with the ORACLE (exact) heads: the "
         "difference between the two rows is the heads' error alone. `gms-closed-pixel` (component chosen per "
         "coordinate) is listed for 8-Gaussians only: in 1-D it is the same sampler as `gms-closed`. "
