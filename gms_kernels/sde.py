@@ -252,7 +252,8 @@ def _exp_drift(x: torch.Tensor, pred: torch.Tensor, slope: torch.Tensor | None, 
 def sample_seeds_3(e1: EpsFn, x: torch.Tensor, ts: Sequence[int], schedule: Schedule, noise: SampleNoise,
                    data_range: DataRange, o: dict[str, Any], callback: Callable[[dict], None] | None = None,
                    progress: bool = False) -> tuple[torch.Tensor, dict]:
-    """SEEDS-3 (Gonzalez et al. 2023), the three-stage exponential SDE solver, in our derivation.
+    """SEEDS-3 (Gonzalez et al. 2023), the three-stage exponential SDE solver, in our derivation (the stage
+    points and the Taylor model are DPM-Solver-3's; the paper's own coefficient table was not at hand to compare).
 
     The reverse VP SDE in lambda = log(a / sigma) has the exact solution (variation of constants; noise
     prediction) x_s = (a_s / a_t) x_t - 2 sigma_s int_0^h e^{h - l} eps(lambda_t + l) dl + sigma_s int ... dW,
