@@ -6,7 +6,9 @@ validation and reported on test (gms_kernels.experiments.quality_study).
     # per-step diagnostics of GMS rows and of the heads:
     python python/quality_benchmark.py diagnose --testbed patches --labels "gms closed/pixel" --steps 10
     # the tables from the cache (no sampling): mean and 95% interval over seeds, significance vs the best baseline
-    python python/quality_benchmark.py report --testbed digits --split validation --labels ... --out FILE
+    python python/quality_benchmark.py report --testbed digits --labels ... --out FILE
+    # the defaults' choice: mean rank of the candidates on validation over both testbeds and K = 5, 10, 20
+    python python/quality_benchmark.py choose --labels "gms closed/pixel" ... --alias-digits central=FILE ...
 
 ``--model FILE`` runs the testbed's architecture with other weights (an embedded-format file); the cache keys
 name the weights' hash, so every model keeps its own cells.
@@ -129,10 +131,31 @@ def report(args) -> None:
     print(text)
 
 
+def choose(args) -> None:
+    """The defaults' choice on validation: mean rank of each candidate over (testbed, K), both testbeds."""
+    scores, lines = {}, []
+    for bed_name in ("digits", "patches"):
+        sub = argparse.Namespace(**{**vars(args), "testbed": bed_name,
+                                    "alias": getattr(args, f"alias_{bed_name}")})
+        results = collect(sub)
+        metric = f"validation/{study.testbed(bed_name).primary}"
+        for label in args.labels:
+            for k in args.steps:
+                scores[(bed_name, label, k)] = sum(results[(label, k, s)][metric] for s in range(args.seeds)) / args.seeds
+    ranks = study.mean_ranks(scores, args.labels)
+    cols = [(b, k) for b in ("digits", "patches") for k in args.steps]
+    lines += ["| candidate | " + " | ".join(f"{b} K={k}" for b, k in cols) + " | mean rank |",
+              "|---|" + "---|" * (len(cols) + 1)]
+    for label in sorted(args.labels, key=ranks.get):
+        lines.append(f"| {label} | " + " | ".join(f"{scores[(b, label, k)]:.2f}" for b, k in cols)
+                     + f" | {ranks[label]:.2f} |")
+    print("\n".join(lines))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("part", choices=("measure", "diagnose", "report"))
-    p.add_argument("--testbed", choices=("digits", "patches"), required=True)
+    p.add_argument("part", choices=("measure", "diagnose", "report", "choose"))
+    p.add_argument("--testbed", choices=("digits", "patches"), default="digits")
     p.add_argument("--model", default=None, help="other weights for the testbed's architecture (embedded format)")
     p.add_argument("--labels", nargs="+", required=True)
     p.add_argument("--steps", type=int, nargs="+", default=list(study.STEPS))
@@ -143,6 +166,8 @@ def main() -> None:
     p.add_argument("--splits", nargs="+", default=["validation", "test"], help="report: the reference sets")
     p.add_argument("--alias", nargs="*", default=[], metavar="NAME=FILE",
                    help="report: rows labelled 'NAME: row' use these weights (embedded format)")
+    p.add_argument("--alias-digits", nargs="*", default=[], metavar="NAME=FILE", help="choose: the digits aliases")
+    p.add_argument("--alias-patches", nargs="*", default=[], metavar="NAME=FILE", help="choose: the patches aliases")
     p.add_argument("--metrics", nargs="+", default=None)
     p.add_argument("--digits", type=int, default=2)
     p.add_argument("--run", default="main", help="this run's cache file name (parallel runs need their own)")
@@ -151,7 +176,7 @@ def main() -> None:
     torch.set_num_threads(1)
     print("command: python python/quality_benchmark.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
           file=sys.stderr)
-    {"measure": measure, "diagnose": diagnose, "report": report}[args.part](args)
+    {"measure": measure, "diagnose": diagnose, "report": report, "choose": choose}[args.part](args)
 
 
 if __name__ == "__main__":

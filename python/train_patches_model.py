@@ -14,6 +14,11 @@ The shipped model: this command with its defaults (2400 backbone steps, Adam 5e-
 validation eps MSE 0.0329 / 0.0315 / 0.0309 / 0.0303 at 600 / 1200 / 1800 / 2400 steps, so 2400 was kept,
 still improving slowly; then 800 ADAN head steps at batch 256, lr 1e-3: validation MSE e2 0.609 against 2.006
 for the trivial e2 = 1).
+
+    python python/train_patches_model.py --heads-on gms_kernels/assets/patches_gms.pt --targets central --out FILE
+
+trains central-moment heads (MomentNet targets="central") with the same head recipe on the shipped backbone
+(issue 20's comparison of the two head kinds; gms_out/patches_central.pt).
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ from pathlib import Path
 import torch
 
 from gms_kernels.data import patches
-from gms_kernels.embedded import PATCHES_CONFIG, PATCHES_MODEL, build_patches_backbone, save_embedded
+from gms_kernels.embedded import PATCHES_CONFIG, PATCHES_MODEL, build_patches_backbone, patches_model, save_embedded
 from gms_kernels.experiments.patches_study import eps_losses
 from gms_kernels.files import save_atomically
 from gms_kernels.models import MomentNet
@@ -46,6 +51,10 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", default="gms_out/patches_training")
     p.add_argument("--out", default=str(PATCHES_MODEL))
+    p.add_argument("--targets", choices=("raw", "central"), default="raw",
+                   help="what the heads learn: E[eps^n|x_t] (raw, the paper) or E[(eps - e1)^n|x_t] (central)")
+    p.add_argument("--heads-on", metavar="MODEL", default=None,
+                   help="skip stage 1: train new heads on the backbone of this embedded model file")
     args = p.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -57,6 +66,14 @@ def main() -> None:
     record_path = work / "validation.json"
     record = json.loads(record_path.read_text()) if record_path.exists() else {"backbone": {}}
 
+    if args.heads_on:  # the same head stage on an existing (already fp16-rounded) backbone
+        net = MomentNet(patches_model(args.heads_on).backbone, orders=(2, 3), head="conv", targets=args.targets)
+        train_heads(net, train, steps=args.head_steps, batch_size=args.head_batch_size, lr=args.head_lr,
+                    optimizer="adan", ema_decay=0.999, checkpoint=work / f"heads_{args.targets}_on_model.pt",
+                    seed=args.seed + 1, progress=False)
+        size = save_embedded(net.eval(), args.out, PATCHES_CONFIG)
+        print(f"wrote {args.out} ({size / 1e6:.2f} MB)")
+        return
     backbone = build_patches_backbone()
     print(f"backbone {PATCHES_CONFIG}: {sum(q.numel() for q in backbone.parameters()):,} parameters")
     for stop in range(args.eval_every, args.backbone_steps + 1, args.eval_every):
@@ -79,7 +96,7 @@ def main() -> None:
     with torch.no_grad():  # ship fp16 weights: train the heads on exactly those
         for prm in backbone.parameters():
             prm.copy_(prm.half().float())
-    net = MomentNet(backbone, orders=(2, 3), head="conv")
+    net = MomentNet(backbone, orders=(2, 3), head="conv", targets=args.targets)
     t0 = time.perf_counter()
     train_heads(net, train, steps=args.head_steps, batch_size=args.head_batch_size, lr=args.head_lr,
                 optimizer="adan", ema_decay=0.999, checkpoint=work / f"heads_from_{best}.pt", seed=args.seed + 1,
