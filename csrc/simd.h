@@ -7,6 +7,8 @@
 // select, min / max, conversions, whole-vector loads and stores. The few operations the vector
 // extensions cannot spell efficiently get a per-ISA form here, each beside a generic one that
 // gives the same result (to the documented accuracy):
+//   fma, sqrt  the instructions (lane loops are left unvectorised in functions without contraction);
+//   vmax, vmin maxpd / minpd on x86 (the same select, one instruction);
 //   any        whether a comparison holds in some lane;
 //   mul_wide   32 x 32 -> 64-bit products of the low words of 64-bit lanes (Philox);
 //   recip      a reciprocal estimate refined by Newton steps (the log's and the knee's divisions);
@@ -74,9 +76,11 @@ template <typename V>
 GMS_VINLINE void store(void* p, V v) {
     std::memcpy(p, &v, sizeof v);
 }
+// x in every lane: x - 0 (an identity the compiler folds into a broadcast; V{} + x would be an
+// addition it must keep, since -0 + 0 = +0)
 template <typename V, typename S>
 GMS_VINLINE V splat(S x) {
-    return V{} + x;
+    return x - V{};
 }
 // the bits of v as another vector type of the same size
 template <typename To, typename From>
@@ -90,7 +94,9 @@ template <typename M, typename V>
 GMS_VINLINE V select(M m, V a, V b) {
     return m ? a : b;
 }
-// max(v, lo) as (v > lo ? v : lo) and min likewise: a NaN v gives lo (resp. hi), like maxpd/minpd
+// max(v, lo) as (v > lo ? v : lo) and min likewise: a NaN v gives lo (resp. hi). x86's maxpd /
+// minpd compute exactly that (the compiler may not use them for the select: it would need
+// -ffinite-math-only), so they are used there.
 template <typename V>
 GMS_VINLINE V vmax(V v, V lo) {
     return v > lo ? v : lo;
@@ -99,6 +105,34 @@ template <typename V>
 GMS_VINLINE V vmin(V v, V hi) {
     return v < hi ? v : hi;
 }
+#if GMS_VBYTES == 64 && defined(__AVX512F__)
+template <>
+GMS_VINLINE VD vmax(VD v, VD lo) { return bits<VD>(_mm512_max_pd(bits<__m512d>(v), bits<__m512d>(lo))); }
+template <>
+GMS_VINLINE VD vmin(VD v, VD hi) { return bits<VD>(_mm512_min_pd(bits<__m512d>(v), bits<__m512d>(hi))); }
+template <>
+GMS_VINLINE VF vmax(VF v, VF lo) { return bits<VF>(_mm512_max_ps(bits<__m512>(v), bits<__m512>(lo))); }
+template <>
+GMS_VINLINE VF vmin(VF v, VF hi) { return bits<VF>(_mm512_min_ps(bits<__m512>(v), bits<__m512>(hi))); }
+#elif GMS_VBYTES == 32 && defined(__AVX__)
+template <>
+GMS_VINLINE VD vmax(VD v, VD lo) { return bits<VD>(_mm256_max_pd(bits<__m256d>(v), bits<__m256d>(lo))); }
+template <>
+GMS_VINLINE VD vmin(VD v, VD hi) { return bits<VD>(_mm256_min_pd(bits<__m256d>(v), bits<__m256d>(hi))); }
+template <>
+GMS_VINLINE VF vmax(VF v, VF lo) { return bits<VF>(_mm256_max_ps(bits<__m256>(v), bits<__m256>(lo))); }
+template <>
+GMS_VINLINE VF vmin(VF v, VF hi) { return bits<VF>(_mm256_min_ps(bits<__m256>(v), bits<__m256>(hi))); }
+#elif GMS_VBYTES == 16 && defined(__SSE2__)
+template <>
+GMS_VINLINE VD vmax(VD v, VD lo) { return bits<VD>(_mm_max_pd(bits<__m128d>(v), bits<__m128d>(lo))); }
+template <>
+GMS_VINLINE VD vmin(VD v, VD hi) { return bits<VD>(_mm_min_pd(bits<__m128d>(v), bits<__m128d>(hi))); }
+template <>
+GMS_VINLINE VF vmax(VF v, VF lo) { return bits<VF>(_mm_max_ps(bits<__m128>(v), bits<__m128>(lo))); }
+template <>
+GMS_VINLINE VF vmin(VF v, VF hi) { return bits<VF>(_mm_min_ps(bits<__m128>(v), bits<__m128>(hi))); }
+#endif
 template <typename V>
 GMS_VINLINE V clamp(V v, V lo, V hi) {
     return vmin(vmax(v, lo), hi);
@@ -142,13 +176,26 @@ GMS_VINLINE VD widen_int(VIh v) { return __builtin_convertvector(v, VD); }
 GMS_VINLINE VQ widen_u32(VUh v) { return __builtin_convertvector(v, VQ); }
 GMS_VINLINE VUh low_words(VQ v) { return __builtin_convertvector(v, VUh); }
 
-// fused multiply-add where the target has it (the lanes' own fma: contraction off or on), else
-// a * b + c; div_exact needs the fused form and checks GMS_VEC_FMA itself
+// fused multiply-add where the target has it, else a * b + c; sqrt. The instructions themselves on
+// x86 and ARM: written as lane loops, they are vectorised in most functions but not in those
+// compiled without fp contraction (GMS_NO_FMA_FN), where GCC 12 runs them lane by lane.
 #if defined(__FMA__) || defined(__ARM_FEATURE_FMA) || defined(__aarch64__)
 #define GMS_VEC_FMA 1
 #endif
+#if defined(__aarch64__) && defined(__ARM_NEON) && GMS_VBYTES == 16
+#include <arm_neon.h>
+#define GMS_NEON 1
+#endif
 GMS_VINLINE VD fma(VD a, VD b, VD c) {
-#ifdef GMS_VEC_FMA
+#if GMS_VBYTES == 64 && defined(__AVX512F__)
+    return bits<VD>(_mm512_fmadd_pd(bits<__m512d>(a), bits<__m512d>(b), bits<__m512d>(c)));
+#elif GMS_VBYTES == 32 && defined(__FMA__)
+    return bits<VD>(_mm256_fmadd_pd(bits<__m256d>(a), bits<__m256d>(b), bits<__m256d>(c)));
+#elif GMS_VBYTES == 16 && defined(__FMA__)
+    return bits<VD>(_mm_fmadd_pd(bits<__m128d>(a), bits<__m128d>(b), bits<__m128d>(c)));
+#elif defined(GMS_NEON)
+    return bits<VD>(vfmaq_f64(bits<float64x2_t>(c), bits<float64x2_t>(a), bits<float64x2_t>(b)));
+#elif defined(GMS_VEC_FMA)
     VD r;
     for (int i = 0; i < kD; ++i) r[i] = __builtin_fma(a[i], b[i], c[i]);
     return r;
@@ -157,7 +204,15 @@ GMS_VINLINE VD fma(VD a, VD b, VD c) {
 #endif
 }
 GMS_VINLINE VF fma(VF a, VF b, VF c) {
-#ifdef GMS_VEC_FMA
+#if GMS_VBYTES == 64 && defined(__AVX512F__)
+    return bits<VF>(_mm512_fmadd_ps(bits<__m512>(a), bits<__m512>(b), bits<__m512>(c)));
+#elif GMS_VBYTES == 32 && defined(__FMA__)
+    return bits<VF>(_mm256_fmadd_ps(bits<__m256>(a), bits<__m256>(b), bits<__m256>(c)));
+#elif GMS_VBYTES == 16 && defined(__FMA__)
+    return bits<VF>(_mm_fmadd_ps(bits<__m128>(a), bits<__m128>(b), bits<__m128>(c)));
+#elif defined(GMS_NEON)
+    return bits<VF>(vfmaq_f32(bits<float32x4_t>(c), bits<float32x4_t>(a), bits<float32x4_t>(b)));
+#elif defined(GMS_VEC_FMA)
     VF r;
     for (int i = 0; i < kF; ++i) r[i] = __builtin_fmaf(a[i], b[i], c[i]);
     return r;
@@ -167,14 +222,34 @@ GMS_VINLINE VF fma(VF a, VF b, VF c) {
 }
 
 GMS_VINLINE VD sqrt(VD v) {
+#if GMS_VBYTES == 64 && defined(__AVX512F__)
+    return bits<VD>(_mm512_sqrt_pd(bits<__m512d>(v)));
+#elif GMS_VBYTES == 32 && defined(__AVX__)
+    return bits<VD>(_mm256_sqrt_pd(bits<__m256d>(v)));
+#elif GMS_VBYTES == 16 && defined(__SSE2__)
+    return bits<VD>(_mm_sqrt_pd(bits<__m128d>(v)));
+#elif defined(GMS_NEON)
+    return bits<VD>(vsqrtq_f64(bits<float64x2_t>(v)));
+#else
     VD r;
     for (int i = 0; i < kD; ++i) r[i] = __builtin_sqrt(v[i]);
     return r;
+#endif
 }
 GMS_VINLINE VF sqrt(VF v) {
+#if GMS_VBYTES == 64 && defined(__AVX512F__)
+    return bits<VF>(_mm512_sqrt_ps(bits<__m512>(v)));
+#elif GMS_VBYTES == 32 && defined(__AVX__)
+    return bits<VF>(_mm256_sqrt_ps(bits<__m256>(v)));
+#elif GMS_VBYTES == 16 && defined(__SSE2__)
+    return bits<VF>(_mm_sqrt_ps(bits<__m128>(v)));
+#elif defined(GMS_NEON)
+    return bits<VF>(vsqrtq_f32(bits<float32x4_t>(v)));
+#else
     VF r;
     for (int i = 0; i < kF; ++i) r[i] = __builtin_sqrtf(v[i]);
     return r;
+#endif
 }
 
 // The low 32 bits of each 64-bit lane of a and b multiplied to a 64-bit product (pmuludq).
@@ -200,16 +275,16 @@ GMS_VINLINE VQ hi_down_impl(VQ v, std::index_sequence<I...>) {
 // another port than the multiplies and shifts)
 GMS_VINLINE VQ hi_down(VQ v) { return hi_down_impl(v, std::make_index_sequence<kF>()); }
 
-// 1 / d for 2^-100 <= d <= 2^100, to 2^-24 relative or better, for callers that refine it with
-// a Newton step in double. AVX-512: vrcp14pd (2^-14) and one step (2^-28); elsewhere the float32
-// reciprocal (a float division, correctly rounded: 2^-24).
+// 1 / d for 2^-100 <= d <= 2^100, to 2^-28 relative or better: an estimate refined by a Newton step
+// in double. AVX-512: vrcp14pd (2^-14) -> 2^-28; elsewhere the float32 reciprocal (a float
+// division, correctly rounded: 2^-24) -> 2^-48.
 GMS_VINLINE VD recip(VD d) {
 #if GMS_VBYTES == 64 && defined(__AVX512F__)
     const VD r = bits<VD>(_mm512_rcp14_pd(bits<__m512d>(d)));
-    return fma(r, fma(-d, r, splat<VD>(1.0)), r);
 #else
-    return widen(splat<VFh>(1.0f) / narrow(d));
+    const VD r = widen(splat<VFh>(1.0f) / narrow(d));
 #endif
+    return fma(r, fma(-d, r, splat<VD>(1.0)), r);
 }
 
 // x / d for d > 0 finite, within 2 ulp. On Intel AVX-512 cores the 14-bit reciprocal estimate and

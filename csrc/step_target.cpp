@@ -295,9 +295,8 @@ GMS_NO_FMA_FN GMS_VINLINE void closed_fit_w(const ClosedConsts& c, const VD* m1,
     }
     // the straight line below the knee, q / knee2 with knee2 = knee_delta^2 Var, formed before the
     // cube root (the out-of-order core overlaps the two chains) and without a division: y = q r from
-    // a reciprocal estimate r (2^-24 or better) and one residual step y + (q - y knee2) r, which
-    // leaves ~2^-48 relative (the draw rounds to float32). knee2 outside [2^-100, 2^100] is divided
-    // below.
+    // a refined reciprocal r (2^-28 or better) and one residual step y + (q - y knee2) r, which leaves
+    // about an ulp. knee2 outside [2^-100, 2^100] is divided below.
     bool odd_knee = false;
     GMS_EACH {
         knee2[j] = c.knee2 * var[j];
