@@ -170,3 +170,107 @@ def test_var_floor_bounds():
     for bad in (1.5, -0.1, True, "0.1"):
         with pytest.raises(ValueError, match="var_floor must be a number in"):
             check_var_floor(bad)
+
+
+# -- solvers.py (the mutation run of gms_kernels/solvers.py, benchmarks/results/mutation.md) ----------------------
+LINEAR_BETAS = torch.linspace(1e-4, 0.02, 1000, dtype=torch.float64).tolist()
+
+
+def _abar(t: int) -> float:
+    """prod_{i<=t} (1 - beta_i) of the linear schedule, recomputed here (1 for the data, t = -1)."""
+    return 1.0 if t < 0 else math.prod(1.0 - b for b in LINEAR_BETAS[: t + 1])
+
+
+def _posterior(t: int, s: int) -> tuple[float, float, float]:
+    """(coefficient of x_t, coefficient of x0, variance) of q(x_s | x_t, x0) for a jump t -> s (DDPM Eq. 7)."""
+    ab_t, ab_s = _abar(t), _abar(s)
+    alpha = ab_t / ab_s
+    return (math.sqrt(alpha) * (1 - ab_s) / (1 - ab_t), math.sqrt(ab_s) * (1 - alpha) / (1 - ab_t),
+            (1 - ab_s) / (1 - ab_t) * (1 - alpha))
+
+
+def _inputs(seed: int, shape=(3, 2, 4, 4), scale: float = 1.0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=g, dtype=torch.float64) * scale for _ in range(3)]
+
+
+def test_ddpm_large_and_ddim_report_their_step_quantities():
+    """return_info (and sample's callback) hand out the step's own quantities under fixed keys: ddpm's and
+    ddpm-large's "m1" is the posterior mean c_xt x_t + c_x0 x0 (and x_s - m1 is sqrt(lam2) z, sqrt(beta_{t|s}) z);
+    ddim's "x0" is the
+    clamped x0 estimate (x_t - sqrt(1 - abar_t) e1) / sqrt(abar_t)."""
+    sched = gk.Schedule.linear()
+    x, e1, z = _inputs(1)
+    t, s = 700, 500
+    c_xt, c_x0, _ = _posterior(t, s)
+    x0 = ((x - math.sqrt(1 - _abar(t)) * e1) / math.sqrt(_abar(t))).clamp(-1, 1)
+    for solver, var in [("ddpm", _posterior(t, s)[2]), ("ddpm-large", 1 - _abar(t) / _abar(s))]:
+        x_s, info = gk.step(x, e1, t, s, sched, solver, noise=z, return_info=True, backend="torch")
+        torch.testing.assert_close(info["m1"], c_xt * x + c_x0 * x0, rtol=0, atol=1e-12)
+        torch.testing.assert_close(x_s - info["m1"], math.sqrt(var) * z, rtol=0, atol=1e-12)
+    _, info = gk.step(x, e1, t, s, sched, "ddim", noise=z, return_info=True, backend="torch")
+    assert 0 < int((x0.abs() == 1).sum()) < x0.numel()  # the clamp binds somewhere
+    torch.testing.assert_close(info["x0"], x0, rtol=0, atol=1e-12)
+
+
+def test_analytic_dpm_reads_a_list_table_in_float64():
+    """A Gamma table given as a list of Python floats is read in float64 (not rounded to float32): the
+    variance is Bao et al.'s lam2 + (sqrt(bbar_t / alpha_ts) - sqrt(bbar_s - lam2))^2 (1 - Gamma_t) to 1e-13."""
+    sched = gk.Schedule.linear()
+    t, s = 999, 899
+    gamma = [0.1 + 0.7 * i / 999 for i in range(1000)]  # none of these is a float32 number
+    g = gamma[t]
+    assert float(torch.tensor(g, dtype=torch.float32)) != g
+    x, e1, z = _inputs(2)
+    _, info = gk.step(x, e1, t, s, sched, "analytic-dpm", noise=z, gamma=gamma, data_range=None,
+                      return_info=True, backend="torch")
+    ab_t, ab_s = _abar(t), _abar(s)
+    lam2 = _posterior(t, s)[2]
+    var = lam2 + (math.sqrt((1 - ab_t) / (ab_t / ab_s)) - math.sqrt(1 - ab_s - lam2)) ** 2 * (1 - g)
+    torch.testing.assert_close(info["var"], torch.full_like(x, var), rtol=1e-13, atol=0)
+
+
+@pytest.mark.parametrize("prediction", ["noise", "data"])
+def test_seeds_1_clamps_x0_to_the_data_range(prediction):
+    """SEEDS-1 with a data range uses the clamped x0 (and, in the noise form, the eps it implies), as DDIM
+    does: x_s = (a_s/a_t) x_t - 2 sigma_s (e^h - 1) eps~ + sigma_s sqrt(e^2h - 1) z with
+    eps~ = (x_t - a_t clamp(x0)) / sigma_t; the data form is the DDPM posterior step on clamp(x0)."""
+    sched = gk.Schedule.linear()
+    x, e1, z = _inputs(3)
+    t, s = 600, 350
+    a_t, a_s = math.sqrt(_abar(t)), math.sqrt(_abar(s))
+    sig_t, sig_s = math.sqrt(1 - _abar(t)), math.sqrt(1 - _abar(s))
+    x0 = ((x - sig_t * e1) / a_t).clamp(-1, 1)
+    assert 0 < int((x0.abs() == 1).sum()) < x0.numel()
+    h = math.log(a_s / sig_s) - math.log(a_t / sig_t)
+    if prediction == "noise":
+        eps = (x - a_t * x0) / sig_t
+        ref = a_s / a_t * x - 2 * sig_s * math.expm1(h) * eps + sig_s * math.sqrt(math.expm1(2 * h)) * z
+    else:
+        c_xt, c_x0, lam2 = _posterior(t, s)
+        ref = c_xt * x + c_x0 * x0 + math.sqrt(lam2) * z
+    got, info = gk.step(x, e1, t, s, sched, "seeds-1", noise=z, data_range=(-1.0, 1.0), prediction=prediction,
+                        return_info=True)
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-12)
+    torch.testing.assert_close(info["x0"], x0, rtol=0, atol=1e-12)
+    # the step to data (SEEDS-1's own branch: it has no denoise_final option) returns clamp(x0)
+    last, info = gk.step(x, e1, t, -1, sched, "seeds-1", noise=z, data_range=(-1.0, 1.0), prediction=prediction,
+                         return_info=True)
+    torch.testing.assert_close(last, x0, rtol=0, atol=1e-12)
+    torch.testing.assert_close(info["x0"], x0, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("t, s", [(500, 400), (10, 0), (999, -1)])
+def test_denoise_coefficients_are_the_schedules_step_to_data(t, s):
+    """The shortcut t -> data coefficients (DDIM's x0, the callback's "denoised") equal the schedule's own
+    coefficients of the step t -> -1, every field: a_s = 1, sigma_s = 0, a_ts = a_t, beta_ts = sigma_t^2,
+    c1 = 0, c2 = 1, lam2 = 0."""
+    from dataclasses import fields
+
+    from gms_kernels.solvers import denoise_coefficients
+
+    sched = gk.Schedule.linear()
+    got, ref = denoise_coefficients(sched.coefficients(t, s)), sched.coefficients(t, -1)
+    for f in fields(ref):
+        assert getattr(got, f.name) == pytest.approx(getattr(ref, f.name), rel=1e-12, abs=1e-15), f.name
+    assert (got.a_ts, got.beta_ts) == pytest.approx((math.sqrt(_abar(t)), 1 - _abar(t)), rel=1e-12)
