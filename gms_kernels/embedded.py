@@ -1,9 +1,12 @@
 """The embedded models, shipped in assets/ with fp16 weights (the heads were trained on the fp16-rounded backbone).
 
-- :func:`default_model`: a small UNet on 8x8 digits with e2/e3 heads (python/train_digits_model.py);
+- :func:`default_model`: a small UNet on 8x8 digits (``gk.data.digits("train")``: validation and test stay
+  unseen) with central-moment e2/e3 heads (``MomentNet(targets="central")``; python/train_digits_model.py);
   ``gk.sample()`` and ``gms-kernels sample`` use it when no model is given.
 - :func:`patches_model`: a smaller UNet on 8x8 grey natural-image patches (``gk.data.patches``, train
-  split) with e2/e3 heads (python/train_patches_model.py).
+  split) with central-moment e2/e3 heads (python/train_patches_model.py).
+
+Both ship central heads because they won the issue-20 choice on validation (python/results/quality.md).
 """
 from __future__ import annotations
 

@@ -25,6 +25,7 @@ import torch
 
 from gms_kernels.experiments import quality_study as study
 from gms_kernels.experiments.digits_study import ResultCache
+from gms_kernels.metrics import paired_difference, seed_interval
 
 
 def _cache(args) -> ResultCache:
@@ -110,6 +111,31 @@ def table(results: dict, metric: str, args) -> list[str]:
     return lines
 
 
+def acceptance(results: dict, metric: str, args) -> list[str]:
+    """Issue 20's acceptance cells: the default row against each named baseline and against the best of the
+    variance-scaled ones (lowest mean among the rows with c= or v=), per K: both 95% intervals, whether they are
+    disjoint with the default below, and the paired difference."""
+    seeds = list(range(args.seeds))
+    lines = [f"### acceptance: `{args.default_row}` against the baselines ({metric})", "",
+             "| K | baseline | default | baseline's | intervals disjoint, default lower | default - baseline, paired |",
+             "|---|---|---|---|---|---|"]
+    for k in args.steps:
+        vals = {label: [results[(label, k, s)][metric] for s in seeds] for label in args.labels}
+        scaled = [label for label in args.labels if " c=" in label or " v=" in label]
+        best_scaled = min(scaled, key=lambda lb: sum(vals[lb])) if scaled else None
+        mine = seed_interval(vals[args.default_row])
+        for base in [*args.versus, *([best_scaled] if best_scaled else [])]:
+            other = seed_interval(vals[base])
+            diff, significant = paired_difference(vals[args.default_row], vals[base])
+            name = f"{base} (best variance-scaled)" if base == best_scaled else base
+            lines.append(f"| {k} | {name} | {mine.mean:.{args.digits}f} [{mine.low:.{args.digits}f}, "
+                         f"{mine.high:.{args.digits}f}] | {other.mean:.{args.digits}f} [{other.low:.{args.digits}f}, "
+                         f"{other.high:.{args.digits}f}] | {'yes' if mine.high < other.low else 'no'} | "
+                         f"{diff.mean:+.{args.digits}f} [{diff.low:+.{args.digits}f}, {diff.high:+.{args.digits}f}]"
+                         f"{' *' if significant else ''} |")
+    return lines + [""]
+
+
 def report(args) -> None:
     results = collect(args)
     bed = study.testbed(args.testbed)
@@ -125,6 +151,8 @@ def report(args) -> None:
     for split in args.splits:
         for metric in metrics:
             lines += [f"### {split} / {metric}", "", *table(results, f"{split}/{metric}", args), ""]
+    if args.default_row:
+        lines += acceptance(results, f"{args.splits[0]}/{metrics[0]}", args)
     text = "\n".join(lines)
     if args.out:
         Path(args.out).write_text(text + "\n")
@@ -166,6 +194,8 @@ def main() -> None:
     p.add_argument("--splits", nargs="+", default=["validation", "test"], help="report: the reference sets")
     p.add_argument("--alias", nargs="*", default=[], metavar="NAME=FILE",
                    help="report: rows labelled 'NAME: row' use these weights (embedded format)")
+    p.add_argument("--default-row", default=None, help="report: the acceptance table of this row (first split/metric)")
+    p.add_argument("--versus", nargs="*", default=["sn-ddpm", "ddpm"], help="report: the acceptance's baselines")
     p.add_argument("--alias-digits", nargs="*", default=[], metavar="NAME=FILE", help="choose: the digits aliases")
     p.add_argument("--alias-patches", nargs="*", default=[], metavar="NAME=FILE", help="choose: the patches aliases")
     p.add_argument("--metrics", nargs="+", default=None)

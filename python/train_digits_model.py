@@ -10,8 +10,9 @@ gms_kernels/assets/digits_gms.pt (< 5 MB). Checkpoints in --work make the run re
     python python/train_digits_model.py --more-head-steps 4000 --head-batch-size 256 --head-lr 5e-4
 
 continues training only the heads of the shipped model (the backbone is untouched) and saves it again.
-The shipped model: 3000 backbone steps, 1200 head steps, then 4000 more head steps at batch 256, all on the
-train split of gk.data.digits (60% of the images; validation and test are held out for choosing and reporting).
+The shipped model: ``python python/train_digits_model.py --targets central`` (3000 backbone steps, then 1200
+central-moment head steps, on the train split of gk.data.digits: 60% of the images; validation and test are held
+out for choosing and reporting). The raw-heads model it was chosen against: the same command without --targets.
 """
 from __future__ import annotations
 

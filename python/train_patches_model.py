@@ -17,8 +17,8 @@ for the trivial e2 = 1).
 
     python python/train_patches_model.py --heads-on gms_kernels/assets/patches_gms.pt --targets central --out FILE
 
-trains central-moment heads (MomentNet targets="central") with the same head recipe on the shipped backbone
-(issue 20's comparison of the two head kinds; gms_out/patches_central.pt).
+trains central-moment heads (MomentNet targets="central") with the same head recipe on a model's backbone.
+The shipped model since issue 20: this command on the raw-heads model described above (the stage-1 command's output).
 """
 from __future__ import annotations
 
