@@ -276,3 +276,16 @@ def test_mean_ranks_average_the_per_cell_ranks():
     scores = {("digits", "a", 5): 1.0, ("digits", "b", 5): 2.0, ("digits", "c", 5): 3.0,
               ("patches", "a", 5): 9.0, ("patches", "b", 5): 2.0, ("patches", "c", 5): 5.0}
     assert q.mean_ranks(scores, ["a", "b", "c"]) == {"a": 2.0, "b": 1.5, "c": 2.5}
+
+
+def test_cli_preset_reaches_the_sampler_and_the_manifest(tmp_path):
+    import json
+
+    from gms_kernels.cli import main
+
+    out = tmp_path / "o"
+    assert main(["sample", "--preset", "official", "--fit-iters", "3", "--num-samples", "2", "--steps", "2",
+                 "--out", str(out), "--quiet"]) == 0
+    resolved = json.loads((out / "manifest.json").read_text())["solver_options"]
+    assert resolved["fit"] == "adan" and resolved["select"] == "sample" and resolved["adan_mean"] == "batch"
+    assert resolved["fit_iters"] == 3  # a named option overrides the preset
