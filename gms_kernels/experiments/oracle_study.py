@@ -388,4 +388,6 @@ def machine_note() -> str:
                 break
     except OSError:
         pass
-    return f"{cpu}, {torch.get_num_threads()} torch thread(s), torch {torch.__version__}"
+    import os
+
+    return f"{cpu}, {os.cpu_count()} vCPUs, {torch.get_num_threads()} torch thread(s), torch {torch.__version__}"
