@@ -145,7 +145,8 @@ def report(args) -> None:
              f"Machine: {machine()}; torch {torch.__version__}, 1 torch thread. {args.samples} samples per cell; "
              f"seeds 0..{args.seeds - 1} (the same initial noise for every row at a seed). Cells: mean ± half-width "
              "of the 95% Student-t interval over seeds (gk.metrics.seed_interval). **Bold**: the best baseline at "
-             "that K (lowest mean of the Gaussian rows: ddpm, sn-ddpm, ddim and their variance-scaled variants). "
+             "that K (lowest mean of the baseline rows: ddpm, sn-ddpm, ddim, their variance-scaled variants and the SDE "
+             "solvers, which run the most steps whose network calls fit in K + 1). "
              "`+` / `-`: significantly better / worse than it (paired per-seed difference, 95% interval excludes "
              "0: gk.metrics.paired_difference). Lower is better.", ""]
     for split in args.splits:

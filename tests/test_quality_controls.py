@@ -224,6 +224,7 @@ def test_row_labels_read_into_options():
         "gms", {"fit": "closed", "select": "pixel", "gaussian_last_step": False})
     assert q.row_options("gms") == ("gms", {})
     assert q.row_options("gms preset=official") == ("gms", {"preset": "official"})
+    assert q.row_options("seeds-2 pred=data") == ("seeds-2", {"prediction": "data"})
     assert q.is_baseline("sn-ddpm c=0.5") and q.is_baseline("ddim") and not q.is_baseline("gms closed/pixel")
     with pytest.raises(ValueError, match="modifier"):
         q.row_options("sn-ddpm k=2")

@@ -26,11 +26,12 @@ import torch
 from ..metrics import fd_digits, frechet_distance_dct, paired_difference, seed_interval, sliced_wasserstein1
 from ..sampling import sample
 from ..schedule import DATA, Schedule
+from ..solvers import get_solver
 from .digits_study import ResultCache
 
 STEPS = (5, 10, 20)
-# the acceptance baselines of issue 20: every Gaussian row (the variance-scaled controls included)
-BASELINE_PREFIXES = ("ddpm", "sn-ddpm", "ddim")
+# the baselines: every Gaussian row (the variance-scaled controls included) and the SDE solvers of issue 23
+BASELINE_PREFIXES = ("ddpm", "sn-ddpm", "ddim", "edm-sde", "seeds-1", "seeds-2", "seeds-3")
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,9 @@ GMS_BASES = {
     "gms adan/sample": {"fit": "adan", "select": "sample"},
 }
 MODIFIERS = {"c": "variance_scale", "v": "variance_interp", "iters": "fit_iters", "tau": "skew_threshold",
-             "floor": "var_floor", "glast": "gaussian_last_step", "eta": "eta", "preset": "preset"}
+             "floor": "var_floor", "glast": "gaussian_last_step", "eta": "eta", "preset": "preset",
+             "pred": "prediction"}
+STRING_MODIFIERS = ("preset", "pred")
 
 
 def row_options(label: str) -> tuple[str, dict]:
@@ -102,7 +105,7 @@ def row_options(label: str) -> tuple[str, dict]:
         if key not in MODIFIERS:
             raise ValueError(f"unknown modifier {key!r} in {label!r}; valid: {', '.join(MODIFIERS)}")
         options[MODIFIERS[key]] = (bool(int(value)) if key == "glast" else int(value) if key == "iters"
-                                   else value if key == "preset" else float(value))
+                                   else value if key in STRING_MODIFIERS else float(value))
     return solver, options
 
 
@@ -117,7 +120,13 @@ def model_tag(path: Path) -> str:
 # -- measuring -------------------------------------------------------------------------------------------------
 def draw(model, shape: Sequence[int], label: str, steps: int, n: int, seed: int, batch: int = 1000,
          **extra) -> torch.Tensor:
+    """``n`` samples of a row in column K = ``steps``: K steps (K + 1 network calls); a solver with several calls
+    per step (edm-sde, seeds-2, seeds-3) runs the most steps whose calls fit in those K + 1 (equal network calls)."""
     solver, options = row_options(label)
+    if get_solver(solver).multi_call:
+        from .sde_baselines_study import steps_for_budget
+
+        steps = steps_for_budget(solver, steps + 1)[0]
     return torch.cat([sample(model, shape=(min(batch, n - i), *shape), steps=steps, solver=solver, generator=seed,
                              first_index=i, progress=False, **options, **extra) for i in range(0, n, batch)])
 
