@@ -371,7 +371,7 @@ def findings(res: ToyResult) -> list[str]:
         far = {h: {K: sum(t[(lab, h)][K]["n_far"] for lab in LABELS[name]) for K in res.steps}
                for h in ("learned", "oracle")}
         out.append(f"{tag}: samples with a coordinate beyond +-{FAR:g} (summed over the {len(LABELS[name])} solvers, "
-                   f"of {res.n_samples} each), learned / exact heads: "
+                   f"of {res.n_samples} x {len(res.seeds)} seeds each), learned / exact heads: "
                    + ", ".join(f"K={K}: {far['learned'][K]} / {far['oracle'][K]}" for K in res.steps) + ".")
         gaps = {lab: [t[(lab, "oracle")][K]["kde"] - t[(lab, "learned")][K]["kde"] for K in res.steps]
                 for lab in LABELS[name]}
