@@ -16,3 +16,30 @@ def to_device_async(t: torch.Tensor, device: torch.device | str) -> torch.Tensor
     if device.type != "cuda" or t.device.type != "cpu":
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
+
+
+def cpu_description() -> str:
+    """The CPU the results tables name: its model, logical CPU count and widest vector ISA
+    (AVX-512 / AVX2 / NEON / SSE, from /proc/cpuinfo's flags; the platform's name elsewhere)."""
+    import os
+    import platform
+    from pathlib import Path
+
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and name in ("", platform.machine(), platform.processor()):
+                name = value.strip()
+            elif key.strip() in ("flags", "Features") and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    isa = ("AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else
+           "NEON" if {"asimd", "neon"} & flags else "SSE" if flags else "ISA unknown")
+    return f"{name}, {os.cpu_count()} CPUs, {isa}"
+
+
+def machine_note() -> str:
+    """:func:`cpu_description`, torch's thread count and version: the machine line of the results tables."""
+    return f"{cpu_description()}, {torch.get_num_threads()} torch thread(s), torch {torch.__version__}"

@@ -17,7 +17,6 @@ import hashlib
 import json
 import math
 import os
-import platform
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -303,13 +302,9 @@ def _interval(values: list[float]) -> tuple[float, float | None]:
 def _machine() -> str:
     if torch.cuda.is_available():
         return f"{torch.cuda.get_device_name()} (torch {torch.__version__})"
-    name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            name = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{name}, CPU (torch {torch.__version__})"
+    from .devices import cpu_description
+
+    return f"{cpu_description()} (torch {torch.__version__})"
 
 
 def report(fids: dict[tuple[str, str, int], list[float]], labels: Sequence[str], solvers: Sequence[str],

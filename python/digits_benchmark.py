@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import datetime
-import platform
 import shlex
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
+from gms_kernels.devices import cpu_description
 from gms_kernels.data import digits  # noqa: E402
 from gms_kernels.embedded import DIGITS_MODEL, default_model  # noqa: E402
 from gms_kernels.experiments import digits_study as study  # noqa: E402
@@ -34,18 +34,11 @@ BASELINES_EQUAL_TIME = ("ddpm", "sn-ddpm", "ddim")
 def header(title: str) -> list[str]:
     cmd = "python python/digits_benchmark.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     return [f"# {title}", "", f"Command: `{cmd.strip()}`", "",
-            f"Machine: {cpu_name()}, {torch.get_num_threads()} torch threads, "
+            f"Machine: {cpu_description()}, {torch.get_num_threads()} torch threads, "
             f"torch {torch.__version__}, {datetime.date.today()}. Model: the embedded digits MomentNet "
             "(gms_kernels/assets/digits_gms.pt; linear schedule T=1000, even trajectory). FD-digits: Fréchet "
             "distance in the shipped digits classifier's 128-d features against all 1797 scikit-learn digits "
             "(lower is better).", ""]
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 def fmt(v: float) -> str:

@@ -16,13 +16,13 @@ import datetime
 import hashlib
 import json
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
 from gms_kernels.data import PATCH_PHOTOS, patches
+from gms_kernels.devices import cpu_description
 from gms_kernels.embedded import PATCHES_CONFIG, PATCHES_MODEL, patches_model
 from gms_kernels.experiments import patches_study as study
 from gms_kernels.experiments.digits_study import ResultCache
@@ -35,17 +35,6 @@ METRICS = (("test/fd_dct", "FD-|DCT| against the test photos", 3),
            ("test/swd", "sliced W1 (pixels) against the test photos", 4),
            ("train/fd_dct", "FD-|DCT| against the train photos (other patches)", 3),
            ("train/swd", "sliced W1 (pixels) against the train photos (other patches)", 4))
-
-
-def machine() -> str:
-    try:
-        info = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown CPU"
-    fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
-    flags = fields.get("Flags", "").split()
-    isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "SSE"
-    return f"{fields.get('Model name', '?').strip()}, {fields.get('CPU(s)', '?').strip()} CPUs, {isa}"
 
 
 def cell(iv, digits: int) -> str:
@@ -62,7 +51,7 @@ def report(results: dict, floors: dict, args, training: dict | None, heads: dict
              "parallel processes, then this command read them back from the cache)."
              + (f" {args.samples} samples per cell instead of the default 2000: the default would not have finished "
                 "in the session's time on the shared 2-core machine." if args.samples < 2000 else ""), "",
-             f"Machine: {machine()}; torch {torch.__version__}, 1 torch thread per process; "
+             f"Machine: {cpu_description()}; torch {torch.__version__}, 1 torch thread per process; "
              f"{datetime.date.today()}.", "",
              "Data (`gk.data.patches`, split by photo): 8x8 grey patches of scikit-image's bundled photos, grey "
              "intensity v in [0, 1] -> 2v - 1 (fixed, no per-patch normalisation), cut at seeded random positions. "

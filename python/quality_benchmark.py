@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
+from gms_kernels.devices import cpu_description
 from gms_kernels.experiments import quality_study as study
 from gms_kernels.experiments.digits_study import ResultCache
 from gms_kernels.metrics import paired_difference, seed_interval
@@ -58,13 +58,6 @@ def diagnose(args) -> None:
     for t, r in heads.items():
         print(f"| {t} | {r['var_head']:.4f} | {r['var_mc']:.4f} | {r['kappa3_head']:+.5f} | {r['kappa3_mc']:+.5f} | "
               f"{r['abs_kappa3_head']:.5f} | {r['negative']:.3f} |")
-
-
-def machine() -> str:
-    info = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-    fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
-    isa = "AVX-512" if "avx512f" in fields.get("Flags", "") else "AVX2" if "avx2" in fields.get("Flags", "") else "SSE"
-    return f"{fields.get('Model name', '?').strip()}, {fields.get('CPU(s)', '?').strip()} CPUs, {isa}"
 
 
 def _split_label(label: str, aliases: dict[str, str]) -> tuple[str | None, str]:
@@ -142,7 +135,7 @@ def report(args) -> None:
     metrics = args.metrics or [bed.primary]
     cmd = "python python/quality_benchmark.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     lines = [f"Command (tables from the cached cells): `{cmd}`", "",
-             f"Machine: {machine()}; torch {torch.__version__}, 1 torch thread. {args.samples} samples per cell; "
+             f"Machine: {cpu_description()}; torch {torch.__version__}, 1 torch thread. {args.samples} samples per cell; "
              f"seeds 0..{args.seeds - 1} (the same initial noise for every row at a seed). Cells: mean ± half-width "
              "of the 95% Student-t interval over seeds (gk.metrics.seed_interval). **Bold**: the best baseline at "
              "that K (lowest mean of the baseline rows: ddpm, sn-ddpm, ddim, their variance-scaled variants and the SDE "

@@ -17,18 +17,12 @@ from pathlib import Path
 
 import torch
 
+from gms_kernels.devices import cpu_description
 from gms_kernels.data import digits
 from gms_kernels.embedded import default_model
 from gms_kernels.experiments import sde_baselines_study as study
 from gms_kernels.experiments.digits_study import ResultCache
 
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
 
 
 def ggf_cells(args) -> list:
@@ -82,7 +76,7 @@ def main() -> None:
              "the split) and `nice -n 5 python python/sde_baselines_benchmark.py --part ggf --ggf-compare "
              f"--cache-name ggf`; then `{cmd.strip()}` wrote this file from the caches (gms_out/sde_baselines-*.json).",
              "",
-             f"Machine: {cpu_name()} (2 cores shared with other jobs), 1 torch thread, torch {torch.__version__}, "
+             f"Machine: {cpu_description()} (2 cores shared with other jobs), 1 torch thread, torch {torch.__version__}, "
              f"{datetime.date.today()}. Model: the embedded digits MomentNet (linear schedule T=1000, even trajectory). "
              f"FD-digits: Fréchet distance in the shipped digits classifier's features against all 1797 scikit-learn "
              f"digits (lower is better). {args.samples} samples per run; seeds {', '.join(map(str, args.seeds))} "

@@ -13,6 +13,7 @@ from typing import Sequence
 
 import torch
 
+from ..devices import machine_note
 from .. import metrics
 from ..images import save_figure
 from ..oracle import GaussianMixtureOracle
@@ -374,20 +375,3 @@ def report(res: StudyResult, command: str) -> str:
         *(ggf_table(res) if res.ggf else []),
         markdown_tables(res),
     ])
-
-
-def machine_note() -> str:
-    """The CPU model, torch's threads and version."""
-    import platform
-
-    cpu = platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import os
-
-    return f"{cpu}, {os.cpu_count()} vCPUs, {torch.get_num_threads()} torch thread(s), torch {torch.__version__}"

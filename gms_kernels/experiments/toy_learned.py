@@ -10,8 +10,6 @@ ones, so the difference between the two rows is the heads' error alone.
 from __future__ import annotations
 
 import math
-import os
-import platform
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..devices import machine_note
 from ..files import save_atomically
 from ..images import save_figure
 from ..oracle import GaussianMixtureOracle
@@ -461,19 +460,6 @@ def heads_table(res: ToyResult, name: str) -> str:
     for t, r in res.heads[name].items():
         lines.append(f"| {t} | " + " | ".join(f"{v:.4f}" for v in r["rmse"] + r["std"]) + " |")
     return "\n".join(lines)
-
-
-def machine_note() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (f"{cpu}, {torch.get_num_threads()} torch thread(s) (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}), "
-            f"torch {torch.__version__}, Python {platform.python_version()}")
 
 
 def report(res: ToyResult, command: str, total_seconds: float | None = None) -> str:
