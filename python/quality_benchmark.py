@@ -153,6 +153,38 @@ def report(args) -> None:
     print(text)
 
 
+def ggf(args) -> None:
+    """Gotta Go Fast on a testbed: its calls are adaptive, so one row per tolerance with the mean network calls
+    per sample (NFE), over seeds, against every reference set."""
+    import time
+
+    from gms_kernels.sampling import sample
+
+    bed = study.testbed(args.testbed, args.model)
+    model, refs = bed.model(), bed.references()
+    cache = _cache(args)
+    tag = study.model_tag(bed.model_file)
+    cells = []
+    for seed in range(args.seeds):
+        def run(seed=seed):
+            seen: list[dict] = []
+            t0 = time.perf_counter()
+            x = sample(model, shape=(args.samples, *bed.shape), solver="ggf", generator=seed, progress=False,
+                       callback=seen.append, eps_rel=args.ggf_tol)
+            nfe = float(torch.as_tensor(seen[-1]["nfe"], dtype=torch.float64).mean())
+            scores = {f"{r}/{m}": fn(x, ref) for r, ref in refs.items() for m, fn in bed.metrics.items()}
+            return {**scores, "nfe": nfe, "seconds": time.perf_counter() - t0}
+        cells.append(cache.get_or_compute(f"{bed.name}|{tag}|ggf eps_rel={args.ggf_tol:g}|adaptive|{seed}|"
+                                          f"{args.samples}", run))
+    names = [n for n in cells[0] if "/" in n]
+    print(f"| ggf eps_rel={args.ggf_tol:g} | NFE | " + " | ".join(names) + " |")
+    print("|---|---|" + "---|" * len(names))
+    nfe = seed_interval([c["nfe"] for c in cells])
+    row = [f"{seed_interval([c[n] for c in cells]).mean:.3f} ± {seed_interval([c[n] for c in cells]).half_width:.3f}"
+           for n in names]
+    print(f"| {args.seeds} seeds x {args.samples} | {nfe.mean:.1f} | " + " | ".join(row) + " |")
+
+
 def choose(args) -> None:
     """The defaults' choice on validation: mean rank of each candidate over (testbed, K), both testbeds."""
     scores, lines = {}, []
@@ -176,10 +208,10 @@ def choose(args) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("part", choices=("measure", "diagnose", "report", "choose"))
+    p.add_argument("part", choices=("measure", "diagnose", "report", "choose", "ggf"))
     p.add_argument("--testbed", choices=("digits", "patches"), default="digits")
     p.add_argument("--model", default=None, help="other weights for the testbed's architecture (embedded format)")
-    p.add_argument("--labels", nargs="+", required=True)
+    p.add_argument("--labels", nargs="+", default=None, help="the rows (every part but ggf)")
     p.add_argument("--steps", type=int, nargs="+", default=list(study.STEPS))
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--samples", type=int, default=1000)
@@ -194,13 +226,16 @@ def main() -> None:
     p.add_argument("--alias-patches", nargs="*", default=[], metavar="NAME=FILE", help="choose: the patches aliases")
     p.add_argument("--metrics", nargs="+", default=None)
     p.add_argument("--digits", type=int, default=2)
+    p.add_argument("--ggf-tol", type=float, default=0.5, help="ggf: GGF's relative tolerance eps_rel")
     p.add_argument("--run", default="main", help="this run's cache file name (parallel runs need their own)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
+    if args.part != "ggf" and not args.labels:
+        p.error(f"{args.part} needs --labels")
     torch.set_num_threads(1)
     print("command: python python/quality_benchmark.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
           file=sys.stderr)
-    {"measure": measure, "diagnose": diagnose, "report": report, "choose": choose}[args.part](args)
+    {"measure": measure, "diagnose": diagnose, "report": report, "choose": choose, "ggf": ggf}[args.part](args)
 
 
 if __name__ == "__main__":
