@@ -290,3 +290,29 @@ def test_cli_preset_reaches_the_sampler_and_the_manifest(tmp_path):
     resolved = json.loads((out / "manifest.json").read_text())["solver_options"]
     assert resolved["fit"] == "adan" and resolved["select"] == "sample" and resolved["adan_mean"] == "batch"
     assert resolved["fit_iters"] == 3  # a named option overrides the preset
+
+
+def test_head_diagnostics_of_exact_heads_match_monte_carlo():
+    """With exact heads (the Gaussian-mixture oracle) e1 is E[eps|x_t], so the Monte-Carlo mean of (eps - e1)^2
+    estimates the heads' mean Var[eps|x_t] and the mean of (eps - e1)^3 their mean kappa3."""
+    sched = gk.Schedule.linear()
+    oracle = image_oracle(sched)
+    data = oracle.sample_data(3000, generator=torch.Generator().manual_seed(0))
+    out = q.head_diagnostics(oracle, data, [100, 500], seed=1, schedule=sched)
+    for t, r in out.items():
+        assert r["var_mc"] == pytest.approx(r["var_head"], rel=0.05), t
+        assert abs(r["kappa3_mc"] - r["kappa3_head"]) < 0.1 * r["var_head"] ** 1.5 + 1e-4, t
+        assert r["negative"] == 0.0  # exact moments: e2 - e1^2 is a variance
+
+
+def test_fit_diagnostics_report_the_fitted_mixtures():
+    sched = gk.Schedule.linear()
+    oracle = image_oracle(sched)
+    rows = q.fit_diagnostics(oracle, (3, 5, 7), "gms closed/pixel tau=0.05", steps=4, n=16, schedule=sched)
+    assert [r["t"] for r in rows] == gk.trajectory(sched, 4)[:len(rows)]
+    for r in rows:
+        assert 0.1 - 1e-9 <= r["s2_var"] <= 1.0 + 1e-9 and 0.0 <= r["at_floor"] <= 1.0 and 0.0 <= r["gaussian"] <= 1.0
+        # the closed fit matches Var per element, w1 w2 gap^2 + s2 = Var, so (Jensen) mean s2 / Var <= 1 - (2/9) mean(gap / sd)^2
+        assert r["s2_var"] + (2 / 9) * r["gap_sd"] ** 2 <= 1.0 + 1e-9
+    with pytest.raises(ValueError, match="GMS row"):
+        q.fit_diagnostics(oracle, (3, 5, 7), "sn-ddpm", steps=4, n=4, schedule=sched)

@@ -25,7 +25,7 @@ import torch
 
 from ..metrics import fd_digits, frechet_distance_dct, paired_difference, seed_interval, sliced_wasserstein1
 from ..sampling import sample
-from ..schedule import DATA, Schedule
+from ..schedule import Schedule
 from ..solvers import get_solver
 from .digits_study import ResultCache
 
@@ -160,7 +160,7 @@ def measure(bed: Testbed, labels: Sequence[str], steps: Sequence[int] = STEPS, s
 def summarise(results: dict[tuple[str, int, int], dict], metric: str, labels: Sequence[str], steps: Sequence[int],
               seeds: Sequence[int]) -> dict[tuple[str, int], dict]:
     """Per (label, K): the seed interval of ``metric`` and the paired difference to the best baseline at that K
-    (the lowest mean among the Gaussian rows, :func:`is_baseline`), with its significance (95%)."""
+    (the lowest mean among the baseline rows, :func:`is_baseline`), with its significance (95%)."""
     out = {}
     for k in steps:
         values = {label: [results[(label, k, s)][metric] for s in seeds] for label in labels}
@@ -251,10 +251,3 @@ def head_diagnostics(net, data: torch.Tensor, ts: Sequence[int], seed: int = 0,
                   "kappa3_head": float(kappa3.mean()), "kappa3_mc": float(r.pow(3).mean()),
                   "abs_kappa3_head": float(kappa3.abs().mean()), "negative": float((var < 0).double().mean())}
     return out
-
-
-def trajectory_times(steps: int, schedule: Schedule | None = None) -> list[int]:
-    from ..schedule import trajectory
-
-    schedule = schedule or Schedule.linear()
-    return [t for t in trajectory(schedule, steps, "even") if t != DATA]
