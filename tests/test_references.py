@@ -791,3 +791,16 @@ def test_solvers_converge_to_the_exact_sampler_as_steps_grow(paper_oracle_1d):
                                                   generator=200 + K, progress=False), exact)
              for K in (5, 50)}
         assert w[5] > 0.1 and w[50] < 0.25 * w[5] and w[50] < 0.05, (solver, w)
+
+
+@pytest.mark.parametrize("data_range", [(-1.0, 1.0), None])
+def test_gms_step_info_reports_the_transition_moments(data_range):
+    """return_info's m1 / var / m3 are the moments of q(x_s|x_t) derived by hand (reference_moments)."""
+    t, s = 600, 500
+    x_t, e1, e2, e3 = moment_heads(t, seed=21, negative_var=0.2 if data_range else 0.0)
+    heads = torch.cat([e1, e2, e3], dim=1)
+    _, info = gk.step(x_t, heads, t, s, SCHED, "gms", noise=torch.zeros(SHAPE, dtype=F64),
+                      uniform=torch.zeros(SHAPE[0]), data_range=data_range, return_info=True)
+    m1, var, m3, _ = reference_moments(x_t, e1, e2, e3, t, s, data_range)
+    for name, want in (("m1", m1), ("var", var), ("m3", m3)):
+        torch.testing.assert_close(info[name], want, rtol=1e-10, atol=1e-12, msg=name)
