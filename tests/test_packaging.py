@@ -29,7 +29,7 @@ def test_hard_dependencies_agree_with_the_readme():
     """diffusers (GMSScheduler, checkpoints), matplotlib (figures) and scikit-learn (the digits job) are
     imported by the package itself, so they are installed with it; the README must not call them optional."""
     deps = {d.split(">")[0].split("=")[0].strip() for d in _project()["dependencies"]}
-    assert {"torch", "diffusers", "matplotlib", "scikit-learn", "tqdm", "pillow", "numpy"} <= deps
+    assert {"torch", "diffusers", "matplotlib", "scikit-learn", "scipy", "tqdm", "pillow", "numpy"} <= deps
     readme = (ROOT / "README.md").read_text()
     for name in ("diffusers", "matplotlib", "scikit-learn"):
         assert f"optional {name}" not in readme.lower()
