@@ -152,21 +152,10 @@ def data_rows(refs: dict[str, torch.Tensor], seeds: Sequence[int], n_samples: in
 
 def summarise(results: dict[tuple[str, int, int], dict], metric: str, labels: Sequence[str], steps: Sequence[int],
               seeds: Sequence[int]) -> dict[tuple[str, int], dict]:
-    """Per (label, K): the seed interval of ``metric`` (gk.metrics.seed_interval) and, against the best
-    baseline at that K (lowest mean among BASELINES), the paired per-seed difference and whether it is
-    significant (gk.metrics.paired_difference, 95%)."""
-    from ..metrics import paired_difference, seed_interval
+    """:func:`gms_kernels.experiments.quality_study.summarise` with the best baseline taken among BASELINES."""
+    from .quality_study import summarise as summarise_rows
 
-    out = {}
-    for k in steps:
-        values = {label: [results[(label, k, s)][metric] for s in seeds] for label in labels}
-        intervals = {label: seed_interval(v) for label, v in values.items()}
-        best = min((label for label in labels if label in BASELINES), key=lambda lb: intervals[lb].mean)
-        for label in labels:
-            diff, significant = paired_difference(values[label], values[best])
-            out[(label, k)] = {"interval": intervals[label], "best_baseline": best, "diff": diff,
-                               "significant": significant and label != best}
-    return out
+    return summarise_rows(results, metric, labels, steps, seeds, baseline=lambda label: label in BASELINES)
 
 
 @torch.no_grad()

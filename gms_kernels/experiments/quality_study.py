@@ -158,17 +158,18 @@ def measure(bed: Testbed, labels: Sequence[str], steps: Sequence[int] = STEPS, s
 
 
 def summarise(results: dict[tuple[str, int, int], dict], metric: str, labels: Sequence[str], steps: Sequence[int],
-              seeds: Sequence[int]) -> dict[tuple[str, int], dict]:
-    """Per (label, K): the seed interval of ``metric`` and the paired difference to the best baseline at that K
-    (the lowest mean among the baseline rows, :func:`is_baseline`), with its significance (95%)."""
+              seeds: Sequence[int], baseline: Callable[[str], bool] = is_baseline) -> dict[tuple[str, int], dict]:
+    """Per (label, K): the seed interval of ``metric`` (gk.metrics.seed_interval) and the paired per-seed
+    difference to the best baseline at that K (the lowest mean among the rows ``baseline`` accepts), with its
+    significance (gk.metrics.paired_difference, 95%); the best baseline's own row has no difference."""
     out = {}
     for k in steps:
         values = {label: [results[(label, k, s)][metric] for s in seeds] for label in labels}
         intervals = {label: seed_interval(v) for label, v in values.items()}
-        baselines = [label for label in labels if is_baseline(label)]
+        baselines = [label for label in labels if baseline(label)]
         best = min(baselines, key=lambda lb: intervals[lb].mean) if baselines else None
         for label in labels:
-            row = {"interval": intervals[label], "best_baseline": best}
+            row = {"interval": intervals[label], "best_baseline": best, "significant": False}
             if best is not None and label != best:
                 row["diff"], row["significant"] = paired_difference(values[label], values[best])
             out[(label, k)] = row
