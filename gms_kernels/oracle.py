@@ -42,6 +42,10 @@ class GaussianMixtureOracle(nn.Module):
         self.register_buffer("means", means.clone())
         self.register_buffer("variances", stds.clone() ** 2)
         self.schedule = schedule if schedule is not None else Schedule.linear()
+        # One variance for every component and coordinate (e.g. an empirical data set with a small blur): the
+        # posterior then reduces to matrix products with the means, without any [N, K, *shape] tensor.
+        first = self.variances.flatten()[0]
+        self.shared_variance = float(first) if bool((self.variances == first).all()) else None
 
     @property
     def data_shape(self) -> tuple[int, ...]:
@@ -60,8 +64,40 @@ class GaussianMixtureOracle(nn.Module):
         v = s2 * sig * sig / total
         return log_r, mu, v
 
+    def _shared(self, t) -> bool:
+        """Whether the shared-variance route applies: one variance, one time index for the whole batch."""
+        return self.shared_variance is not None and not torch.is_tensor(t)
+
+    def _shared_log_r(self, x_t: torch.Tensor, t: int) -> torch.Tensor:
+        """log r_k [N, K] when every component has the variance ``shared_variance``: the log-likelihood's
+        terms that depend on k are (a x.m_k - a^2 |m_k|^2 / 2) / (a^2 s^2 + sigma^2)."""
+        a, sig = self._a_sigma(t, x_t)
+        x, m = x_t.to(torch.float64).flatten(1), self.means.flatten(1)
+        total = a * a * self.shared_variance + sig * sig
+        logits = self.log_weights + (a * (x @ m.T) - 0.5 * a * a * (m * m).sum(1)) / total
+        return torch.log_softmax(logits, dim=1)
+
+    def _shared_noise_moments(self, x_t: torch.Tensor, t: int) -> torch.Tensor:
+        """noise_moments for a shared variance s^2: given k, eps = alpha x + beta m_k + noise of variance var with
+        alpha = sigma / total, beta = -a alpha, var = a^2 s^2 / total, so the moments need only sum_k r_k m_k^n."""
+        a, sig = self._a_sigma(t, x_t)
+        x, m = x_t.to(torch.float64).flatten(1), self.means.flatten(1)
+        r = self._shared_log_r(x_t, t).exp()
+        r1, r2, r3 = r @ m, r @ (m * m), r @ (m * m * m)
+        total = a * a * self.shared_variance + sig * sig
+        alpha = sig / total
+        beta = -a * alpha
+        var = a * a * self.shared_variance / total
+        e1 = alpha * x + beta * r1
+        e2 = alpha**2 * x * x + 2 * alpha * beta * x * r1 + beta**2 * r2 + var
+        e3 = (alpha**3 * x**3 + 3 * alpha**2 * beta * x * x * r1 + 3 * alpha * beta**2 * x * r2 + beta**3 * r3
+              + 3 * var * e1)
+        return torch.cat([e.reshape(x_t.shape) for e in (e1, e2, e3)], dim=1)
+
     def noise_moments(self, x_t: torch.Tensor, t: int | torch.Tensor) -> torch.Tensor:
         """[E eps, E eps^2, E eps^3 | x_t] concatenated along dim 1, fp64 (t: one index, or a long tensor [N])."""
+        if self._shared(t):
+            return self._shared_noise_moments(x_t, t)
         a, sig = self._a_sigma(t, x_t)
         log_r, mu, v = self._posterior(x_t, t)
         r = log_r.exp().reshape(*log_r.shape, *([1] * (mu.dim() - 2)))
@@ -105,10 +141,21 @@ class GaussianMixtureOracle(nn.Module):
         ``uniform`` [N] picks the component (inverse CDF of r); ``noise`` is N(0, I) like x_t.
         s = DATA (-1) samples q(x_0|x_t).
         """
-        log_r, mu, v = self._posterior(x_t, k.t)
+        x, shared = x_t.to(torch.float64), self._shared(k.t)
+        if shared:
+            log_r = self._shared_log_r(x_t, k.t)
+        else:
+            log_r, mu, v = self._posterior(x_t, k.t)
         cdf = log_r.exp().cumsum(1)
         comp = (cdf < uniform.to(cdf.dtype)[:, None]).sum(1).clamp_max(cdf.shape[1] - 1)
-        rows = torch.arange(x_t.shape[0])
-        mean = k.c1 * x_t.to(torch.float64) + k.c2 * mu[rows, comp]
-        var = k.lam2 + k.c2**2 * v[comp]
+        if shared:  # q(x0 | x_t, k) of the chosen components only (as in _posterior)
+            a, sig = self._a_sigma(k.t, x_t)
+            total = a * a * self.shared_variance + sig * sig
+            m = self.means[comp]
+            mu_k = m + (a * self.shared_variance / total) * (x - a * m)
+            v_k = torch.full_like(x, self.shared_variance * sig * sig / total)
+        else:
+            mu_k, v_k = mu[torch.arange(x_t.shape[0]), comp], v[comp]
+        mean = k.c1 * x + k.c2 * mu_k
+        var = k.lam2 + k.c2**2 * v_k
         return mean + var.sqrt() * noise.to(torch.float64)

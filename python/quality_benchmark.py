@@ -78,7 +78,7 @@ def collect(args) -> dict:
     for label in args.labels:
         model_file, row = _split_label(label, aliases)
         bed = study.testbed(args.testbed, model_file)
-        tag = study.model_tag(bed.model_file)
+        tag = bed.tag
         study.row_options(row)
         for k in args.steps:
             for s in range(args.seeds):
@@ -163,7 +163,7 @@ def ggf(args) -> None:
     bed = study.testbed(args.testbed, args.model)
     model, refs = bed.model(), bed.references()
     cache = _cache(args)
-    tag = study.model_tag(bed.model_file)
+    tag = bed.tag
     cells = []
     for seed in range(args.seeds):
         def run(seed=seed):
@@ -209,7 +209,7 @@ def choose(args) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("part", choices=("measure", "diagnose", "report", "choose", "ggf"))
-    p.add_argument("--testbed", choices=("digits", "patches"), default="digits")
+    p.add_argument("--testbed", choices=("digits", "digits-oracle", "patches"), default="digits")
     p.add_argument("--model", default=None, help="other weights for the testbed's architecture (embedded format)")
     p.add_argument("--labels", nargs="+", default=None, help="the rows (every part but ggf)")
     p.add_argument("--steps", type=int, nargs="+", default=list(study.STEPS))

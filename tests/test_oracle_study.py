@@ -19,6 +19,28 @@ def test_exact_sampler_and_solver_ranking_on_the_paper_mixture(paper_oracle):
     assert w1["gms-closed"] < w1["sn-ddpm"] < w1["ddpm"]
 
 
+def test_shared_variance_route_equals_the_per_component_posterior():
+    """A mixture whose components share one variance (an empirical data set with a blur) takes matrix products
+    instead of [N, K, *shape] tensors: heads and exact steps must equal the general route's."""
+    g = torch.Generator().manual_seed(0)
+    means = torch.rand(7, 1, 3, 2, generator=g, dtype=torch.float64) * 2 - 1
+    shared = gk.GaussianMixtureOracle(torch.rand(7, generator=g) + 0.1, means, torch.full((7,), 0.07, dtype=torch.float64))
+    general = gk.GaussianMixtureOracle(shared.log_weights.exp(), means, torch.full((7,), 0.07, dtype=torch.float64))
+    assert shared.shared_variance == 0.07**2
+    general.shared_variance = None  # the per-component route, as for unequal variances
+    x = torch.randn(5, 1, 3, 2, generator=g, dtype=torch.float64)
+    for t in (0, 3, 100, 600, 999):
+        torch.testing.assert_close(shared(x, t), general(x, t), rtol=1e-9, atol=1e-11)
+    u, z = torch.rand(5, generator=g, dtype=torch.float64), torch.randn(5, 1, 3, 2, generator=g, dtype=torch.float64)
+    for t, s in ((999, 899), (300, 200), (40, -1)):
+        k = shared.schedule.coefficients(t, s)
+        torch.testing.assert_close(shared.exact_step(x, k, u, z), general.exact_step(x, k, u, z), rtol=1e-10, atol=1e-12)
+    # a per-sample time index takes the general route
+    t = torch.tensor([5, 50, 500, 900, 999])
+    torch.testing.assert_close(shared(x, t), general(x, t))
+    assert not gk.GaussianMixtureOracle([1.0, 1.0], [[0.0], [1.0]], [0.1, 0.2]).shared_variance
+
+
 def test_oracle_heads_in_two_dimensions_match_finite_differences():
     """E[eps|x_t] = -sigma_t * grad log q(x_t) (Tweedie): check against a numerical gradient."""
     from gms_kernels.experiments.oracle_study import eight_gaussians

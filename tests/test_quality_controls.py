@@ -316,3 +316,24 @@ def test_fit_diagnostics_report_the_fitted_mixtures():
         assert r["s2_var"] + (2 / 9) * r["gap_sd"] ** 2 <= 1.0 + 1e-9
     with pytest.raises(ValueError, match="GMS row"):
         q.fit_diagnostics(oracle, (3, 5, 7), "sn-ddpm", steps=4, n=4, schedule=sched)
+
+
+def test_digits_oracle_testbed_has_exact_heads_for_the_blurred_train_digits():
+    bed = q.testbed("digits-oracle")
+    assert bed.tag == q.testbed("digits-oracle").tag and bed.tag.startswith(f"blur{q.ORACLE_BLUR}-")
+    train = bed.references()["train"]
+    assert train.shape == gk.data.digits("train")[0].shape
+    oracle = bed.model()
+    assert oracle.shared_variance == pytest.approx(q.ORACLE_BLUR**2, rel=1e-15)
+    # near t = 0 the posterior sits on the digit that made x_t: x_t = a (x0 + blur) + sigma eps, and the exact
+    # E[eps | x_t] is the shrinkage of (x_t - a x0) / sigma by sigma^2 / (a^2 blur^2 + sigma^2)
+    sched, t = gk.Schedule.linear(), 5
+    a, sig = sched.alpha(t), sched.sigma(t)
+    g = torch.Generator().manual_seed(0)
+    x0 = train[:6].double()
+    x_t = a * (x0 + q.ORACLE_BLUR * torch.randn(x0.shape, generator=g, dtype=torch.float64)) \
+        + sig * torch.randn(x0.shape, generator=g, dtype=torch.float64)
+    expected = (x_t - a * x0) / sig * (sig**2 / (a * a * q.ORACLE_BLUR**2 + sig**2))
+    torch.testing.assert_close(oracle(x_t, t)[:, :1], expected, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="exact heads, not a model file"):
+        q.testbed("digits-oracle", "some.pt")

@@ -1,16 +1,19 @@
 """Issue 20: what makes GMS win, on two real testbeds, chosen on a validation split and reported on a test split.
 
-Testbeds (:data:`TESTBEDS`):
+Testbeds (:func:`testbed`):
 - ``digits``: the embedded digits model (trained on ``gk.data.digits("train")``), FD-digits against the
   validation and the test split;
+- ``digits-oracle``: exact heads instead of a network, for the train digits blurred by N(0, ORACLE_BLUR^2)
+  (:class:`gk.GaussianMixtureOracle` with one component per digit), FD-digits against the train digits: every
+  solver's error with no head error, on digit data;
 - ``patches``: the embedded 8x8 natural-image patches model (trained on the train photos), FD-|DCT| and
   sliced W1 against the validation photos, the test photos, and held-out positions of the train photos.
 
 Rows (:func:`row_options`) are labelled option sets: the baselines, the variance controls (SN-DDPM with its
 variance times c, DDPM with its variance interpolated towards beta_{t|s}) and GMS variants. One draw per
 (row, K, seed) is scored against every reference, so choosing on validation and reporting on test cost one
-sampling run. Every cell is cached (digits_study.ResultCache) under a key that names the model file's hash, so
-a retrained model never reads another model's numbers.
+sampling run. Every cell is cached (digits_study.ResultCache) under a key that names the model's tag (its file's
+hash), so a retrained model never reads another model's numbers.
 """
 from __future__ import annotations
 
@@ -30,6 +33,8 @@ from ..solvers import get_solver
 from .digits_study import ResultCache
 
 STEPS = (5, 10, 20)
+# the std of the blur around each train digit in the digits-oracle testbed (pixels are 17 levels 0.125 apart)
+ORACLE_BLUR = 0.05
 # the baselines: every Gaussian row (the variance-scaled controls included) and the SDE solvers of issue 23
 BASELINE_PREFIXES = ("ddpm", "sn-ddpm", "ddim", "edm-sde", "seeds-1", "seeds-2", "seeds-3")
 
@@ -38,7 +43,7 @@ BASELINE_PREFIXES = ("ddpm", "sn-ddpm", "ddim", "edm-sde", "seeds-1", "seeds-2",
 class Testbed:
     name: str
     model: Callable[[], torch.nn.Module]
-    model_file: Path
+    tag: str  # names the model in cache keys: its file's hash
     shape: tuple[int, ...]
     references: Callable[[], dict[str, torch.Tensor]]
     metrics: dict[str, Callable[[torch.Tensor, torch.Tensor], float]]
@@ -60,20 +65,38 @@ def _patches_refs() -> dict[str, torch.Tensor]:
 
 
 def testbed(name: str, model_file: str | Path | None = None) -> Testbed:
-    """The ``digits`` or ``patches`` testbed with its shipped model, or the same architecture's weights in
-    ``model_file`` (an embedded-format file: e.g. the same backbone with other heads)."""
+    """The ``digits``, ``digits-oracle`` or ``patches`` testbed with its shipped model, or the same architecture's
+    weights in ``model_file`` (an embedded-format file: e.g. the same backbone with other heads)."""
     from .. import embedded as e
 
     if name == "digits":
         path = Path(model_file or e.DIGITS_MODEL)
-        return Testbed("digits", lambda: e.default_model(path), path, e.DIGITS_SHAPE, _digits_refs,
+        return Testbed("digits", lambda: e.default_model(path), model_tag(path), e.DIGITS_SHAPE, _digits_refs,
                        {"fd": fd_digits}, "fd")
+    if name == "digits-oracle":
+        if model_file is not None:
+            raise ValueError("the digits-oracle testbed has exact heads, not a model file")
+        from ..data import digits
+
+        train = digits("train")[0].double()
+        tag = f"blur{ORACLE_BLUR}-" + hashlib.sha256(train.numpy().tobytes()).hexdigest()[:12]
+        return Testbed("digits-oracle", lambda: digits_oracle(train), tag, e.DIGITS_SHAPE,
+                       lambda: {"train": train.float()}, {"fd": fd_digits}, "fd")
     if name == "patches":
         path = Path(model_file or e.PATCHES_MODEL)
-        return Testbed("patches", lambda: e.patches_model(path), path, e.PATCHES_SHAPE, _patches_refs,
+        return Testbed("patches", lambda: e.patches_model(path), model_tag(path), e.PATCHES_SHAPE, _patches_refs,
                        {"fd_dct": frechet_distance_dct,
                         "swd": lambda x, y: sliced_wasserstein1(x, y, n_projections=256)}, "fd_dct")
-    raise ValueError(f"unknown testbed {name!r}; valid: digits, patches")
+    raise ValueError(f"unknown testbed {name!r}; valid: digits, digits-oracle, patches")
+
+
+def digits_oracle(images: torch.Tensor) -> torch.nn.Module:
+    """Exact heads for ``images`` [N, 1, 8, 8] each blurred by N(0, ORACLE_BLUR^2), equally weighted."""
+    from ..oracle import GaussianMixtureOracle
+
+    n = images.shape[0]
+    return GaussianMixtureOracle(torch.ones(n, dtype=torch.float64), images.double(),
+                                 torch.full((n,), ORACLE_BLUR, dtype=torch.float64))
 
 
 # -- rows ------------------------------------------------------------------------------------------------------
@@ -135,7 +158,7 @@ def measure(bed: Testbed, labels: Sequence[str], steps: Sequence[int] = STEPS, s
             n_samples: int = 1000, cache: ResultCache | None = None, log=print) -> dict[tuple[str, int, int], dict]:
     """{(label, K, seed): {"<reference>/<metric>": value, ..., "seconds": sampling time}}."""
     cache = cache or ResultCache(None)
-    model, refs, tag = bed.model(), bed.references(), model_tag(bed.model_file)
+    model, refs, tag = bed.model(), bed.references(), bed.tag
     out = {}
     for label in labels:
         row_options(label)  # refuse a bad label before any sampling
