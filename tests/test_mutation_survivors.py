@@ -274,3 +274,64 @@ def test_denoise_coefficients_are_the_schedules_step_to_data(t, s):
     for f in fields(ref):
         assert getattr(got, f.name) == pytest.approx(getattr(ref, f.name), rel=1e-12, abs=1e-15), f.name
     assert (got.a_ts, got.beta_ts) == pytest.approx((math.sqrt(_abar(t)), 1 - _abar(t)), rel=1e-12)
+
+
+@pytest.mark.parametrize("v", [0.0, 0.5, 1.0])
+def test_ddpm_reports_its_variance(v):
+    """ddpm's info "var" is the variance it draws with: lam2 = (1 - abar_s)/(1 - abar_t) beta_{t|s} at
+    variance_interp v = 0, lam2^(1 - v) beta_{t|s}^v otherwise (beta_{t|s} at v = 1), from the betas."""
+    sched = gk.Schedule.linear()
+    x, e1, z = _inputs(4)
+    t, s = 300, 150
+    lam2, beta_ts = _posterior(t, s)[2], 1 - _abar(t) / _abar(s)
+    var = lam2 ** (1 - v) * beta_ts**v
+    x_s, info = gk.step(x, e1, t, s, sched, "ddpm", noise=z, variance_interp=v, return_info=True, backend="torch")
+    assert float(info["var"]) == pytest.approx(var, rel=1e-12)
+    torch.testing.assert_close(x_s - info["m1"], math.sqrt(var) * z, rtol=0, atol=1e-12)
+
+
+def test_explicit_float32_noise_enters_the_float64_step_exactly():
+    """The torch backend is the float64 reference: explicit float32 noise z is widened before it is scaled, so
+    ddpm's x_s - m1 is sqrt(lam2) * float64(z) to float64 rounding (scaling z in float32 first errs by ~1e-8)."""
+    sched = gk.Schedule.linear()
+    x, e1, _ = _inputs(5)
+    z32 = torch.randn(x.shape, generator=torch.Generator().manual_seed(6), dtype=torch.float32) * 3
+    t, s = 400, 200
+    lam2 = _posterior(t, s)[2]
+    x_s, info = gk.step(x, e1, t, s, sched, "ddpm", noise=z32, return_info=True, backend="torch")
+    assert x_s.dtype == torch.float64
+    torch.testing.assert_close(x_s - info["m1"], math.sqrt(lam2) * z32.double(), rtol=0, atol=1e-14)
+
+
+def test_a_step_without_a_randomness_source_names_what_it_needs():
+    """StepRandomness without a Philox source refuses to draw, naming the missing noise or uniforms."""
+    from gms_kernels.solvers import StepRandomness
+
+    rand = StepRandomness(None, 5, torch.zeros(2, 1, 3))
+    with pytest.raises(ValueError, match=r"needs noise: pass a generator/seed or explicit noise"):
+        rand.normal()
+    with pytest.raises(ValueError, match=r"needs uniform: pass a generator/seed or explicit uniform"):
+        rand.uniform(False)
+
+
+def test_an_open_interval_is_written_open_in_the_error():
+    """_real's message shows an open lower end as "(" and a closed one as "["."""
+    sched = gk.Schedule.linear(20)
+    x, e1, _ = _inputs(7, shape=(2, 1, 2, 2))
+    heads = torch.cat([e1, e1 * e1, e1**3], dim=1)
+    with pytest.raises(ValueError, match=r"variance_scale must be a number in \(0, 100\]"):
+        gk.step(x, heads, 10, 5, sched, "gms", generator=0, variance_scale=0.0, backend="torch")
+    with pytest.raises(ValueError, match=r"eta must be a number in \[0, 1\]"):
+        gk.step(x, e1, 10, 5, sched, "ddim", generator=0, eta=-0.5, backend="torch")
+
+
+def test_the_fused_config_memo_keeps_option_types_apart():
+    """The fused kernels' config memo keys each option by its type as well as its value: gaussian_last_step=1
+    (== True, same hash) after a step with True must still be refused as not a bool, not served from the memo."""
+    pytest.importorskip("gms_kernels._C")
+    sched = gk.Schedule.linear(20)
+    x = torch.randn(2, 1, 4, 4, generator=torch.Generator().manual_seed(8))
+    e1 = torch.randn(2, 1, 4, 4, generator=torch.Generator().manual_seed(9))
+    gk.step(x, e1, 10, 5, sched, "ddpm", generator=0, gaussian_last_step=True, backend="cpp")
+    with pytest.raises(ValueError, match="gaussian_last_step must be True or False"):
+        gk.step(x, e1, 10, 5, sched, "ddpm", generator=0, gaussian_last_step=1, backend="cpp")
