@@ -1,0 +1,389 @@
+"""Tests written for mutants of gms_kernels/models/*.py that survived a sampled mutation run (issue 25
+item 7, benchmarks/results/mutation-models.md): each pins a default, a value, a file location or a
+round trip that no other test did, against expected values computed here independently.
+They are quick (a fraction of a second each, the tiny diffusers UNets included)."""
+from __future__ import annotations
+
+import json
+import pickle
+import re
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import gms_kernels as gk
+import gms_kernels.models as gm
+from gms_kernels.models import _common
+from gms_kernels.models.diffusers_unet import scheduler_config_near
+from gms_kernels.models.loading import _diffusers_schedule
+
+
+# -- the lazy names of gms_kernels.models -----------------------------------------------------------
+def test_lazy_export_names_resolve_on_the_package():
+    """gm.export_diffusers and gm.GMSDiffusersModel are listed in __all__ and imported on first use."""
+    from gms_kernels.models import diffusers_export
+
+    assert gm.GMSDiffusersModel is diffusers_export.GMSDiffusersModel
+    assert gm.export_diffusers is diffusers_export.export_diffusers
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        gm.no_such_name  # noqa: B018
+
+
+# -- unreadable checkpoint files --------------------------------------------------------------------
+def test_unreadable_message_names_the_error_type_and_the_inner_unpickler_error(tmp_path):
+    """The ValueError for an unreadable file names the exception type and, for a weights-only unpickler
+    error, only its inner reason (not torch's long preamble)."""
+    path = tmp_path / "bad.pt"
+    path.write_bytes(b"not a checkpoint at all")
+    err = pickle.UnpicklingError("Weights only load failed. A long preamble about torch 2.6. "
+                                 "WeightsUnpickler error: Unsupported operand 149\n\nCheck the file.")
+    text = str(_common._unreadable(str(path), 23, err))
+    assert "(23 bytes; UnpicklingError: Unsupported operand 149)" in text
+    assert "preamble" not in text and "it is truncated, corrupted or not a torch checkpoint" in text
+    # a real truncated torch zip file: torch's RuntimeError is named, with the truncation hint
+    torch.save({"w": torch.ones(64)}, tmp_path / "full.pt")
+    data = (tmp_path / "full.pt").read_bytes()
+    (tmp_path / "cut.pt").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=r"bytes; RuntimeError: PytorchStreamReader.*looks truncated"):
+        _common.read_torch_file(tmp_path / "cut.pt")
+
+
+# -- a diffusers pipeline's scheduler config --------------------------------------------------------
+def write_config(folder, cfg):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "scheduler_config.json").write_text(json.dumps(cfg))
+
+
+def schedule_of(tmp_path, cfg):
+    """_diffusers_schedule for a pipeline directory tmp_path/pipe with unet/ and scheduler/ folders."""
+    write_config(tmp_path / "pipe" / "scheduler", cfg)
+    (tmp_path / "pipe" / "unet").mkdir(exist_ok=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no warning for an eps-prediction config
+        return _diffusers_schedule(str(tmp_path / "pipe"), "unet")
+
+
+def test_diffusers_schedule_defaults_are_ddpm_linear_1000(tmp_path):
+    """A scheduler config that names nothing is DDPMScheduler's default: linear, T = 1000, 1e-4 .. 0.02."""
+    s = schedule_of(tmp_path, {"_class_name": "DDPMScheduler"})
+    assert s.T == 1000
+    np.testing.assert_allclose(s.betas.numpy(), np.linspace(1e-4, 0.02, 1000), rtol=1e-12, atol=0)
+    s = schedule_of(tmp_path, {"num_train_timesteps": 20, "beta_end": 0.05})
+    np.testing.assert_allclose(s.betas.numpy(), np.linspace(1e-4, 0.05, 20), rtol=1e-12, atol=0)
+
+
+def test_diffusers_schedule_scaled_linear_cosine_and_trained_betas(tmp_path):
+    """scaled_linear: betas = linspace(sqrt(b0), sqrt(b1), T)^2 in float64; squaredcos_cap_v2: the cosine
+    schedule (checked against diffusers' own DDPMScheduler); trained_betas win over the named kind."""
+    from diffusers import DDPMScheduler
+
+    cfg = {"beta_schedule": "scaled_linear", "beta_start": 0.00085, "beta_end": 0.012, "num_train_timesteps": 50}
+    s = schedule_of(tmp_path, cfg)
+    expected = np.linspace(0.00085 ** 0.5, 0.012 ** 0.5, 50) ** 2
+    np.testing.assert_allclose(s.betas.numpy(), expected, rtol=1e-12, atol=0)
+    np.testing.assert_allclose(s.betas.numpy(), DDPMScheduler(**cfg).betas.numpy(), rtol=1e-6)
+    cfg = {"beta_schedule": "squaredcos_cap_v2", "num_train_timesteps": 100}
+    np.testing.assert_allclose(schedule_of(tmp_path, cfg).betas.numpy(), DDPMScheduler(**cfg).betas.numpy(),
+                               rtol=1e-5)
+    betas = [0.01 * (i + 1) for i in range(10)]
+    s = schedule_of(tmp_path, {"beta_schedule": "linear", "trained_betas": betas, "num_train_timesteps": 10})
+    assert s.betas.tolist() == pytest.approx(betas, rel=1e-15)
+    assert schedule_of(tmp_path, {"beta_schedule": "laplace"}) is None
+
+
+def test_diffusers_schedule_warns_only_for_a_non_eps_prediction(tmp_path):
+    write_config(tmp_path / "pipe" / "scheduler", {"prediction_type": "v_prediction"})
+    with pytest.warns(UserWarning, match="prediction_type='v_prediction'"):
+        assert _diffusers_schedule(str(tmp_path / "pipe"), "unet").T == 1000
+    # absent or "epsilon": no warning (schedule_of turns warnings into errors)
+    assert schedule_of(tmp_path, {"prediction_type": "epsilon"}).T == 1000
+    assert schedule_of(tmp_path, {}).T == 1000
+
+
+def test_scheduler_config_is_also_read_from_the_model_folder_itself(tmp_path):
+    """Without a sibling scheduler/ folder, a scheduler_config.json inside the UNet folder is read (both by
+    the schedule and by the variance-type lookup); the sibling folder comes first when both exist."""
+    unet_dir = tmp_path / "unet"
+    write_config(unet_dir, {"num_train_timesteps": 30, "variance_type": "fixed_large"})
+    assert scheduler_config_near(str(unet_dir), None)["variance_type"] == "fixed_large"
+    assert _diffusers_schedule(str(unet_dir), None).T == 30
+    write_config(tmp_path / "scheduler", {"num_train_timesteps": 40, "variance_type": "learned"})
+    assert scheduler_config_near(str(unet_dir), None)["variance_type"] == "learned"
+    assert _diffusers_schedule(str(unet_dir), None).T == 40
+
+
+# -- diffusers backbones: export and MomentNet round trips --------------------------------------------
+def tiny_unet(out_channels, seed=0):
+    from diffusers import UNet2DModel
+
+    torch.manual_seed(seed)
+    unet = UNet2DModel(sample_size=8, in_channels=3, out_channels=out_channels, layers_per_block=1,
+                       block_out_channels=(8, 16), norm_num_groups=4, down_block_types=("DownBlock2D", "DownBlock2D"),
+                       up_block_types=("UpBlock2D", "UpBlock2D"))
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in unet.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.02)
+    return unet.eval()
+
+
+def test_a_raw_unet2dmodel_is_described_as_a_diffusers_backbone():
+    """network_spec / backbone_family wrap a bare UNet2DModel (no gk wrapper) as a DiffusersUNet, and the
+    description rebuilds a DiffusersUNet of the same architecture that reads eps alone."""
+    from gms_kernels.models.diffusers_export import backbone_family, build_network, network_spec
+
+    unet = tiny_unet(6)
+    spec = network_spec(unet)
+    assert spec["type"] == "backbone" and spec["backbone"]["family"] == "diffusers"
+    assert spec["backbone"]["config"]["block_out_channels"] == [8, 16] and backbone_family(unet) == "diffusers"
+    assert "_use_default_values" in unet.config  # diffusers' private entries stay out of the description
+    assert not [k for k in spec["backbone"]["config"] if k.startswith("_")]
+    rebuilt = build_network(spec)
+    assert isinstance(rebuilt, gm.DiffusersUNet) and rebuilt.eps_only is True
+    assert rebuilt.state_dict()["unet.conv_out.weight"].shape == unet.conv_out.weight.shape
+
+
+def test_moment_net_file_keeps_a_diffusers_backbones_eps_only(tmp_path):
+    """MomentNet.save stores the DiffusersUNet's eps_only, and MomentNet.load restores it: a 9-channel UNet
+    forced to eps_only=True stays so (the default for 9 channels would be False)."""
+    backbone = gm.DiffusersUNet(tiny_unet(9), eps_only=True)
+    gm.MomentNet(backbone).save(tmp_path / "net.pt")
+    loaded = gm.load(tmp_path / "net.pt")
+    assert loaded.backbone.eps_only is True
+    x = torch.randn(1, 3, 8, 8)
+    with torch.no_grad():
+        assert loaded.backbone(x, torch.tensor([3])).shape == (1, 3, 8, 8)
+
+
+# -- checkpoint loaders --------------------------------------------------------------------------------
+def tiny_ddpm_state():
+    torch.manual_seed(0)
+    return gm.PytorchDDPMUNet(T=50, ch=32, ch_mult=(1, 2), attn=(1,), num_res_blocks=1).state_dict()
+
+
+def tiny_iddpm():
+    torch.manual_seed(0)
+    return gm.IDDPMUNet(in_channels=3, model_channels=32, out_channels=6, num_res_blocks=1, attention_resolutions=(2,),
+                        dropout=0.0, channel_mult=(1, 2), num_heads=2, use_scale_shift_norm=True).eval()
+
+
+def test_a_checkpoint_without_the_asked_weights_names_the_option_that_loads_the_other(tmp_path):
+    sd = tiny_ddpm_state()
+    torch.save({"net_model": sd}, tmp_path / "net_only.pt")
+    with pytest.raises(ValueError, match=r"no 'ema_model' .*pass use_ema=False to load 'net_model'"):
+        gm.load(tmp_path / "net_only.pt")
+    torch.save({"ema_model": sd}, tmp_path / "ema_only.pt")
+    with pytest.raises(ValueError, match=r"no 'net_model' .*pass use_ema=True to load 'ema_model'"):
+        gm.load(tmp_path / "ema_only.pt", use_ema=False)
+
+
+def test_a_wrong_rank_tensor_is_reported_as_a_wrong_shape(tmp_path):
+    """A file whose head.weight is 1-D: the config is still read from the other entries and the error
+    names the shape (an IndexError from reading axis 1 of a 1-D tensor would be a crash)."""
+    sd = tiny_ddpm_state()
+    torch.save({**sd, "head.weight": torch.zeros(32)}, tmp_path / "rank.pt")
+    with pytest.raises(ValueError, match=r"head\.weight: expected \[32, 3, 3, 3\], found \[32\]"):
+        gm.load(tmp_path / "rank.pt")
+
+
+def test_improved_diffusion_loader_sets_the_given_schedule(tmp_path):
+    torch.save(tiny_iddpm().state_dict(), tmp_path / "iddpm.pt")
+    schedule = gk.Schedule.linear(50)
+    loaded = gm.load(tmp_path / "iddpm.pt", num_heads=2, schedule=schedule)
+    assert loaded.schedule is schedule
+    with pytest.raises(ValueError, match="schedule must be a gk.Schedule, got str"):
+        gm.load(tmp_path / "iddpm.pt", num_heads=2, schedule="linear")
+
+
+def test_export_keeps_the_heads_dropout_the_backbones_eps_only_and_the_default_T(tmp_path):
+    """The exported description rebuilds the MomentNet exactly: head dropout, and a diffusers backbone's
+    forced eps_only; with no schedule anywhere the config says T = 1000, as the scheduler written with it."""
+    backbone = gm.DiffusersUNet(tiny_unet(9), eps_only=True)
+    assert backbone.schedule is None and not hasattr(backbone, "T")
+    net = gm.MomentNet(backbone, head="res_conv", dropout=0.25).eval()
+    gm.export_diffusers(net, tmp_path, solver="gms")
+    config = json.loads((tmp_path / "unet" / "config.json").read_text())
+    sched = json.loads((tmp_path / "scheduler" / "scheduler_config.json").read_text())
+    assert config["num_train_timesteps"] == 1000 == sched["num_train_timesteps"]
+    loaded = gm.load(tmp_path)
+    assert loaded.dropout == 0.25 and loaded.heads["2"].res.dropout.p == 0.25
+    assert loaded.backbone.eps_only is True
+
+
+def test_export_refuses_weights_that_the_description_cannot_rebuild(tmp_path):
+    """The exported weights are the network's own, key for key: an entry the rebuilt architecture lacks
+    (here an extra buffer) is an error, not silently dropped."""
+    torch.manual_seed(0)
+    net = gm.PytorchDDPMUNet(T=50, ch=32, ch_mult=(1, 2), attn=(1,), num_res_blocks=1).eval()
+    net.register_buffer("extra", torch.zeros(1))
+    with pytest.raises(RuntimeError, match='Unexpected key.*"extra"'):
+        gm.export_diffusers(net, tmp_path, sample_size=8, solver="ddpm")
+
+
+@pytest.mark.parametrize("dropped, n_missing", [
+    (("time_embedding.timembedding.0.weight", "time_embedding.timembedding.1.weight",
+      "time_embedding.timembedding.3.weight"), 3),           # ch from head.weight, T the default
+    (("head.weight", "tail.2.weight"), 2),                     # in_channels from tail.2.bias
+])
+def test_an_incomplete_pytorch_ddpm_file_is_compared_with_its_own_architecture(tmp_path, dropped, n_missing):
+    """infer_config reads each argument from several entries, so a file with a few entries missing is
+    compared with the architecture it came from: the error names just the missing keys, no wrong shapes."""
+    sd = tiny_ddpm_state()
+    torch.save({k: v for k, v in sd.items() if k not in dropped}, tmp_path / "part.pt")
+    with pytest.raises(ValueError) as err:
+        gm.load(tmp_path / "part.pt")
+    msg = str(err.value)
+    assert f"missing keys ({n_missing})" in msg and "wrong shapes" not in msg and "unexpected keys" not in msg
+    assert "resembles PytorchDDPMUNet(" in msg and "ch=32" in msg and "ch_mult=[1, 2]" in msg
+
+
+@pytest.mark.parametrize("case", ["no down blocks", "a gap in the down blocks", "no in_channels entry"])
+def test_a_state_dict_that_is_no_pytorch_ddpm_unet_is_reported_as_such(tmp_path, case):
+    """When the architecture cannot be read from the file, the loader says so (compared with the default
+    constructor), rather than failing inside the config reader."""
+    sd = tiny_ddpm_state()
+    if case == "no down blocks":
+        sd = {k: v for k, v in sd.items() if not k.startswith("downblocks.")}
+    elif case == "a gap in the down blocks":
+        sd = {k: v for k, v in sd.items() if not k.startswith("downblocks.1.")}
+    else:
+        sd = {k: v for k, v in sd.items() if k not in ("head.weight", "tail.2.weight", "tail.2.bias")}
+    assert gm.PytorchDDPMUNet.infer_config(sd) is None
+    torch.save(sd, tmp_path / "odd.pt")
+    with pytest.raises(ValueError, match="do not look like a pytorch-ddpm PytorchDDPMUNet state dict"):
+        gm.load(tmp_path / "odd.pt", kind="pytorch-ddpm")
+
+
+def test_a_long_shape_list_is_cut_at_eight_with_the_rest_counted():
+    shapes = [(f"k{i}", [i], [i + 1]) for i in range(11)]
+    text = _common.mismatch_message("head:", [], [], shapes, "fix it")
+    assert "wrong shapes (11): k0: expected [0], found [1]; " in text
+    assert text.count("expected") == 8 and "k7: expected [7], found [8]; ... (3 more)" in text
+    assert "more)" not in _common.mismatch_message("head:", [], [], shapes[:8], "fix it")
+
+
+def tiny_ddim(seed):
+    torch.manual_seed(seed)
+    return gm.DDIMModel(ch=32, out_ch=3, ch_mult=(1, 2), num_res_blocks=1, attn_resolutions=(4,), resolution=8).eval()
+
+
+def test_ddim_loader_reads_the_ema_weights_by_default_and_names_its_kind(tmp_path):
+    ema, net = tiny_ddim(0), tiny_ddim(1)
+    torch.save({"ema_model": ema.state_dict(), "net_model": net.state_dict()}, tmp_path / "ddim.pt")
+    x, t = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(3)), torch.tensor([17])
+    with torch.no_grad():
+        assert not torch.equal(ema(x, t), net(x, t))
+        assert torch.equal(gm.load(tmp_path / "ddim.pt", resolution=8)(x, t), ema(x, t))
+        assert torch.equal(gm.load(tmp_path / "ddim.pt", resolution=8, use_ema=False)(x, t), net(x, t))
+    with pytest.raises(ValueError, match="unknown option\\(s\\) for kind 'ddim': colour"):
+        gm.load(tmp_path / "ddim.pt", kind="ddim", colour=1)
+
+
+def test_diffusers_folder_with_bin_weights_or_no_class_name_loads(tmp_path):
+    """A UNet folder saved as .bin (safe_serialization=False) loads, and so does a config.json without
+    _class_name (UNet2DModel is assumed)."""
+    unet = tiny_unet(3)
+    unet.save_pretrained(tmp_path / "bin", safe_serialization=False)
+    assert sorted(p.name for p in (tmp_path / "bin").iterdir()) == ["config.json", "diffusion_pytorch_model.bin"]
+    cfg = json.loads((tmp_path / "bin" / "config.json").read_text())
+    del cfg["_class_name"]
+    (tmp_path / "bin" / "config.json").write_text(json.dumps(cfg))
+    x, t = torch.randn(1, 3, 8, 8), torch.tensor([9])
+    with torch.no_grad():
+        assert torch.equal(gm.load(tmp_path / "bin")(x, t), unet(x, t).sample)
+
+
+@pytest.mark.parametrize("config, named", [({"_class_name": "UNet2DConditionModel"}, "'UNet2DConditionModel'"),
+                                           ([1, 2], "'list'")])
+def test_diffusers_folder_of_another_model_names_what_it_holds(tmp_path, config, named):
+    folder = tmp_path / "other"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "diffusion_pytorch_model.safetensors").write_bytes(b"")
+    with pytest.raises(ValueError, match=f"config.json describes {named}, not a UNet2DModel"):
+        gm.load(folder)
+
+
+@pytest.mark.parametrize("edit, listed", [("drop", "missing keys (1): conv_out.bias"),
+                                          ("add", "unexpected keys (1): extra.weight")])
+def test_diffusers_weights_with_one_missing_or_one_extra_key_are_refused(tmp_path, edit, listed):
+    """diffusers itself only logs a missing or an unused key (and initialises the missing one at random);
+    the loader refuses either, alone."""
+    from safetensors.torch import load_file, save_file
+
+    tiny_unet(3).save_pretrained(tmp_path)
+    file = tmp_path / "diffusion_pytorch_model.safetensors"
+    state = load_file(file)
+    if edit == "drop":
+        del state["conv_out.bias"]
+    else:
+        state["extra.weight"] = torch.zeros(2)
+    save_file(state, file)
+    with pytest.raises(ValueError, match=re.escape(f"the weights do not match config.json:\n  {listed}\n")):
+        gm.load(tmp_path)
+
+
+def test_from_heads_names_the_file_it_expected(tmp_path):
+    torch.save({"format": "something.else", "config": {}}, tmp_path / "other.pt")
+    with pytest.raises(ValueError, match=r"other\.pt: not a heads file \(MomentNet\.save_heads\): expected format tag "
+                                         r"'gms_kernels\.moment_heads', found 'something\.else'"):
+        gm.MomentNet.from_heads(None, tmp_path / "other.pt")
+
+
+def test_heads_files_keep_their_dropout_and_old_files_without_targets_are_raw(tmp_path):
+    torch.manual_seed(0)
+    backbone = gm.PytorchDDPMUNet(T=50, ch=32, ch_mult=(1, 2), attn=(1,), num_res_blocks=1).eval()
+    gm.MomentNet(backbone, head="res_conv", dropout=0.3).save_heads(tmp_path / "heads.pt")
+    net = gm.MomentNet.from_heads(backbone, tmp_path / "heads.pt")
+    assert net.dropout == 0.3 and net.heads["3"].res.dropout.p == 0.3
+    old = torch.load(tmp_path / "heads.pt", weights_only=True)
+    del old["config"]["targets"]  # a heads file written before ``targets`` existed
+    torch.save(old, tmp_path / "old.pt")
+    assert gm.MomentNet(backbone, head="res_conv").load_heads(tmp_path / "old.pt").targets == "raw"
+    assert gm.MomentNet.from_heads(backbone, tmp_path / "old.pt").targets == "raw"
+
+
+def test_a_network_description_without_heads_settings_gets_the_defaults():
+    from gms_kernels.models.diffusers_export import build_network, network_spec
+
+    torch.manual_seed(0)
+    spec = network_spec(gm.PytorchDDPMUNet(T=50, ch=32, ch_mult=(1, 2), attn=(1,), num_res_blocks=1))
+    net = build_network({"type": "moment-net", "backbone": spec["backbone"], "heads": {}})
+    assert isinstance(net, gm.MomentNet) and net.orders == (2, 3) and net.head == "conv"
+    assert net.dropout == 0.0 and net.targets == "raw"
+
+
+def test_ddim_time_embedding_of_an_odd_width_ends_in_one_zero():
+    """The DDPM/DDIM sinusoids: sin(t w_k), cos(t w_k), w_k = 10000^(-k/(half-1)); an odd width gets one
+    zero column at the end."""
+    from gms_kernels.models.ddim_model import timestep_embedding
+
+    t = torch.tensor([0.0, 3.0, 250.0])
+    emb = timestep_embedding(t, 7)
+    half = 3
+    w = [10000.0 ** (-k / (half - 1)) for k in range(half)]
+    expected = [[np.sin(s * wk) for wk in w] + [np.cos(s * wk) for wk in w] + [0.0] for s in t.tolist()]
+    assert emb.shape == (3, 7)
+    np.testing.assert_allclose(emb.numpy(), np.array(expected), rtol=0, atol=2e-5)
+
+
+def test_ddim_resampling_without_convolutions_is_nearest_and_average_pooling():
+    from gms_kernels.models.ddim_model import Downsample, Upsample
+
+    x = torch.arange(2 * 4 * 4, dtype=torch.float32).reshape(1, 2, 4, 4)
+    up = x.repeat_interleave(2, dim=2).repeat_interleave(2, dim=3)
+    assert torch.equal(Upsample(2, with_conv=False)(x), up)
+    down = x.reshape(1, 2, 2, 2, 2, 2).mean(dim=(3, 5))
+    assert torch.equal(Downsample(2, with_conv=False)(x), down)
+    torch.manual_seed(0)
+    model = gm.DDIMModel(ch=32, out_ch=3, ch_mult=(1, 2), num_res_blocks=1, attn_resolutions=(4,), resolution=8,
+                         resamp_with_conv=False).eval()
+    with torch.no_grad():
+        assert model(torch.randn(1, 3, 8, 8), torch.tensor([5])).shape == (1, 3, 8, 8)
+
+
+def test_pytorch_ddpm_refuses_an_attention_level_past_the_last():
+    with pytest.raises(ValueError, match=r"attn levels \[2\] are out of range for ch_mult=\(1, 2\) \(levels 0..1\)"):
+        gm.PytorchDDPMUNet(T=50, ch=32, ch_mult=(1, 2), attn=(2,), num_res_blocks=1)
