@@ -209,7 +209,7 @@ def choose(args) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("part", choices=("measure", "diagnose", "report", "choose", "ggf"))
-    p.add_argument("--testbed", choices=("digits", "digits-oracle", "patches"), default="digits")
+    p.add_argument("--testbed", choices=("digits", "digits-oracle", "patches", "patches-oracle"), default="digits")
     p.add_argument("--model", default=None, help="other weights for the testbed's architecture (embedded format)")
     p.add_argument("--labels", nargs="+", default=None, help="the rows (every part but ggf)")
     p.add_argument("--steps", type=int, nargs="+", default=list(study.STEPS))

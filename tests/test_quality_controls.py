@@ -337,3 +337,6 @@ def test_digits_oracle_testbed_has_exact_heads_for_the_blurred_train_digits():
     torch.testing.assert_close(oracle(x_t, t)[:, :1], expected, rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="exact heads, not a model file"):
         q.testbed("digits-oracle", "some.pt")
+    patches = q.testbed("patches-oracle")
+    assert patches.references()["train"].shape == (q.ORACLE_PATCHES, 1, 8, 8) and patches.primary == "fd_dct"
+    assert set(patches.metrics) == {"fd_dct", "swd"} and patches.tag != bed.tag

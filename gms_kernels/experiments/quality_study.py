@@ -3,9 +3,9 @@
 Testbeds (:func:`testbed`):
 - ``digits``: the embedded digits model (trained on ``gk.data.digits("train")``), FD-digits against the
   validation and the test split;
-- ``digits-oracle``: exact heads instead of a network, for the train digits blurred by N(0, ORACLE_BLUR^2)
-  (:class:`gk.GaussianMixtureOracle` with one component per digit), FD-digits against the train digits: every
-  solver's error with no head error, on digit data;
+- ``digits-oracle`` / ``patches-oracle``: exact heads instead of a network, for the train digits (or
+  ORACLE_PATCHES seeded train patches) each blurred by N(0, ORACLE_BLUR^2) (:class:`gk.GaussianMixtureOracle`
+  with one component per image), scored against those images: every solver's error with no head error;
 - ``patches``: the embedded 8x8 natural-image patches model (trained on the train photos), FD-|DCT| and
   sliced W1 against the validation photos, the test photos, and held-out positions of the train photos.
 
@@ -33,8 +33,9 @@ from ..solvers import get_solver
 from .digits_study import ResultCache
 
 STEPS = (5, 10, 20)
-# the std of the blur around each train digit in the digits-oracle testbed (pixels are 17 levels 0.125 apart)
+# the std of the blur around each image of the oracle testbeds (digit pixels are 17 levels 0.125 apart)
 ORACLE_BLUR = 0.05
+ORACLE_PATCHES = 5000  # train patches in the patches-oracle testbed (a seeded subset of the 49,000)
 # the baselines: every Gaussian row (the variance-scaled controls included) and the SDE solvers of issue 23
 BASELINE_PREFIXES = ("ddpm", "sn-ddpm", "ddim", "edm-sde", "seeds-1", "seeds-2", "seeds-3")
 
@@ -65,33 +66,43 @@ def _patches_refs() -> dict[str, torch.Tensor]:
 
 
 def testbed(name: str, model_file: str | Path | None = None) -> Testbed:
-    """The ``digits``, ``digits-oracle`` or ``patches`` testbed with its shipped model, or the same architecture's
-    weights in ``model_file`` (an embedded-format file: e.g. the same backbone with other heads)."""
+    """The ``digits`` or ``patches`` testbed with its shipped model, or the same architecture's weights in
+    ``model_file`` (an embedded-format file: e.g. the same backbone with other heads); ``digits-oracle`` and
+    ``patches-oracle``: their data with exact heads."""
     from .. import embedded as e
 
     if name == "digits":
         path = Path(model_file or e.DIGITS_MODEL)
         return Testbed("digits", lambda: e.default_model(path), model_tag(path), e.DIGITS_SHAPE, _digits_refs,
                        {"fd": fd_digits}, "fd")
-    if name == "digits-oracle":
+    if name in ("digits-oracle", "patches-oracle"):
         if model_file is not None:
-            raise ValueError("the digits-oracle testbed has exact heads, not a model file")
-        from ..data import digits
-
-        train = digits("train")[0].double()
-        tag = f"blur{ORACLE_BLUR}-" + hashlib.sha256(train.numpy().tobytes()).hexdigest()[:12]
-        return Testbed("digits-oracle", lambda: digits_oracle(train), tag, e.DIGITS_SHAPE,
-                       lambda: {"train": train.float()}, {"fd": fd_digits}, "fd")
+            raise ValueError(f"the {name} testbed has exact heads, not a model file")
+        images = _oracle_images(name)
+        tag = f"blur{ORACLE_BLUR}-" + hashlib.sha256(images.numpy().tobytes()).hexdigest()[:12]
+        base = testbed(name.removesuffix("-oracle"))  # (its shape, metrics and primary metric)
+        return Testbed(name, lambda: data_oracle(images), tag, base.shape, lambda: {"train": images.float()},
+                       base.metrics, base.primary)
     if name == "patches":
         path = Path(model_file or e.PATCHES_MODEL)
         return Testbed("patches", lambda: e.patches_model(path), model_tag(path), e.PATCHES_SHAPE, _patches_refs,
                        {"fd_dct": frechet_distance_dct,
                         "swd": lambda x, y: sliced_wasserstein1(x, y, n_projections=256)}, "fd_dct")
-    raise ValueError(f"unknown testbed {name!r}; valid: digits, digits-oracle, patches")
+    raise ValueError(f"unknown testbed {name!r}; valid: digits, digits-oracle, patches, patches-oracle")
 
 
-def digits_oracle(images: torch.Tensor) -> torch.nn.Module:
-    """Exact heads for ``images`` [N, 1, 8, 8] each blurred by N(0, ORACLE_BLUR^2), equally weighted."""
+def _oracle_images(name: str) -> torch.Tensor:
+    from ..data import digits, patches
+
+    if name == "digits-oracle":
+        return digits("train")[0].double()
+    train = patches("train")
+    pick = torch.randperm(train.shape[0], generator=torch.Generator().manual_seed(0))[:ORACLE_PATCHES]
+    return train[pick.sort().values].double()
+
+
+def data_oracle(images: torch.Tensor) -> torch.nn.Module:
+    """Exact heads for ``images`` [N, *shape], each blurred by N(0, ORACLE_BLUR^2), equally weighted."""
     from ..oracle import GaussianMixtureOracle
 
     n = images.shape[0]
