@@ -106,7 +106,7 @@ def table(results: dict, metric: str, args) -> list[str]:
 
 def acceptance(results: dict, metric: str, args) -> list[str]:
     """Issue 20's acceptance cells: the default row against each named baseline and against the best of the
-    variance-scaled ones (lowest mean among the rows with c= or v=), per K: both 95% intervals, whether they are
+    variance-scaled Gaussians (lowest mean among the baseline rows with c= or v=), per K: both 95% intervals, whether they are
     disjoint with the default below, and the paired difference."""
     seeds = list(range(args.seeds))
     lines = [f"### acceptance: `{args.default_row}` against the baselines ({metric})", "",
@@ -114,7 +114,8 @@ def acceptance(results: dict, metric: str, args) -> list[str]:
              "|---|---|---|---|---|---|"]
     for k in args.steps:
         vals = {label: [results[(label, k, s)][metric] for s in seeds] for label in args.labels}
-        scaled = [label for label in args.labels if " c=" in label or " v=" in label]
+        scaled = [label for label in args.labels
+                  if study.is_baseline(label.split(": ")[-1]) and (" c=" in label or " v=" in label)]
         best_scaled = min(scaled, key=lambda lb: sum(vals[lb])) if scaled else None
         mine = seed_interval(vals[args.default_row])
         for base in [*args.versus, *([best_scaled] if best_scaled else [])]:
