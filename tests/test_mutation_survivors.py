@@ -315,13 +315,13 @@ def test_a_step_without_a_randomness_source_names_what_it_needs():
 
 
 def test_an_open_interval_is_written_open_in_the_error():
-    """_real's message shows an open lower end as "(" and a closed one as "["."""
+    """_real's message names the option and what it is, and shows an open lower end as "(", a closed one as "["."""
     sched = gk.Schedule.linear(20)
     x, e1, _ = _inputs(7, shape=(2, 1, 2, 2))
     heads = torch.cat([e1, e1 * e1, e1**3], dim=1)
-    with pytest.raises(ValueError, match=r"variance_scale must be a number in \(0, 100\]"):
+    with pytest.raises(ValueError, match=r"^variance_scale must be a number in \(0, 100\] \(the factor on Var\)"):
         gk.step(x, heads, 10, 5, sched, "gms", generator=0, variance_scale=0.0, backend="torch")
-    with pytest.raises(ValueError, match=r"eta must be a number in \[0, 1\]"):
+    with pytest.raises(ValueError, match=r"^eta must be a number in \[0, 1\] \(DDIM's eta\), got -0.5"):
         gk.step(x, e1, 10, 5, sched, "ddim", generator=0, eta=-0.5, backend="torch")
 
 
@@ -335,3 +335,141 @@ def test_the_fused_config_memo_keeps_option_types_apart():
     gk.step(x, e1, 10, 5, sched, "ddpm", generator=0, gaussian_last_step=True, backend="cpp")
     with pytest.raises(ValueError, match="gaussian_last_step must be True or False"):
         gk.step(x, e1, 10, 5, sched, "ddpm", generator=0, gaussian_last_step=1, backend="cpp")
+
+
+@pytest.mark.parametrize("solver", ["ddpm", "ddpm-large", "ddim"])
+def test_the_cpp_backend_runs_the_fixed_variance_and_ddim_steps_fused(solver, monkeypatch):
+    """backend='cpp' runs ddpm, ddpm-large and ddim (the modes only the C++ kernel has) in its fused kernel,
+    not in the float64 torch reference; the kernel's result is kept."""
+    pytest.importorskip("gms_kernels._C")
+    import gms_kernels.solvers as solvers
+
+    calls = []
+    real = solvers.fused_step
+
+    def spy(backend, *args, **kwargs):
+        calls.append(backend)
+        return real(backend, *args, **kwargs)
+
+    monkeypatch.setattr(solvers, "fused_step", spy)
+    sched = gk.Schedule.linear(20)
+    x = torch.randn(2, 1, 4, 4, generator=torch.Generator().manual_seed(10))
+    e1 = torch.randn(2, 1, 4, 4, generator=torch.Generator().manual_seed(11))
+    gk.step(x, e1, 10, 5, sched, solver, generator=0, backend="cpp")
+    assert calls == ["cpp"]
+
+
+def test_solver_step_reports_the_fitted_mixture_by_default():
+    """solver_step's want_info defaults to True: the C++ GMS step hands back the fitted mu1, mu2, s2."""
+    pytest.importorskip("gms_kernels._C")
+    from gms_kernels.random import SampleNoise
+    from gms_kernels.solvers import StepRandomness, solver_step
+
+    sched = gk.Schedule.linear(20)
+    x = torch.randn(2, 1, 4, 4, generator=torch.Generator().manual_seed(12))
+    e1 = torch.randn(2, 1, 4, 4, generator=torch.Generator().manual_seed(13))
+    heads = [e1, e1 * e1 + 0.1, e1**3]
+    k = sched.coefficients(10, 5)
+    rand = StepRandomness(SampleNoise.create(0, 2, 0), 10, x)
+    _, info = solver_step("gms", x, heads, k, rand, (-1.0, 1.0), sched.T, {}, "cpp")
+    assert set(info) == {"mu1", "mu2", "s2"} and info["mu1"].shape == x.shape
+
+
+def test_the_denoised_last_step_reports_x0():
+    """The step to data with denoise_final (the default) returns the clamped E[x0|x_t] and reports it as "x0"."""
+    sched = gk.Schedule.linear()
+    x, e1, z = _inputs(14)
+    t = 300
+    x0 = ((x - math.sqrt(1 - _abar(t)) * e1) / math.sqrt(_abar(t))).clamp(-1, 1)
+    assert 0 < int((x0.abs() == 1).sum()) < x0.numel()
+    got, info = gk.step(x, e1, t, -1, sched, "ddpm", noise=z, return_info=True, backend="torch")
+    torch.testing.assert_close(got, x0, rtol=0, atol=1e-12)
+    torch.testing.assert_close(info["x0"], x0, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["cpp", "torch"])
+@pytest.mark.parametrize("weights, message", [((0.5, 0.6), "sum to 1"), ((0.5, 0.5), "equal weights")])
+def test_bad_mixture_weights_are_refused_on_every_backend(backend, weights, message):
+    """resolve_options checks the weights for every backend: the fused C++ kernel (which reads w1 as given)
+    must refuse weights that do not sum to 1, or equal weights, as the torch fit does."""
+    if backend == "cpp":
+        pytest.importorskip("gms_kernels._C")
+    sched = gk.Schedule.linear(20)
+    x = torch.randn(2, 1, 4, 4, generator=torch.Generator().manual_seed(15))
+    heads = torch.randn(2, 3, 4, 4, generator=torch.Generator().manual_seed(16))
+    with pytest.raises(ValueError, match=message):
+        gk.step(x, heads, 10, 5, sched, "gms", generator=0, weights=weights, backend=backend)
+
+
+@pytest.mark.parametrize("solver, key, value", [("ddim", "eta", 0.3), ("ddpm", "variance_interp", 0.3),
+                                                ("ddpm", "clip_pixel", 1.5), ("gms", "variance_scale", 1.3),
+                                                ("gms", "skew_threshold", 0.3), ("gms", "lr", 0.03),
+                                                ("edm-sde", "s_churn", 0.3), ("edm-sde", "s_tmin", 0.3),
+                                                ("edm-sde", "s_tmax", 5.3), ("edm-sde", "s_noise", 1.3),
+                                                ("seeds-2", "r", 0.3), ("ggf", "eps_abs", 0.3), ("ggf", "eps_rel", 0.3),
+                                                ("ggf", "h_init", 0.3), ("ggf", "exponent", 0.3),
+                                                ("ggf", "safety", 0.3)])
+def test_real_options_are_resolved_to_python_floats(solver, key, value):
+    """A real-valued option given as a NumPy float32 comes back from resolve_options as the Python float of
+    the same value (under NumPy 2 a float32 would otherwise pull the float64 reference's arithmetic down to
+    float32); e.g. DDIM with eta = float32(0.3) takes the same step as with eta = float(float32(0.3))."""
+    import numpy as np
+
+    from gms_kernels.solvers import SOLVERS, resolve_options
+
+    v32 = np.float32(value)
+    got = resolve_options(SOLVERS[solver], {key: v32})[key]
+    assert type(got) is float and got == float(v32)
+    if key == "eta":
+        sched = gk.Schedule.linear()
+        x, e1, z = _inputs(17)
+        a = gk.step(x, e1, 500, 300, sched, "ddim", noise=z, eta=v32, backend="torch")
+        b = gk.step(x, e1, 500, 300, sched, "ddim", noise=z, eta=float(v32), backend="torch")
+        assert torch.equal(a, b)
+
+
+def test_edm_sde_churn_bounds():
+    """EDM's S_churn is any real number >= 0 (0 turns the churn off; Karras et al. use values like 0.5 to 80):
+    0 and 0.5 are accepted as given, a negative one is refused with the option described."""
+    from gms_kernels.solvers import SOLVERS, resolve_options
+
+    for churn in (0.0, 0.5, 80.0):
+        assert resolve_options(SOLVERS["edm-sde"], {"s_churn": churn})["s_churn"] == churn
+    with pytest.raises(ValueError, match=r"^s_churn must be a number in \[0, inf\] \(EDM's total churn S_churn\)"):
+        resolve_options(SOLVERS["edm-sde"], {"s_churn": -0.1})
+    with pytest.raises(ValueError, match=r"^s_tmin must be a number in \[0, inf\] \(EDM's lowest churned sigma S_tmin\)"):
+        resolve_options(SOLVERS["edm-sde"], {"s_tmin": -0.1})
+    with pytest.raises(ValueError, match=r"^s_tmax must be a number in \[2, inf\] \(EDM's highest churned sigma S_tmax, "
+                                         r">= s_tmin\)"):
+        resolve_options(SOLVERS["edm-sde"], {"s_tmin": 2.0, "s_tmax": 1.0})
+    with pytest.raises(ValueError, match=r"^s_noise must be a number in \[0, 2\] \(EDM's noise inflation S_noise\)"):
+        resolve_options(SOLVERS["edm-sde"], {"s_noise": 2.5})
+
+
+def test_seeds_2_intermediate_point_lies_inside_the_step():
+    """SEEDS-2's r is a fraction of the step in lambda, in (0, 1): 0.5 and 0.999 are accepted; 0, 1 and 1.5
+    (a point beyond the step) are refused, with the option described."""
+    from gms_kernels.solvers import SOLVERS, resolve_options
+
+    for r in (0.5, 0.999):
+        assert resolve_options(SOLVERS["seeds-2"], {"r": r})["r"] == r
+    for r in (0.0, 1.5):
+        with pytest.raises(ValueError, match=r"^r must be a number in \(0, 1\] \(SEEDS-2's intermediate point, a "
+                                             r"fraction of the step in lambda\)"):
+            resolve_options(SOLVERS["seeds-2"], {"r": r})
+    with pytest.raises(ValueError, match=r"r must be a number in \(0, 1\)"):
+        resolve_options(SOLVERS["seeds-2"], {"r": 1.0})
+
+
+def test_ggf_option_errors_describe_the_option():
+    """GGF's option errors name the option, its interval and what it is."""
+    from gms_kernels.solvers import SOLVERS, resolve_options
+
+    cases = [({"eps_abs": 0.0}, r"^eps_abs must be a number in \(0, inf\] \(GGF's absolute tolerance\)"),
+             ({"eps_rel": -1.0}, r"^eps_rel must be a number in \[0, inf\] \(GGF's relative tolerance\)"),
+             ({"h_init": 0.0}, r"^h_init must be a number in \(0, 1\] \(GGF's first step in u in \[0, 1\]\)"),
+             ({"exponent": 1.5}, r"^exponent must be a number in \(0, 1\] \(GGF's step-size exponent r\)"),
+             ({"safety": 0.0}, r"^safety must be a number in \(0, 1\] \(GGF's safety factor theta\)")]
+    for options, message in cases:
+        with pytest.raises(ValueError, match=message):
+            resolve_options(SOLVERS["ggf"], options)
