@@ -340,3 +340,30 @@ def test_digits_oracle_testbed_has_exact_heads_for_the_blurred_train_digits():
     patches = q.testbed("patches-oracle")
     assert patches.references()["train"].shape == (q.ORACLE_PATCHES, 1, 8, 8) and patches.primary == "fd_dct"
     assert set(patches.metrics) == {"fd_dct", "swd"} and patches.tag != bed.tag
+
+
+def test_rank_one_control_has_the_mean_and_covariance_of_the_per_image_mixture_draw():
+    """control-rank1 draws M1 + sqrt(w1 w2) delta xi + s z: over many images of one x_t its mean is M1, its
+    covariance diag(s2) + w1 w2 delta delta^T, which is also what GMS's per-image draw gives."""
+    sched = gk.Schedule.linear()
+    g = torch.Generator().manual_seed(5)
+    means = torch.rand(3, 1, 2, 2, generator=g, dtype=torch.float64) * 2 - 1
+    oracle = gk.GaussianMixtureOracle([0.2, 0.3, 0.5], means, [0.1, 0.2, 0.05], sched)
+    x_one = torch.randn(1, *oracle.data_shape, generator=g, dtype=torch.float64)
+    n = 40000
+    x_t = x_one.expand(n, -1, -1, -1).contiguous()
+    heads = oracle(x_one, T_).expand(n, -1, -1, -1).contiguous()
+    solver, opts = q.row_options(q.RANK_ONE_CONTROL)
+    x, info = gk.step(x_t, heads, T_, S_, sched, solver, generator=0, backend="torch", return_info=True, **opts)
+    x_gms = gk.step(x_t, heads, T_, S_, sched, "gms", generator=0, backend="torch", select="sample")
+    m1, delta, s2 = info["m1"][0].flatten(), (info["mu1"] - info["mu2"])[0].flatten(), info["s2"][0].flatten()
+    assert delta.abs().max() > 0.05  # (a skewed step: the rank-one part matters)
+    cov = torch.diag(s2) + (2 / 9) * torch.outer(delta, delta)
+    for draws in (x.flatten(1), x_gms.flatten(1)):
+        mean = draws.mean(0)
+        emp = torch.cov(draws.T)
+        se = cov.diagonal().sqrt()
+        assert ((mean - m1).abs() <= 5 * se / math.sqrt(n)).all()
+        # entries of a sample covariance have standard error about sqrt((S_ii S_jj + S_ij^2) / n)
+        tol = 5 * ((torch.outer(cov.diagonal(), cov.diagonal()) + cov**2) / n).sqrt()
+        assert ((emp - cov).abs() <= tol).all()

@@ -18,6 +18,7 @@ hash), so a retrained model never reads another model's numbers.
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import time
 from dataclasses import dataclass
@@ -110,6 +111,41 @@ def data_oracle(images: torch.Tensor) -> torch.nn.Module:
                                  torch.full((n,), ORACLE_BLUR, dtype=torch.float64))
 
 
+# -- a control for the per-image mixture draw --------------------------------------------------------------------
+def rank_one_control_step(x_t, heads, k, rand, o):
+    """The Gaussian with the mean and covariance of GMS's per-image draw (``select="sample"``), to tell its gain
+    from skewness apart from its gain in covariance: the per-image draw mu_c + s z with mu1 = M1 + w2 delta,
+    mu2 = M1 - w1 delta and one component per image has mean M1 and covariance diag(s2) + w1 w2 delta delta^T
+    (delta = mu1 - mu2), which this step samples as M1 + sqrt(w1 w2) delta xi + s z with one xi ~ N(0, 1) per
+    image, xi = Phi^-1(u) from the same per-image uniform the mixture draw would use."""
+    from ..fit import fit_closed
+    from ..moments import scale_spread, transition_moments
+    from ..solvers import _learned_gaussian
+
+    mom = scale_spread(transition_moments(x_t, heads[0], heads[1], heads[2], k, o["data_range"]),
+                       o["variance_scale"])
+    if k.s == 0 and o["gaussian_last_step"]:
+        return _learned_gaussian(mom, k, rand, o)
+    w1, w2 = float(o["weights"][0]), float(o["weights"][1])
+    p = fit_closed(mom, o["weights"], o["var_floor"])
+    u = rand.uniform(False).to(torch.float64).clamp(1e-12, 1.0 - 1e-12)
+    xi = (math.sqrt(2.0) * torch.erfinv(2.0 * u - 1.0)).reshape(-1, *[1] * (x_t.dim() - 1))
+    x_s = mom.m1 + math.sqrt(w1 * w2) * (p.mu1 - p.mu2) * xi + p.s2.clamp_min(0.0).sqrt() * rand.normal()
+    return x_s, {"m1": mom.m1, "mu1": p.mu1, "mu2": p.mu2, "s2": p.s2}
+
+
+RANK_ONE_CONTROL = "control-rank1"
+
+
+def _register_controls() -> None:
+    """Adds the control to the solver table (under a name no library solver has) when a row asks for it."""
+    from ..solvers import SOLVERS, Solver
+
+    if RANK_ONE_CONTROL not in SOLVERS:
+        options = {key: v for key, v in SOLVERS["gms"].options.items() if key not in ("preset", "skew_threshold")}
+        SOLVERS[RANK_ONE_CONTROL] = Solver(RANK_ONE_CONTROL, 3, rank_one_control_step, options)
+
+
 # -- rows ------------------------------------------------------------------------------------------------------
 _ROW = re.compile(r"^(?P<base>[a-z0-9-]+(?: [a-z0-9/-]+)?)(?P<mods>(?: [a-z_]+=[^ ]+)*)$")
 # short names of the GMS variants: fit and component selection
@@ -133,6 +169,8 @@ def row_options(label: str) -> tuple[str, dict]:
     if m is None:
         raise ValueError(f"cannot read row label {label!r}")
     base = m["base"]
+    if base == RANK_ONE_CONTROL:
+        _register_controls()
     solver, options = ("gms", dict(GMS_BASES[base])) if base in GMS_BASES else (base, {})
     for mod in m["mods"].split():
         key, value = mod.split("=", 1)
