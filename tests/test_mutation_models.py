@@ -330,6 +330,9 @@ def test_from_heads_names_the_file_it_expected(tmp_path):
     with pytest.raises(ValueError, match=r"other\.pt: not a heads file \(MomentNet\.save_heads\): expected format tag "
                                          r"'gms_kernels\.moment_heads', found 'something\.else'"):
         gm.MomentNet.from_heads(None, tmp_path / "other.pt")
+    torch.save([torch.zeros(1)], tmp_path / "list.pt")
+    with pytest.raises(ValueError, match=r"list\.pt: not a heads file .*found 'list'"):
+        gm.MomentNet.from_heads(None, tmp_path / "list.pt")
 
 
 def test_heads_files_keep_their_dropout_and_old_files_without_targets_are_raw(tmp_path):
@@ -387,3 +390,171 @@ def test_ddim_resampling_without_convolutions_is_nearest_and_average_pooling():
 def test_pytorch_ddpm_refuses_an_attention_level_past_the_last():
     with pytest.raises(ValueError, match=r"attn levels \[2\] are out of range for ch_mult=\(1, 2\) \(levels 0..1\)"):
         gm.PytorchDDPMUNet(T=50, ch=32, ch_mult=(1, 2), attn=(2,), num_res_blocks=1)
+
+
+def test_group_count_and_the_moment_heads_group_norm():
+    """group_count: the largest divisor of the width that is <= 32; the conv head normalises over that
+    many groups (checked against a hand-written GroupNorm -> SiLU -> conv)."""
+    from gms_kernels.models._common import group_count
+
+    assert [group_count(c) for c in (1, 7, 16, 32, 33, 48, 64, 96, 100)] == [1, 7, 16, 32, 11, 24, 32, 32, 25]
+    head = gm.ConvHead(48, 3)
+    assert head.norm.num_groups == 24
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    h = torch.randn(2, 48, 4, 4, generator=g, dtype=torch.float64)
+    head = head.double()
+    grouped = h.reshape(2, 24, -1)
+    normed = ((grouped - grouped.mean(-1, keepdim=True)) / (grouped.var(-1, unbiased=False, keepdim=True)
+                                                            + head.norm.eps).sqrt()).reshape(h.shape)
+    normed = normed * head.norm.weight[:, None, None] + head.norm.bias[:, None, None]
+    expected = torch.nn.functional.conv2d(normed * torch.sigmoid(normed), head.conv.weight, head.conv.bias, padding=1)
+    with torch.no_grad():
+        torch.testing.assert_close(head(h), expected, rtol=1e-10, atol=1e-12)
+
+
+def test_moment_net_file_keeps_the_dropout_and_names_the_network_on_a_mismatch(tmp_path):
+    torch.manual_seed(0)
+    backbone = gm.PytorchDDPMUNet(T=50, ch=32, ch_mult=(1, 2), attn=(1,), num_res_blocks=1).eval()
+    backbone.schedule = gk.Schedule.linear(50, 1e-3, 0.05)
+    gm.MomentNet(backbone, head="res_conv", dropout=0.2).save(tmp_path / "net.pt")
+    loaded = gm.MomentNet.load(tmp_path / "net.pt")
+    assert loaded.dropout == 0.2 and loaded.heads["2"].res.dropout.p == 0.2
+    np.testing.assert_allclose(loaded.schedule.betas.numpy(), np.linspace(1e-3, 0.05, 50), rtol=1e-12, atol=0)
+    data = torch.load(tmp_path / "net.pt", weights_only=True)
+    del data["state_dict"]["heads.3.out.conv.bias"]
+    torch.save(data, tmp_path / "cut.pt")
+    with pytest.raises(ValueError, match=r"cut\.pt: the weights do not match MomentNet\[pytorch-ddpm\]\(orders=\[2, 3\], "
+                                         r"head='res_conv'\):\n  missing keys \(1\): heads\.3\.out\.conv\.bias"):
+        gm.MomentNet.load(tmp_path / "cut.pt")
+    loaded.save_heads(tmp_path / "heads.pt")
+    with pytest.raises(ValueError, match=r"heads\.pt: not a MomentNet file \(MomentNet\.save\): expected format tag "
+                                         r"'gms_kernels\.moment_net', found 'gms_kernels\.moment_heads'"):
+        gm.MomentNet.load(tmp_path / "heads.pt")
+
+
+def test_iddpm_resampling_without_convolutions_is_nearest_and_average_pooling():
+    from gms_kernels.models.iddpm import _Down, _Up
+
+    x = torch.arange(2 * 4 * 4, dtype=torch.float32).reshape(1, 2, 4, 4)
+    assert torch.equal(_Up(2, use_conv=False)(x), x.repeat_interleave(2, dim=2).repeat_interleave(2, dim=3))
+    assert torch.equal(_Down(2, use_conv=False)(x), x.reshape(1, 2, 2, 2, 2, 2).mean(dim=(3, 5)))
+    torch.manual_seed(0)
+    net = gm.IDDPMUNet(in_channels=3, model_channels=32, out_channels=3, num_res_blocks=1, attention_resolutions=(2,),
+                       channel_mult=(1, 2), num_heads=2, conv_resample=False).eval()
+    with torch.no_grad():
+        assert net(torch.randn(1, 3, 8, 8), torch.tensor([3.5])).shape == (1, 3, 8, 8)
+
+
+def test_format_versions_newer_than_known_are_refused_and_a_missing_version_is_the_current(tmp_path):
+    torch.manual_seed(0)
+    backbone = gm.PytorchDDPMUNet(T=50, ch=32, ch_mult=(1, 2), attn=(1,), num_res_blocks=1).eval()
+    gm.MomentNet(backbone).save_heads(tmp_path / "heads.pt")
+    data = torch.load(tmp_path / "heads.pt", weights_only=True)
+    data["version"] = 2
+    torch.save(data, tmp_path / "v2.pt")
+    with pytest.raises(ValueError, match=r"v2\.pt: format version 2 is newer than this gms_kernels understands \(1\)"):
+        gm.MomentNet.from_heads(backbone, tmp_path / "v2.pt")
+    del data["version"]
+    torch.save(data, tmp_path / "v0.pt")
+    assert gm.MomentNet.from_heads(backbone, tmp_path / "v0.pt").orders == (2, 3)
+
+
+def fake_state(*keys, prefix=""):
+    return {prefix + k: torch.zeros(1) for k in keys + ("other.weight",)}
+
+
+IDDPM_MARKS = ("time_embed.0.weight", "input_blocks.0.0.weight")
+DDPM_MARKS = ("time_embedding.timembedding.0.weight", "downblocks.0.block1.0.weight")
+
+
+@pytest.mark.parametrize("data, kind", [
+    ({"format": "gms_kernels.moment_heads"}, "gms-heads"),
+    ({"format": "gms_kernels.moment_net"}, "moment-net"),
+    *[({"ema_model": fake_state(k)}, "gms-official") for k in IDDPM_MARKS],
+    ({"net_model": fake_state(*IDDPM_MARKS, prefix="module.")}, "gms-official"),
+    ({"ema_model": fake_state("temb.dense.0.weight")}, "ddim"),
+    ({"ema_model": fake_state(*DDPM_MARKS)}, "pytorch-ddpm"),
+    *[(fake_state(k), "pytorch-ddpm") for k in DDPM_MARKS],
+    *[(fake_state(k), "improved-diffusion") for k in IDDPM_MARKS],
+    (fake_state("temb.dense.0.weight"), "ddim"),
+    ([fake_state("temb.dense.0.weight", prefix="module."), {"state": {}}, 3], "ddim"),
+])
+def test_auto_detection_reads_the_format_tag_or_either_marker_key(data, kind):
+    """Each family is recognised by either of its marker keys (a file missing one is still named by kind)."""
+    from gms_kernels.models.loading import _detect
+
+    assert _detect("f.pt", data) == kind
+
+
+def test_auto_detection_points_diffusers_weights_to_their_directory():
+    from gms_kernels.models.loading import _detect
+
+    with pytest.raises(ValueError, match=r"f\.pt: these are diffusers UNet2DModel weights; load the directory"):
+        _detect("f.pt", fake_state("conv_in.weight", "time_embedding.linear_1.weight"))
+    for partial in (fake_state("conv_in.weight"), fake_state("time_embedding.linear_1.weight")):
+        with pytest.raises(ValueError, match="cannot tell which network this file holds"):
+            _detect("f.pt", partial)
+
+
+def test_a_ddim_repository_list_gives_its_last_entry_as_ema_and_its_first_as_the_model(tmp_path):
+    """The DDIM repository saves [model, optimizer, epoch, step, ema]: use_ema (default) reads the last entry,
+    use_ema=False the first; a list without an EMA entry gives the first either way."""
+    model, ema = tiny_ddim(0), tiny_ddim(1)
+    optimizer = {"state": {}, "param_groups": []}
+    torch.save([model.state_dict(), optimizer, 3, 1000, ema.state_dict()], tmp_path / "with_ema.pth")
+    torch.save([model.state_dict(), optimizer, 3, 1000], tmp_path / "no_ema.pth")
+    x, t = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(4)), torch.tensor([11])
+    with torch.no_grad():
+        assert not torch.equal(model(x, t), ema(x, t))
+        assert torch.equal(gm.load(tmp_path / "with_ema.pth", resolution=8)(x, t), ema(x, t))
+        assert torch.equal(gm.load(tmp_path / "with_ema.pth", resolution=8, use_ema=False)(x, t), model(x, t))
+        assert torch.equal(gm.load(tmp_path / "no_ema.pth", resolution=8)(x, t), model(x, t))
+
+
+def official_fixtures(family):
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "official_gms" / family
+    if not folder.is_dir():  # (as in test_official_gms.py: the shared folder next to the working tree)
+        folder = Path("/work/shared/fixtures/official_gms") / family
+    return [folder / f"eps{i}.pt" for i in (1, 2, 3)], json.loads((folder / "config.json").read_text())
+
+
+def test_official_ddim_files_with_a_wrong_config_suggest_the_gms_official_call():
+    paths, cfg = official_fixtures("ddpm")
+    cfg = {**cfg, "ch_mult": [1, 2, 2]}
+    with pytest.raises(ValueError, match=r"fix: the weights match DDIMModel\(.*\): load with gk\.models\.load\(path, "
+                                         r"kind='gms-official', ch_mult="):
+        gm.load(paths, kind="gms-official", **cfg)
+
+
+def test_official_files_with_the_other_familys_options_name_the_first_file():
+    (iddpm, cfg_i), (ddim, cfg_d) = official_fixtures("iddpm"), official_fixtures("ddpm")
+    with pytest.raises(ValueError, match=r"iddpm/eps1\.pt \[ema_model\]: holds an improved-diffusion network, but the "
+                                         r"option\(s\) ch, out_ch"):
+        gm.load(iddpm, kind="gms-official", **cfg_d)
+    with pytest.raises(ValueError, match=r"ddpm/eps1\.pt \[ema_model\]: holds a ddim network, but the option\(s\) "
+                                         r"model_channels, out_channels"):
+        gm.load(ddim, kind="gms-official", **cfg_i)
+
+
+def test_official_head_of_no_known_mode_lists_its_first_ten_keys():
+    from gms_kernels.models.official_gms import detect_mode
+
+    head = {f"k{i:02d}.weight": torch.zeros(1) for i in range(12)}
+    shown = ", ".join(f"out2.k{i:02d}.weight" for i in range(10))
+    with pytest.raises(ValueError, match=re.escape(f"w: the head keys match no official improved-diffusion head mode "
+                                                   f"(simple, complex, complex2); found 12: {shown}") + "$"):
+        detect_mode("improved-diffusion", head, tiny_iddpm(), "w")
+
+
+@pytest.mark.parametrize("name", ["diffusion_pytorch_model.safetensors", "config.json"])
+def test_a_diffusers_weights_or_config_file_loads_its_folder(tmp_path, name):
+    unet = tiny_unet(3)
+    unet.save_pretrained(tmp_path / "unet")
+    x, t = torch.randn(1, 3, 8, 8), torch.tensor([21])
+    with torch.no_grad():
+        assert torch.equal(gm.load(tmp_path / "unet" / name)(x, t), unet(x, t).sample)
