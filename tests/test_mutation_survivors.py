@@ -469,7 +469,120 @@ def test_ggf_option_errors_describe_the_option():
              ({"eps_rel": -1.0}, r"^eps_rel must be a number in \[0, inf\] \(GGF's relative tolerance\)"),
              ({"h_init": 0.0}, r"^h_init must be a number in \(0, 1\] \(GGF's first step in u in \[0, 1\]\)"),
              ({"exponent": 1.5}, r"^exponent must be a number in \(0, 1\] \(GGF's step-size exponent r\)"),
+             ({"exponent": 0.0}, r"^exponent must be a number in \(0, 1\]"),
              ({"safety": 0.0}, r"^safety must be a number in \(0, 1\] \(GGF's safety factor theta\)")]
     for options, message in cases:
         with pytest.raises(ValueError, match=message):
             resolve_options(SOLVERS["ggf"], options)
+
+
+def test_ggf_max_attempts_bounds():
+    """GGF's max_attempts is an integer in [1, 65535] (the per-sample noise counter holds 16 bits)."""
+    from gms_kernels.solvers import SOLVERS, resolve_options
+
+    for m in (1, 65535):
+        assert resolve_options(SOLVERS["ggf"], {"max_attempts": m})["max_attempts"] == m
+    for m in (0, 65536, 2.0, True):
+        with pytest.raises(ValueError, match=r"max_attempts must be an integer in \[1, 65535\]"):
+            resolve_options(SOLVERS["ggf"], {"max_attempts": m})
+
+
+def test_explicit_randomness_of_the_wrong_kind_is_named():
+    """gk.step refuses explicit noise / uniforms that are not tensors (naming their type) or are misshapen
+    (naming their shape), with a ValueError."""
+    sched = gk.Schedule.linear(20)
+    x, heads = torch.zeros(2, 1, 2, 2), torch.zeros(2, 3, 2, 2)
+    with pytest.raises(ValueError, match=r"^noise must be a tensor shaped like x_t \(2, 1, 2, 2\), got list$"):
+        gk.step(x, heads, 10, 5, sched, "gms", noise=[0.0])
+    with pytest.raises(ValueError, match=r"^uniform must be a tensor .* got list$"):
+        gk.step(x, heads, 10, 5, sched, "gms", uniform=[0.0])
+    with pytest.raises(ValueError, match=r"^uniform must be a tensor .* got \(3,\)$"):
+        gk.step(x, heads, 10, 5, sched, "gms", uniform=torch.zeros(3))
+
+
+def test_check_sample_args_checks_the_schedule_range_and_backend():
+    """check_sample_args refuses what sample() would: more steps than the given schedule's T, an empty data
+    range, an unknown backend (and accepts the same call with good values)."""
+    from gms_kernels.sampling import check_sample_args
+
+    def model(x, t):
+        return torch.zeros(x.shape[0], 3 * x.shape[1], *x.shape[2:])
+
+    check_sample_args(model, steps=20, schedule=gk.Schedule.linear(20), data_range=(0.0, 1.0), backend="torch")
+    with pytest.raises(ValueError, match=r"steps must be an integer in \[1, T = 20\], got 50"):
+        check_sample_args(model, steps=50, schedule=gk.Schedule.linear(20))
+    with pytest.raises(ValueError, match="data_range must satisfy low < high"):
+        check_sample_args(model, data_range=(1.0, 0.0))
+    with pytest.raises(ValueError, match="unknown backend 'bogus'"):
+        check_sample_args(model, backend="bogus")
+
+
+def test_the_deferred_finite_check_flag_is_one_int32_zero():
+    """The NaN/inf flag a deferred check hands to the Triton kernel is what gk.step documents for
+    nonfinite_flag: one int32 element, zero, on x_t's device; a set flag raises, naming the step."""
+    from gms_kernels.sampling import DeferredFiniteCheck
+
+    x = torch.zeros(2, 1, 2, 2)
+    check = DeferredFiniteCheck(x, [torch.zeros_like(x)], "at step 3 ")
+    assert check.flag.dtype == torch.int32 and check.flag.shape == (1,) and int(check.flag) == 0
+    assert check.flag.device == x.device
+    check.launched()
+    check.raise_if_set()  # not set: nothing
+    check.flag.fill_(1)
+    with pytest.raises(ValueError, match="at step 3 has non-finite values"):
+        check.raise_if_set()
+
+
+def _scheduler_warnings(fn):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = fn()
+    return out, [(w.category, str(w.message)) for w in caught if "GMSScheduler" in str(w.message)]
+
+
+def test_from_config_clip_defaults_and_an_explicit_data_range_in_the_config():
+    """A foreign config that sets clip_sample without clip_sample_range clips to diffusers' default range 1
+    (data_range (-1, 1)); a data_range already in the config wins over clip_sample."""
+    from gms_kernels import GMSScheduler
+
+    base = {"_class_name": "DDPMScheduler", "num_train_timesteps": 1000}
+    s, _ = _scheduler_warnings(lambda: GMSScheduler.from_config(dict(base, clip_sample=True)))
+    assert s._data_range == (-1.0, 1.0)
+    s, _ = _scheduler_warnings(lambda: GMSScheduler.from_config(dict(base, clip_sample=True, clip_sample_range=3.0,
+                                                                    data_range=[0.0, 1.0])))
+    assert s._data_range == (0.0, 1.0)
+
+
+def test_from_config_returns_the_unused_kwargs_when_asked():
+    """from_config(..., return_unused_kwargs=True) returns (scheduler, unused kwargs), as ConfigMixin does."""
+    from gms_kernels import GMSScheduler
+
+    out = GMSScheduler.from_config(GMSScheduler(solver="ddpm").config, return_unused_kwargs=True)
+    assert isinstance(out, tuple) and isinstance(out[0], GMSScheduler) and isinstance(out[1], dict)
+
+
+def test_from_config_names_a_config_without_a_class_and_refuses_learned_variance_heads():
+    """A dropped key of a config with no _class_name is reported against "the source config"; a learned
+    variance ("learned" as well as "learned_range") is refused for solvers that read more than one head; an
+    unknown solver next to variance_type is refused as unknown (ValueError), not by an AttributeError."""
+    from gms_kernels import GMSScheduler
+
+    s, messages = _scheduler_warnings(lambda: GMSScheduler.from_config({"num_train_timesteps": 1000, "foo": 1}))
+    assert any("ignores these settings of the source config: foo=1" in m for _, m in messages)
+    for vt in ("learned", "learned_range"):
+        with pytest.raises(ValueError, match=f"variance_type='{vt}'"):
+            GMSScheduler.from_config({"_class_name": "DDPMScheduler", "variance_type": vt}, solver="gms")
+    with pytest.raises(ValueError, match="unknown solver 'bogus'"):
+        _scheduler_warnings(lambda: GMSScheduler.from_config({"_class_name": "DDPMScheduler",
+                                                              "variance_type": "learned"}, solver="bogus"))
+
+
+def test_from_config_thresholding_warning_names_the_data_range_used():
+    """The thresholding warning says which data_range the steps clamp to instead (the default (-1, 1))."""
+    from gms_kernels import GMSScheduler
+
+    cfg = {"_class_name": "DDPMScheduler", "thresholding": True, "sample_max_value": 1.5}
+    _, messages = _scheduler_warnings(lambda: GMSScheduler.from_config(cfg))
+    assert any(cat is UserWarning and "clamp to data_range=(-1.0, 1.0) instead" in m for cat, m in messages)
