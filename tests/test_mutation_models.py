@@ -558,3 +558,106 @@ def test_a_diffusers_weights_or_config_file_loads_its_folder(tmp_path, name):
     x, t = torch.randn(1, 3, 8, 8), torch.tensor([21])
     with torch.no_grad():
         assert torch.equal(gm.load(tmp_path / "unet" / name)(x, t), unet(x, t).sample)
+
+
+def test_loader_hints_for_an_edited_file_and_an_unbuildable_config(tmp_path):
+    sd = tiny_ddpm_state()
+    torch.save({**sd, "foo.weight": torch.zeros(3)}, tmp_path / "extra.pt")
+    with pytest.raises(ValueError, match=r"(?s)unexpected keys \(1\): foo\.weight\n  fix: the file resembles "
+                                         r"PytorchDDPMUNet\(.*ch=32.*\) but is incomplete or edited"):
+        gm.load(tmp_path / "extra.pt")
+    # a constructor error on a file whose architecture cannot be read: the error alone, no guessed config
+    odd = {k: v for k, v in sd.items() if not k.startswith("downblocks.")}
+    torch.save(odd, tmp_path / "odd.pt")
+    with pytest.raises(ValueError, match=r"odd\.pt: cannot build PytorchDDPMUNet\(attn=\[7\]\): attn levels \[7\] are "
+                                         r"out of range .*\(levels 0\.\.3\)\.$"):
+        gm.load(tmp_path / "odd.pt", kind="pytorch-ddpm", attn=[7])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_group_norm32_of_a_half_precision_module_normalises_in_float32(dtype):
+    """A 16-bit GroupNorm32 (weights and input in 16 bits) computes in float32 and returns 16 bits: the
+    result is the float32 normalisation of the 16-bit input, rounded once."""
+    norm = _common.GroupNorm32(2, 4)
+    with torch.no_grad():
+        norm.weight.copy_(torch.tensor([1.5, -0.5, 2.0, 0.25]))
+        norm.bias.copy_(torch.tensor([0.1, 0.2, -0.3, 0.0]))
+    norm = norm.to(dtype)
+    x = torch.randn(2, 4, 3, 3, generator=torch.Generator().manual_seed(0)).to(dtype)
+    g = x.float().reshape(2, 2, -1)
+    ref = ((g - g.mean(-1, keepdim=True)) / (g.var(-1, unbiased=False, keepdim=True) + norm.eps).sqrt()).reshape(x.shape)
+    ref = ref * norm.weight.float()[:, None, None] + norm.bias.float()[:, None, None]
+    out = norm(x)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), ref.to(dtype).float(), rtol=0, atol=float(torch.finfo(dtype).eps) * 4)
+
+
+@pytest.mark.parametrize("preset, attention, dropout, mult", [
+    ("cifar10_cosine", [2, 4], 0.3, [1, 2, 2, 2]), ("imagenet64", [4, 8], 0.0, [1, 2, 3, 4])])
+def test_improved_diffusion_presets_are_the_released_configs(preset, attention, dropout, mult):
+    """improved-diffusion's released CIFAR10 / ImageNet-64 flags: 128 channels, 3 blocks, 4 heads (upsampling
+    heads = num_heads, i.e. -1), scale-shift norm, learned sigma (6 outputs), the cosine schedule over 4000 steps."""
+    with torch.device("meta"):
+        net = getattr(gm.IDDPMUNet, preset)()
+    assert net.config == {"in_channels": 3, "model_channels": 128, "out_channels": 6, "num_res_blocks": 3,
+                          "attention_resolutions": attention, "dropout": dropout, "channel_mult": mult,
+                          "conv_resample": True, "num_heads": 4, "num_heads_upsample": -1,
+                          "use_scale_shift_norm": True}
+    assert torch.equal(net.schedule.betas, gk.Schedule.cosine(4000).betas)
+
+
+def test_pytorch_ddpm_and_improved_diffusion_loaders_take_their_options(tmp_path):
+    torch.save({"ema_model": tiny_ddpm_state()}, tmp_path / "ddpm.pt")
+    schedule = gk.Schedule.linear(50, 1e-3, 0.05)
+    assert gm.load(tmp_path / "ddpm.pt", schedule=schedule).schedule is schedule
+    torch.save(tiny_iddpm().state_dict(), tmp_path / "iddpm.pt")
+    with pytest.raises(ValueError, match=r"unknown option\(s\) for kind 'improved-diffusion': colour; valid: "
+                                         r"in_channels, .*, eps_only, schedule$"):
+        gm.load(tmp_path / "iddpm.pt", colour=1)
+
+
+def test_a_backbone_config_that_json_cannot_hold_is_named_in_the_export_error():
+    from gms_kernels.models.diffusers_export import network_spec
+
+    class Odd(torch.nn.Module):
+        family = "pytorch-ddpm"
+        config = {"T": object()}
+
+    with pytest.raises(TypeError, match=r"the pytorch-ddpm backbone config\['T'\]"):
+        network_spec(Odd())
+
+
+def test_ddim_model_takes_a_scalar_time_for_the_whole_batch():
+    model = tiny_ddim(0)
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        assert torch.equal(model(x, 5), model(x, torch.tensor([5, 5])))
+        assert torch.equal(model(x, torch.tensor(5)), model(x, torch.tensor([5, 5])))
+
+
+def test_heads_loader_options_and_central_targets(tmp_path):
+    torch.manual_seed(0)
+    backbone = gm.PytorchDDPMUNet(T=50, ch=32, ch_mult=(1, 2), attn=(1,), num_res_blocks=1).eval()
+    gm.MomentNet(backbone, targets="central").save_heads(tmp_path / "heads.pt")
+    assert gm.MomentNet.from_heads(backbone, tmp_path / "heads.pt").targets == "central"
+    with pytest.raises(ValueError, match=r"unknown option\(s\) for kind 'gms-heads': colour; valid: backbone$"):
+        gm.load(tmp_path / "heads.pt", backbone=backbone, colour=1)
+
+
+def test_diffusers_variant_weights_are_read_when_asked(tmp_path):
+    unet = tiny_unet(3)
+    unet.save_pretrained(tmp_path, variant="ema")
+    assert (tmp_path / "diffusion_pytorch_model.ema.safetensors").is_file()
+    assert not (tmp_path / "diffusion_pytorch_model.safetensors").exists()
+    x, t = torch.randn(1, 3, 8, 8), torch.tensor([13])
+    with torch.no_grad():
+        assert torch.equal(gm.load(tmp_path, variant="ema")(x, t), unet(x, t).sample)
+
+
+def test_pytorch_ddpm_sinusoid_table_is_frozen():
+    """pytorch-ddpm's TimeEmbedding holds its sinusoid table in a frozen nn.Embedding (freeze=True): training
+    the UNet never changes it."""
+    net = gm.PytorchDDPMUNet(T=50, ch=32, ch_mult=(1, 2), attn=(1,), num_res_blocks=1)
+    table = net.time_embedding.timembedding[0].weight
+    assert not table.requires_grad
+    assert all(p.requires_grad for n, p in net.named_parameters() if n != "time_embedding.timembedding.0.weight")
