@@ -586,3 +586,66 @@ def test_from_config_thresholding_warning_names_the_data_range_used():
     cfg = {"_class_name": "DDPMScheduler", "thresholding": True, "sample_max_value": 1.5}
     _, messages = _scheduler_warnings(lambda: GMSScheduler.from_config(cfg))
     assert any(cat is UserWarning and "clamp to data_range=(-1.0, 1.0) instead" in m for cat, m in messages)
+
+
+def test_scheduler_add_noise_takes_one_timestep_for_the_whole_batch():
+    """add_noise with one timestep for a batch of 3 uses it for every sample: sqrt(abar_t) x0 + sqrt(1 - abar_t) eps
+    with abar from the linear betas (recomputed here); a timestep per sample works too."""
+    from gms_kernels import GMSScheduler
+
+    s = GMSScheduler(solver="ddpm")
+    x0, eps, _ = _inputs(18, shape=(3, 1, 2, 2))
+    got = s.add_noise(x0, eps, 10)
+    torch.testing.assert_close(got, math.sqrt(_abar(10)) * x0 + math.sqrt(1 - _abar(10)) * eps, rtol=0, atol=1e-12)
+    per = s.add_noise(x0, eps, torch.tensor([10, 500, 999]))
+    for i, t in enumerate((10, 500, 999)):
+        torch.testing.assert_close(per[i], math.sqrt(_abar(t)) * x0[i] + math.sqrt(1 - _abar(t)) * eps[i],
+                                   rtol=0, atol=1e-12)
+
+
+def test_from_config_variance_type_warning_hints_only_known_types():
+    """The dropped variance_type is reported with DDPM's matching solver when there is one ("fixed_large" is
+    solver='ddpm-large'), and without a hint otherwise."""
+    from gms_kernels import GMSScheduler
+
+    _, messages = _scheduler_warnings(lambda: GMSScheduler.from_config(
+        {"_class_name": "DDPMScheduler", "variance_type": "fixed_large"}, solver="ddpm"))
+    assert any("DDPM's 'fixed_large' is solver='ddpm-large'" in m for _, m in messages)
+    _, messages = _scheduler_warnings(lambda: GMSScheduler.from_config(
+        {"_class_name": "DDPMScheduler", "variance_type": "learned_range"}, solver="ddpm"))
+    text = " ".join(m for _, m in messages)
+    assert "variance_type='learned_range' (the solver sets the variance, here solver='ddpm')" in text
+    assert "is solver=" not in text
+
+
+def test_steps_offset_may_not_move_the_first_timestep_to_T():
+    """With "leading" spacing, steps_offset shifts every timestep; a first timestep of exactly T is refused
+    (T = 10, N = 10: 9 + 1 = 10), one of T - 1 is accepted (N = 5: 8 + 1 = 9)."""
+    from gms_kernels import GMSScheduler
+
+    s = GMSScheduler(num_train_timesteps=10, timestep_spacing="leading", steps_offset=1)
+    with pytest.raises(ValueError, match=r"moves the first timestep to 10 >= T = 10"):
+        s.set_timesteps(10)
+    s.set_timesteps(5)
+    assert s.timesteps.tolist() == [9, 7, 5, 3, 1]
+
+
+def test_scheduler_steps_a_float64_sample_in_float64():
+    """GMSScheduler.step on a float64 sample hands it to the step in float64 (not rounded to float32 first): with
+    the float64 torch backend, DDIM (eta 0) from 999 to 899 equals a_s x0 + sigma_s eps~ with
+    x0 = clamp((x_t - sigma_t e1) / a_t), eps~ = (x_t - a_t x0) / sigma_t, to 1e-12. (The default C++ backend
+    computes DDIM in float32, so it agrees only to ~1e-7.)"""
+    from gms_kernels import GMSScheduler
+
+    s = GMSScheduler(solver="ddim", backend="torch")
+    s.set_timesteps(10)
+    x, e1, _ = _inputs(19)
+    t, u = 999, 899
+    a_t, a_s = math.sqrt(_abar(t)), math.sqrt(_abar(u))
+    sig_t, sig_s = math.sqrt(1 - _abar(t)), math.sqrt(1 - _abar(u))
+    x0 = ((x - sig_t * e1) / a_t).clamp(-1, 1)
+    ref = a_s * x0 + sig_s * (x - a_t * x0) / sig_t
+    out = s.step(e1, s.timesteps[0], x)
+    assert out.prev_sample.dtype == torch.float64
+    torch.testing.assert_close(out.prev_sample, ref, rtol=0, atol=1e-12)
+    torch.testing.assert_close(out.pred_original_sample, x0, rtol=0, atol=1e-12)
