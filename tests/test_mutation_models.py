@@ -41,7 +41,8 @@ def test_unreadable_message_names_the_error_type_and_the_inner_unpickler_error(t
                                  "WeightsUnpickler error: Unsupported operand 149\n\nCheck the file.")
     text = str(_common._unreadable(str(path), 23, err))
     assert "(23 bytes; UnpicklingError: Unsupported operand 149)" in text
-    assert "preamble" not in text and "it is truncated, corrupted or not a torch checkpoint" in text
+    assert "preamble" not in text
+    assert "Unsupported operand 149): it is truncated, corrupted or not a torch checkpoint. Download or save" in text
     # a real truncated torch zip file: torch's RuntimeError is named, with the truncation hint
     torch.save({"w": torch.ones(64)}, tmp_path / "full.pt")
     data = (tmp_path / "full.pt").read_bytes()
@@ -429,6 +430,10 @@ def test_moment_net_file_keeps_the_dropout_and_names_the_network_on_a_mismatch(t
     with pytest.raises(ValueError, match=r"cut\.pt: the weights do not match MomentNet\[pytorch-ddpm\]\(orders=\[2, 3\], "
                                          r"head='res_conv'\):\n  missing keys \(1\): heads\.3\.out\.conv\.bias"):
         gm.MomentNet.load(tmp_path / "cut.pt")
+    del data["heads"]["targets"]  # a file written before ``targets`` existed: raw heads
+    data["state_dict"] = torch.load(tmp_path / "net.pt", weights_only=True)["state_dict"]
+    torch.save(data, tmp_path / "old.pt")
+    assert gm.MomentNet.load(tmp_path / "old.pt").targets == "raw"
     loaded.save_heads(tmp_path / "heads.pt")
     with pytest.raises(ValueError, match=r"heads\.pt: not a MomentNet file \(MomentNet\.save\): expected format tag "
                                          r"'gms_kernels\.moment_net', found 'gms_kernels\.moment_heads'"):
@@ -661,3 +666,27 @@ def test_pytorch_ddpm_sinusoid_table_is_frozen():
     table = net.time_embedding.timembedding[0].weight
     assert not table.requires_grad
     assert all(p.requires_grad for n, p in net.named_parameters() if n != "time_embedding.timembedding.0.weight")
+
+
+def test_pytorch_ddpm_initialisation_is_glorot_with_near_zero_branch_ends():
+    """pytorch-ddpm's init: Glorot-uniform weights, zero biases; the convs closing a residual branch, the
+    attention projection and the output conv get gain 1e-5 (the network starts near zero)."""
+    torch.manual_seed(0)
+    net = gm.PytorchDDPMUNet(T=50, ch=32, ch_mult=(1, 2), attn=(1,), num_res_blocks=1)
+
+    def bound(w, gain):  # xavier_uniform_: U(-a, a), a = gain * sqrt(6 / (fan_in + fan_out))
+        field = w[0][0].numel()
+        return gain * (6.0 / (w.shape[1] * field + w.shape[0] * field)) ** 0.5
+
+    tail = net.tail[-1].weight
+    assert tail.abs().max() <= bound(tail, 1e-5) and tail.abs().max() > 0.5 * bound(tail, 1e-5)
+    head = net.head.weight
+    assert head.abs().max() <= bound(head, 1.0) and head.abs().max() > 0.5 * bound(head, 1.0)
+    assert all((m.bias == 0).all() for m in net.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear)))
+
+
+def test_an_unreadable_safetensors_file_reports_its_size(tmp_path):
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{}")
+    with pytest.raises(ValueError, match=r"bad\.safetensors: cannot read this file as a torch checkpoint \(10 bytes; "):
+        _common.read_weights_file(bad)
