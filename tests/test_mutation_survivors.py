@@ -649,3 +649,35 @@ def test_scheduler_steps_a_float64_sample_in_float64():
     assert out.prev_sample.dtype == torch.float64
     torch.testing.assert_close(out.prev_sample, ref, rtol=0, atol=1e-12)
     torch.testing.assert_close(out.pred_original_sample, x0, rtol=0, atol=1e-12)
+
+
+def test_step_names_the_solver_that_lacks_heads():
+    """gk.step with too few heads names the solver and the heads it needs."""
+    x = torch.zeros(2, 1, 2, 2)
+    with pytest.raises(ValueError, match=r"^solver 'gms' needs 3 head\(s\) \(e1 = E\[eps\]"):
+        gk.step(x, torch.zeros(2, 2, 2, 2), 10, 5, gk.Schedule.linear(20), "gms", generator=0)
+
+
+def test_sample_reads_the_models_time_input_and_keeps_an_explicit_oracle():
+    """gk.sample calls the model with its own time_input convention ("scaled": t * 1000 / T), and the exact
+    solver uses an oracle passed as an option rather than the model."""
+    seen = []
+
+    class Scaled(torch.nn.Module):
+        time_input = "scaled"
+
+        def forward(self, x, t):
+            seen.append(float(t[0]))
+            return torch.zeros_like(x)
+
+    sched = gk.Schedule.linear(100)
+    gk.sample(Scaled(), shape=(2, 1, 2, 2), steps=2, solver="ddim", schedule=sched, generator=0, progress=False,
+              trajectory=[99, 49])
+    assert seen == [990.0, 490.0]
+
+    mean = torch.full((1, 2, 2), 0.5, dtype=torch.float64)
+    model = gk.GaussianMixtureOracle([1.0], mean[None] * 0 - 0.5, [0.01], schedule=sched)
+    oracle = gk.GaussianMixtureOracle([1.0], mean[None], [0.01], schedule=sched)
+    x = gk.sample(model, shape=(4, 1, 2, 2), steps=5, solver="exact", schedule=sched, generator=0, progress=False,
+                  oracle=oracle, dtype=torch.float64)
+    assert torch.allclose(x, torch.full_like(x, 0.5), atol=0.1)  # the oracle's data (0.5), not the model's (-0.5)
