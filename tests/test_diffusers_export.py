@@ -243,3 +243,15 @@ def test_saved_unet_and_scheduler_stepped_with_an_int_seed_are_gk_sample(digits_
     for t in sched.timesteps:
         x = sched.step(pipe.unet(x, t).sample, t, x, generator=11).prev_sample
     assert torch.equal(x, want)
+
+
+def test_a_bare_unet2dmodel_exports_and_reloads_with_its_outputs(tmp_path):
+    """A plain diffusers UNet2DModel (eps only) goes out as it is: the wrapper's weights are copied, not the bare
+    module's (whose keys lack the wrapper's prefix)."""
+    unet = randomize(tiny_unet(3), seed=4)
+    export_diffusers(unet, tmp_path / "bare", solver="ddpm")
+    model = GMSDiffusersModel.from_pretrained(str(tmp_path / "bare"), subfolder="unet", local_files_only=True)
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    t = torch.tensor([3, 700])
+    with torch.no_grad():
+        torch.testing.assert_close(model(x, t).sample, unet(x, t).sample, rtol=0, atol=0)

@@ -134,7 +134,10 @@ class GMSDiffusersModel(ModelMixin, ConfigMixin):
         model = cls(network=spec, in_channels=channels, out_channels=_output_channels(net, channels),
                     sample_size=sample_size, num_train_timesteps=T, time_input=getattr(net, "time_input", "index"),
                     trained_betas=None if schedule is None else schedule.betas.tolist())
-        state = {k: v.detach().cpu() for k, v in net.state_dict().items()}
+        # (a bare UNet2DModel is wrapped by as_gk_backbone: its weights are copied from the wrapper, whose keys
+        # the rebuilt network has)
+        source = net if isinstance(net, MomentNet) else backbone
+        state = {k: v.detach().cpu() for k, v in source.state_dict().items()}
         model.net.load_state_dict(state, strict=True)
         return model.eval()
 

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import warnings
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -303,7 +304,7 @@ def _load_diffusers(path: str, subfolder: str | None = None, variant: str | None
                          f"{' or '.join(DIFFUSERS_WEIGHTS)}, found {present[:12]}. For a pipeline, pass its folder "
                          "(the 'unet' subfolder is used) or subfolder=")
     try:
-        cfg = json.load(open(os.path.join(model_dir, "config.json")))
+        cfg = json.loads(Path(model_dir, "config.json").read_text())
     except (OSError, ValueError) as e:
         raise ValueError(f"{model_dir}/config.json: cannot read it as JSON ({e}); restore the file") from None
     if isinstance(cfg, dict) and cfg.get("_class_name") == "GMSDiffusersModel":  # gk.models.export_diffusers
@@ -353,7 +354,7 @@ def _diffusers_schedule(path: str, subfolder: str | None) -> Schedule | None:
         if not os.path.isfile(file):
             continue
         try:
-            cfg = json.load(open(file))
+            cfg = json.loads(Path(file).read_text())
         except (OSError, ValueError):
             return None
         T = int(cfg.get("num_train_timesteps", 1000))
