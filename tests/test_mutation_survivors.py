@@ -681,3 +681,20 @@ def test_sample_reads_the_models_time_input_and_keeps_an_explicit_oracle():
     x = gk.sample(model, shape=(4, 1, 2, 2), steps=5, solver="exact", schedule=sched, generator=0, progress=False,
                   oracle=oracle, dtype=torch.float64)
     assert torch.allclose(x, torch.full_like(x, 0.5), atol=0.1)  # the oracle's data (0.5), not the model's (-0.5)
+
+
+def test_scheduler_defaults_to_gms_for_the_learned_variance_check_and_flags_custom_timesteps():
+    """A learned-variance config converted with no solver named is refused for the default solver 'gms'; the
+    custom_timesteps flag says whether the last set_timesteps call took an explicit list; a model output with too
+    few heads names the scheduler's solver."""
+    from gms_kernels import GMSScheduler
+
+    with pytest.raises(ValueError, match="variance_type='learned'.*solver='gms'"):
+        GMSScheduler.from_config({"_class_name": "DDPMScheduler", "variance_type": "learned"})
+    s = GMSScheduler()
+    s.set_timesteps(timesteps=[900, 500, 100])
+    assert s.custom_timesteps is True
+    s.set_timesteps(10)
+    assert s.custom_timesteps is False
+    with pytest.raises(ValueError, match=r"^solver 'gms' needs 3 head\(s\)"):
+        s.step(torch.zeros(2, 2, 2, 2), s.timesteps[0], torch.zeros(2, 1, 2, 2), generator=0)
