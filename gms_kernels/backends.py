@@ -1,7 +1,8 @@
 """Choosing the backend of the fused GMS step: ``auto | triton | cpp | torch``.
 
 ``auto`` takes the Triton kernel for CUDA tensors and the C++ extension for CPU tensors, and falls
-back to the torch reference with one warning when the fast path is missing. The environment
+back to the torch reference with one warning when the fast path is missing. float64 tensors take the
+float64 torch reference under ``auto`` (the kernels compute in float32; name a backend to run them anyway). The environment
 variable ``GMS_KERNELS_BACKEND`` overrides the argument (e.g. to force ``torch`` everywhere).
 """
 from __future__ import annotations
@@ -34,8 +35,9 @@ def backend_available(name: str) -> bool:
         return False
 
 
-def resolve_backend(backend: str | None, device: torch.device | str) -> str:
-    """The backend that will run, after the environment override and availability checks."""
+def resolve_backend(backend: str | None, device: torch.device | str, dtype: torch.dtype | None = None) -> str:
+    """The backend that will run, after the environment override and availability checks; ``dtype``: the
+    sample's (float64 keeps ``auto`` on the float64 torch reference)."""
     forced = os.environ.get(ENV_VAR)
     requested = forced or backend or "auto"
     if requested not in BACKENDS:
@@ -45,6 +47,8 @@ def resolve_backend(backend: str | None, device: torch.device | str) -> str:
     if requested == "torch":
         return "torch"
     if requested == "auto":
+        if dtype == torch.float64:
+            return "torch"
         name = "triton" if device.type == "cuda" else "cpp"
         if backend_available(name):
             return name

@@ -52,7 +52,7 @@ def step(x_t: torch.Tensor, model_output: torch.Tensor | None, t: int, s: int, s
         source = _step_noise(generator, x_t.shape[0], first_index)
     rand = StepRandomness(source, t, x_t, noise, uniform)
     x_s, info = solver_step(solver, x_t, heads, k, rand, data_range, schedule.T, options,
-                            resolve_backend(backend, x_t.device), return_info, where, nonfinite_flag)
+                            resolve_backend(backend, x_t.device, x_t.dtype), return_info, where, nonfinite_flag)
     if x_s.dtype != x_t.dtype:
         x_s = x_s.to(x_t.dtype)
     return (x_s, info) if return_info else x_s
@@ -127,7 +127,7 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
         x = x_T
         noise = SampleNoise.create(generator, x.shape[0], first_index)
 
-    backend = resolve_backend(backend, x.device)
+    backend = resolve_backend(backend, x.device, x.dtype)
     if spec.multi_call:  # EDM-SDE, SEEDS-2, GGF: their own loops (float64 torch on every backend)
         e1 = eps_function(model, schedule.T, time_input, solver, x.dtype)
         return SAMPLERS[solver](e1, x, ts, schedule, noise, data_range, resolve_options(spec, solver_options),

@@ -433,7 +433,7 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
         # for the last step (to the data), so that a loop never ends on an unread flag.
         self._check_pending()
         pending = None
-        if s != DATA and resolve_backend(self.config.backend, sample.device) == "triton":
+        if s != DATA and resolve_backend(self.config.backend, sample.device, work) == "triton":
             heads = split_heads(out, x_t, self._spec.heads, self.config.solver, check_finite=False)
             pending = DeferredFiniteCheck(x_t, heads, f"at timestep {t} ")
         prev = gk_step(x_t, out, t, s, self.schedule, self.config.solver, _seeds(generator),

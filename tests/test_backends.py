@@ -49,3 +49,21 @@ def test_sampling_works_through_the_torch_fallback(no_fast_backends, paper_oracl
         x = gk.sample(paper_oracle, shape=(5, 1), steps=3, generator=0, progress=False)
     ref = gk.sample(paper_oracle, shape=(5, 1), steps=3, generator=0, progress=False, backend="torch")
     torch.testing.assert_close(x, ref, rtol=0, atol=0)
+
+
+def test_auto_keeps_float64_samples_on_the_float64_reference():
+    """The fused kernels compute in float32: under ``auto`` a float64 sample takes the float64 torch step (the
+    same numbers as backend="torch"), while a named backend still runs its kernel."""
+    assert backends.resolve_backend("auto", "cpu", torch.float64) == "torch"
+    assert backends.resolve_backend("torch", "cpu", torch.float32) == "torch"
+    sched = gk.Schedule.linear()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 1, 4, 4, generator=g, dtype=torch.float64)
+    e = torch.randn(2, 1, 4, 4, generator=g, dtype=torch.float64)
+    auto = gk.step(x, e, 500, 400, sched, "ddim")
+    assert auto.dtype == torch.float64
+    assert torch.equal(auto, gk.step(x, e, 500, 400, sched, "ddim", backend="torch"))
+    if backends.backend_available("cpp"):
+        assert backends.resolve_backend("auto", "cpu", torch.float32) == "cpp"
+        fused = gk.step(x, e, 500, 400, sched, "ddim", backend="cpp")
+        assert 0 < (fused - auto).abs().max() < 1e-5  # (float32 arithmetic)
