@@ -105,34 +105,25 @@ template <typename V>
 GMS_VINLINE V vmin(V v, V hi) {
     return v < hi ? v : hi;
 }
+// maxpd / minpd and maxps / minps of one vector width (PFX: the intrinsics' prefix; D, F: the double and
+// float vector types)
+#define GMS_X86_MIN_MAX(PFX, D, F)                                                                           \
+    template <>                                                                                              \
+    GMS_VINLINE VD vmax(VD v, VD lo) { return bits<VD>(PFX##_max_pd(bits<D>(v), bits<D>(lo))); }             \
+    template <>                                                                                              \
+    GMS_VINLINE VD vmin(VD v, VD hi) { return bits<VD>(PFX##_min_pd(bits<D>(v), bits<D>(hi))); }             \
+    template <>                                                                                              \
+    GMS_VINLINE VF vmax(VF v, VF lo) { return bits<VF>(PFX##_max_ps(bits<F>(v), bits<F>(lo))); }             \
+    template <>                                                                                              \
+    GMS_VINLINE VF vmin(VF v, VF hi) { return bits<VF>(PFX##_min_ps(bits<F>(v), bits<F>(hi))); }
 #if GMS_VBYTES == 64 && defined(__AVX512F__)
-template <>
-GMS_VINLINE VD vmax(VD v, VD lo) { return bits<VD>(_mm512_max_pd(bits<__m512d>(v), bits<__m512d>(lo))); }
-template <>
-GMS_VINLINE VD vmin(VD v, VD hi) { return bits<VD>(_mm512_min_pd(bits<__m512d>(v), bits<__m512d>(hi))); }
-template <>
-GMS_VINLINE VF vmax(VF v, VF lo) { return bits<VF>(_mm512_max_ps(bits<__m512>(v), bits<__m512>(lo))); }
-template <>
-GMS_VINLINE VF vmin(VF v, VF hi) { return bits<VF>(_mm512_min_ps(bits<__m512>(v), bits<__m512>(hi))); }
+GMS_X86_MIN_MAX(_mm512, __m512d, __m512)
 #elif GMS_VBYTES == 32 && defined(__AVX__)
-template <>
-GMS_VINLINE VD vmax(VD v, VD lo) { return bits<VD>(_mm256_max_pd(bits<__m256d>(v), bits<__m256d>(lo))); }
-template <>
-GMS_VINLINE VD vmin(VD v, VD hi) { return bits<VD>(_mm256_min_pd(bits<__m256d>(v), bits<__m256d>(hi))); }
-template <>
-GMS_VINLINE VF vmax(VF v, VF lo) { return bits<VF>(_mm256_max_ps(bits<__m256>(v), bits<__m256>(lo))); }
-template <>
-GMS_VINLINE VF vmin(VF v, VF hi) { return bits<VF>(_mm256_min_ps(bits<__m256>(v), bits<__m256>(hi))); }
+GMS_X86_MIN_MAX(_mm256, __m256d, __m256)
 #elif GMS_VBYTES == 16 && defined(__SSE2__)
-template <>
-GMS_VINLINE VD vmax(VD v, VD lo) { return bits<VD>(_mm_max_pd(bits<__m128d>(v), bits<__m128d>(lo))); }
-template <>
-GMS_VINLINE VD vmin(VD v, VD hi) { return bits<VD>(_mm_min_pd(bits<__m128d>(v), bits<__m128d>(hi))); }
-template <>
-GMS_VINLINE VF vmax(VF v, VF lo) { return bits<VF>(_mm_max_ps(bits<__m128>(v), bits<__m128>(lo))); }
-template <>
-GMS_VINLINE VF vmin(VF v, VF hi) { return bits<VF>(_mm_min_ps(bits<__m128>(v), bits<__m128>(hi))); }
+GMS_X86_MIN_MAX(_mm, __m128d, __m128)
 #endif
+#undef GMS_X86_MIN_MAX
 template <typename V>
 GMS_VINLINE V clamp(V v, V lo, V hi) {
     return vmin(vmax(v, lo), hi);

@@ -60,9 +60,7 @@ class GaussianMixtureOracle(nn.Module):
         dims = tuple(range(2, x.dim()))
         log_lik = -0.5 * (torch.log(2 * math.pi * total) + (x - a * m) ** 2 / total).sum(dim=dims)
         log_r = torch.log_softmax(self.log_weights + log_lik, dim=1)
-        mu = m + (a * s2 / total) * (x - a * m)
-        v = s2 * sig * sig / total
-        return log_r, mu, v
+        return (log_r, *_component_posterior(x, m, s2, a, sig))
 
     def _shared(self, t) -> bool:
         """Whether the shared-variance route applies: one variance, one time index for the whole batch."""
@@ -148,14 +146,17 @@ class GaussianMixtureOracle(nn.Module):
             log_r, mu, v = self._posterior(x_t, k.t)
         cdf = log_r.exp().cumsum(1)
         comp = (cdf < uniform.to(cdf.dtype)[:, None]).sum(1).clamp_max(cdf.shape[1] - 1)
-        if shared:  # q(x0 | x_t, k) of the chosen components only (as in _posterior)
-            a, sig = self._a_sigma(k.t, x_t)
-            total = a * a * self.shared_variance + sig * sig
-            m = self.means[comp]
-            mu_k = m + (a * self.shared_variance / total) * (x - a * m)
-            v_k = torch.full_like(x, self.shared_variance * sig * sig / total)
+        if shared:  # q(x0 | x_t, k) of the chosen components only
+            mu_k, v_k = _component_posterior(x, self.means[comp], self.shared_variance, *self._a_sigma(k.t, x_t))
         else:
             mu_k, v_k = mu[torch.arange(x_t.shape[0]), comp], v[comp]
         mean = k.c1 * x + k.c2 * mu_k
-        var = k.lam2 + k.c2**2 * v_k
+        var = torch.as_tensor(k.lam2 + k.c2**2 * v_k, dtype=torch.float64)  # (a number when shared)
         return mean + var.sqrt() * noise.to(torch.float64)
+
+
+def _component_posterior(x, m, s2, a, sig):
+    """q(x0 | x_t = x, component k) = N(mu, v) for a component N(m, s2): mu = m + a s2 (x - a m) / (a^2 s2 +
+    sigma^2), v = s2 sigma^2 / (a^2 s2 + sigma^2)."""
+    total = a * a * s2 + sig * sig
+    return m + (a * s2 / total) * (x - a * m), s2 * sig * sig / total
