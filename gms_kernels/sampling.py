@@ -81,7 +81,6 @@ def _seeded_noise(seed: int, batch: int, first_index: int) -> SampleNoise:
     return SampleNoise.create(seed, batch, first_index)
 
 
-@torch.no_grad()
 def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: torch.Tensor | None = None,
            steps: int = 10, solver: str = "gms", schedule: Schedule | None = None,
            trajectory: str | Sequence[int] = "even", generator: GeneratorLike = None, progress: bool = True,
@@ -101,62 +100,63 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
     and the step's fitted quantities. Solver options (e.g. fit, select, fit_iters, eta) go in
     ``solver_options``. ``backend`` picks the fused GMS step as in :func:`step`.
     """
-    if model is None:  # the embedded digits model
-        from .embedded import DIGITS_SHAPE, default_model
+    with torch.no_grad():  # a block, not a decorator: mutmut skips decorated functions
+        if model is None:  # the embedded digits model
+            from .embedded import DIGITS_SHAPE, default_model
 
-        model = default_model()
-        if shape is None and x_T is None:
-            shape = (16, *DIGITS_SHAPE)
-    model = adapt_model(model)  # a raw diffusers UNet2DModel / GMSDiffusersModel
-    plan = _plan(model, steps, solver, schedule, trajectory, data_range, time_input, solver_options)
-    spec, solver_options, data_range, schedule, time_input, ts = plan
+            model = default_model()
+            if shape is None and x_T is None:
+                shape = (16, *DIGITS_SHAPE)
+        model = adapt_model(model)  # a raw diffusers UNet2DModel / GMSDiffusersModel
+        plan = _plan(model, steps, solver, schedule, trajectory, data_range, time_input, solver_options)
+        spec, solver_options, data_range, schedule, time_input, ts = plan
 
-    if x_T is None:
-        if shape is None:
-            raise ValueError("pass shape=(N, C, ...) or an initial x_T")
-        shape = check_positive_ints(shape, "shape (N, C, ...)")
-        if len(shape) < 2:
-            raise ValueError(f"shape must be (N, C, ...) with a channel dimension, got {shape}")
-        noise = SampleNoise.create(generator, shape[0], first_index)
-        x = noise.normal(STREAM_INITIAL, 0, shape[1:], device).to(dtype)  # (drawn where it is used)
-    else:
-        check_state_tensor(x_T, "x_T")
-        if shape is not None and tuple(shape) != tuple(x_T.shape):
-            raise ValueError(f"shape {tuple(shape)} does not match x_T's shape {tuple(x_T.shape)}")
-        check_inputs_finite(x_T, [], x_name="x_T")
-        x = x_T
-        noise = SampleNoise.create(generator, x.shape[0], first_index)
+        if x_T is None:
+            if shape is None:
+                raise ValueError("pass shape=(N, C, ...) or an initial x_T")
+            shape = check_positive_ints(shape, "shape (N, C, ...)")
+            if len(shape) < 2:
+                raise ValueError(f"shape must be (N, C, ...) with a channel dimension, got {shape}")
+            noise = SampleNoise.create(generator, shape[0], first_index)
+            x = noise.normal(STREAM_INITIAL, 0, shape[1:], device).to(dtype)  # (drawn where it is used)
+        else:
+            check_state_tensor(x_T, "x_T")
+            if shape is not None and tuple(shape) != tuple(x_T.shape):
+                raise ValueError(f"shape {tuple(shape)} does not match x_T's shape {tuple(x_T.shape)}")
+            check_inputs_finite(x_T, [], x_name="x_T")
+            x = x_T
+            noise = SampleNoise.create(generator, x.shape[0], first_index)
 
-    backend = resolve_backend(backend, x.device, x.dtype)
-    if spec.multi_call:  # EDM-SDE, SEEDS-2, GGF: their own loops (float64 torch on every backend)
-        e1 = eps_function(model, schedule.T, time_input, solver, x.dtype)
-        return SAMPLERS[solver](e1, x, ts, schedule, noise, data_range, resolve_options(spec, solver_options),
-                                callback, progress)[0]
-    defer_check = backend == "triton" and callback is None  # a callback sees x at once: check at once
-    pending = None
-    for i, t in enumerate(progress_bar(ts, progress, desc=f"{solver} K={steps}", leave=False)):
-        s = ts[i + 1] if i + 1 < len(ts) else DATA
-        k = schedule.coefficients(t, s)
-        heads, where = [], f"at step {i} (t={t}) "
-        if spec.heads:
-            out = call_model(model, x, t, schedule.T, time_input)
-            heads = split_heads(out, x, spec.heads, solver, where, check_finite=False)
+        backend = resolve_backend(backend, x.device, x.dtype)
+        if spec.multi_call:  # EDM-SDE, SEEDS-2, GGF: their own loops (float64 torch on every backend)
+            e1 = eps_function(model, schedule.T, time_input, solver, x.dtype)
+            return SAMPLERS[solver](e1, x, ts, schedule, noise, data_range, resolve_options(spec, solver_options),
+                                    callback, progress)[0]
+        defer_check = backend == "triton" and callback is None  # a callback sees x at once: check at once
+        pending = None
+        for i, t in enumerate(progress_bar(ts, progress, desc=f"{solver} K={steps}", leave=False)):
+            s = ts[i + 1] if i + 1 < len(ts) else DATA
+            k = schedule.coefficients(t, s)
+            heads, where = [], f"at step {i} (t={t}) "
+            if spec.heads:
+                out = call_model(model, x, t, schedule.T, time_input)
+                heads = split_heads(out, x, spec.heads, solver, where, check_finite=False)
+            if pending is not None:
+                pending.raise_if_set()
+            pending = DeferredFiniteCheck(x, heads, where) if defer_check else None
+            rand = StepRandomness(noise, t, x)
+            x_new, info = solver_step(solver, x, heads, k, rand, data_range, schedule.T, solver_options,
+                                      backend, callback is not None, where, None if pending is None else pending.flag)
+            if pending is not None:
+                pending.launched()
+            x_prev, x = x, x_new.to(x.dtype)
+            if callback is not None:
+                e1 = heads[0] if heads else split_heads(call_model(model, x_prev, t, schedule.T, time_input), x_prev, 1,
+                                                          solver, where)[0]
+                callback({**info, **callback_info(i, k, x, x_prev, e1, data_range)})
         if pending is not None:
             pending.raise_if_set()
-        pending = DeferredFiniteCheck(x, heads, where) if defer_check else None
-        rand = StepRandomness(noise, t, x)
-        x_new, info = solver_step(solver, x, heads, k, rand, data_range, schedule.T, solver_options,
-                                  backend, callback is not None, where, None if pending is None else pending.flag)
-        if pending is not None:
-            pending.launched()
-        x_prev, x = x, x_new.to(x.dtype)
-        if callback is not None:
-            e1 = heads[0] if heads else split_heads(call_model(model, x_prev, t, schedule.T, time_input), x_prev, 1,
-                                                      solver, where)[0]
-            callback({**info, **callback_info(i, k, x, x_prev, e1, data_range)})
-    if pending is not None:
-        pending.raise_if_set()
-    return x
+        return x
 
 
 def callback_info(i: int, k: StepCoefficients, x: torch.Tensor, x_t: torch.Tensor, e1: torch.Tensor,
@@ -236,7 +236,6 @@ class DeferredFiniteCheck:
             raise ValueError(f"x_t or the model output {self.where}has non-finite values (NaN or inf)")
 
 
-@torch.no_grad()
 def estimate_gamma(model: Model, x0: torch.Tensor, schedule: Schedule, timesteps: Sequence[int] | None = None,
                    time_input: str | None = None, batch_size: int = 256,
                    generator: torch.Generator | None = None) -> torch.Tensor:
@@ -244,17 +243,18 @@ def estimate_gamma(model: Model, x0: torch.Tensor, schedule: Schedule, timesteps
 
     Returns a float64 table of length T, NaN where t was not estimated (default: all t).
     """
-    model = adapt_model(model)
-    time_input = check_time_input(time_input or getattr(model, "time_input", "index"))
-    steps = range(schedule.T) if timesteps is None else [int(t) for t in timesteps]
-    table = torch.full((schedule.T,), float("nan"), dtype=torch.float64)
-    for t in steps:
-        total, count = 0.0, 0
-        for batch in x0.split(batch_size):
-            eps = torch.randn(batch.shape, generator=generator, dtype=batch.dtype)
-            x_t = schedule.add_noise(batch, eps, t).to(batch.dtype)
-            e1 = split_heads(call_model(model, x_t, t, schedule.T, time_input), x_t, 1, "analytic-dpm")[0]
-            total += float(e1.to(torch.float64).pow(2).sum())
-            count += e1.numel()
-        table[t] = total / count
-    return table
+    with torch.no_grad():
+        model = adapt_model(model)
+        time_input = check_time_input(time_input or getattr(model, "time_input", "index"))
+        steps = range(schedule.T) if timesteps is None else [int(t) for t in timesteps]
+        table = torch.full((schedule.T,), float("nan"), dtype=torch.float64)
+        for t in steps:
+            total, count = 0.0, 0
+            for batch in x0.split(batch_size):
+                eps = torch.randn(batch.shape, generator=generator, dtype=batch.dtype)
+                x_t = schedule.add_noise(batch, eps, t).to(batch.dtype)
+                e1 = split_heads(call_model(model, x_t, t, schedule.T, time_input), x_t, 1, "analytic-dpm")[0]
+                total += float(e1.to(torch.float64).pow(2).sum())
+                count += e1.numel()
+            table[t] = total / count
+        return table

@@ -70,6 +70,8 @@ class Schedule:
         # a_t and sigma_t as Python floats: a step reads four of them (tensor indexing costs ~us each)
         self._a = self.alphas_cumprod.sqrt().tolist()
         self._sigma = (1.0 - self.alphas_cumprod).sqrt().tolist()
+        # ve_sigmas computed here, not in its property: mutation testing skips decorated functions
+        self._ve_sigmas = ((1.0 - self.alphas_cumprod) / self.alphas_cumprod).sqrt()
         self._coefficients: dict[tuple[int, int], StepCoefficients] = {}  # (frozen values, so shareable)
 
     # -- constructors -------------------------------------------------------------------------
@@ -146,7 +148,7 @@ class Schedule:
     @property
     def ve_sigmas(self) -> torch.Tensor:
         """:meth:`ve_sigma` of every index 0 .. T-1 (float64, increasing)."""
-        return ((1.0 - self.alphas_cumprod) / self.alphas_cumprod).sqrt()
+        return self._ve_sigmas.clone()
 
     def index_of_ve_sigma(self, sigma: torch.Tensor | float) -> torch.Tensor:
         """The time index whose :meth:`ve_sigma` is nearest to ``sigma`` (absolute distance), per element.

@@ -220,32 +220,37 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
         prediction_type: str = "epsilon",
         rescale_betas_zero_snr: bool = False,
     ):
-        if prediction_type != "epsilon":
-            raise ValueError(f"GMSScheduler needs noise heads (prediction_type='epsilon'), got {prediction_type!r}")
-        if rescale_betas_zero_snr:
+        # register_to_config has stored every argument in self.config before this body runs; the
+        # scheduler is built from there (in a plain method, which mutation testing can reach)
+        self._build_from_config()
+
+    def _build_from_config(self) -> None:
+        c = self.config
+        if c.prediction_type != "epsilon":
+            raise ValueError(f"GMSScheduler needs noise heads (prediction_type='epsilon'), got {c.prediction_type!r}")
+        if c.rescale_betas_zero_snr:
             raise ValueError("GMSScheduler does not support rescale_betas_zero_snr=True: with zero terminal SNR "
                              "(a_T = 0) the moments of x0 given x_T are undefined")
-        if timestep_spacing not in TRAJECTORY_KINDS:
-            raise ValueError(f"unknown timestep_spacing {timestep_spacing!r}; valid: {', '.join(TRAJECTORY_KINDS)}")
-        if solver not in SCHEDULER_SOLVERS:
-            raise ValueError(f"unknown solver {solver!r} for GMSScheduler; valid: {', '.join(SCHEDULER_SOLVERS)}")
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
-        # the config is saved as JSON: keep tensors / arrays / tuples there as lists (the values are
-        # registered before this body runs, so register the JSON-safe ones again)
-        trained_betas = json_ready(trained_betas, "trained_betas")
-        data_range = json_ready(data_range, "data_range")
-        solver_options = None if solver_options is None else json_ready(dict(solver_options), "solver_options")
+        if c.timestep_spacing not in TRAJECTORY_KINDS:
+            raise ValueError(f"unknown timestep_spacing {c.timestep_spacing!r}; valid: {', '.join(TRAJECTORY_KINDS)}")
+        if c.solver not in SCHEDULER_SOLVERS:
+            raise ValueError(f"unknown solver {c.solver!r} for GMSScheduler; valid: {', '.join(SCHEDULER_SOLVERS)}")
+        if c.backend not in BACKENDS:
+            raise ValueError(f"unknown backend {c.backend!r}; valid: {', '.join(BACKENDS)}")
+        # the config is saved as JSON: keep tensors / arrays / tuples there as lists
+        trained_betas = json_ready(c.trained_betas, "trained_betas")
+        data_range = json_ready(c.data_range, "data_range")
+        solver_options = None if c.solver_options is None else json_ready(dict(c.solver_options), "solver_options")
         self.register_to_config(trained_betas=trained_betas, data_range=data_range, solver_options=solver_options)
-        if trained_betas is not None and len(trained_betas) != num_train_timesteps:
-            raise ValueError(f"trained_betas has {len(trained_betas)} entries but num_train_timesteps is "
-                             f"{num_train_timesteps}")
+        T = c.num_train_timesteps
+        if trained_betas is not None and len(trained_betas) != T:
+            raise ValueError(f"trained_betas has {len(trained_betas)} entries but num_train_timesteps is {T}")
         self._data_range = check_data_range(data_range)
-        self._spec = get_solver(solver)
-        self._options = self._solver_options(solver, fit, select, fit_iters, eta, solver_options, preset)
+        self._spec = get_solver(c.solver)
+        self._options = self._solver_options(c.solver, c.fit, c.select, c.fit_iters, c.eta, solver_options, c.preset)
         resolve_options(self._spec, dict(self._options))  # fail now, not at the first step
 
-        self.schedule = Schedule(make_betas(num_train_timesteps, beta_start, beta_end, beta_schedule, trained_betas))
+        self.schedule = Schedule(make_betas(T, c.beta_start, c.beta_end, c.beta_schedule, trained_betas))
         # float32 views for pipelines that read them (img2img-style code uses alphas_cumprod)
         self.betas = self.schedule.betas.to(torch.float32)
         self.alphas = 1.0 - self.betas
@@ -255,7 +260,7 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
         self.num_inference_steps: int | None = None
         self.custom_timesteps = False
         self._pending: DeferredFiniteCheck | None = None  # the last Triton step's NaN/inf flag, not yet read
-        self._set(list(range(num_train_timesteps - 1, -1, -1)), None)
+        self._set(list(range(T - 1, -1, -1)), None)
 
     # -- configuration -----------------------------------------------------------------------------
     @staticmethod
