@@ -698,3 +698,84 @@ def test_scheduler_defaults_to_gms_for_the_learned_variance_check_and_flags_cust
     assert s.custom_timesteps is False
     with pytest.raises(ValueError, match=r"^solver 'gms' needs 3 head\(s\)"):
         s.step(torch.zeros(2, 2, 2, 2), s.timesteps[0], torch.zeros(2, 1, 2, 2), generator=0)
+
+
+class _Recorder:
+    """Stand-ins for the CUDA objects of DeferredFiniteCheck's device branch, recording every call in ``log``."""
+
+    def __init__(self):
+        self.log = []
+        rec = self
+
+        class Flag:  # the kernel's flag "on the GPU": only its value and is_cuda; a synchronous read is refused
+            is_cuda = True
+
+            def __init__(self, value):
+                self.value = torch.tensor([value], dtype=torch.int32)
+
+            def item(self):
+                raise AssertionError("the flag of a CUDA step was read with .item(), which waits for the whole queue")
+
+        class Host:  # the pinned host buffer: starts as garbage, gets the flag's value only through copy_
+            def __init__(self, size, dtype):
+                self.data = torch.full(size, 77, dtype=dtype)
+
+            def copy_(self, src, non_blocking=False):
+                rec.log.append(("copy", src, non_blocking))
+                self.data.copy_(src.value)
+                return self
+
+            def __getitem__(self, i):
+                rec.log.append(("read", i))
+                return self.data[i]
+
+        class Event:
+            def __init__(self, *args, **kwargs):
+                rec.log.append(("event", args, kwargs))
+
+            def record(self, *args, **kwargs):
+                rec.log.append(("record", args, kwargs))
+
+            def synchronize(self):
+                rec.log.append(("synchronize",))
+
+        def empty(*size, **kwargs):
+            rec.log.append(("empty", size, kwargs))
+            return Host(size, kwargs.get("dtype"))
+
+        class Torch:  # the sampling module's torch, with torch.empty and torch.cuda.Event replaced
+            def __getattr__(self, name):
+                return getattr(torch, name)
+
+        self.Flag = Flag
+        self.torch = Torch()
+        self.torch.empty = empty
+        self.torch.cuda = type("cuda", (), {"Event": Event})
+
+
+@pytest.mark.parametrize("value", [0, 1])
+def test_the_deferred_finite_check_on_cuda_reads_the_flag_from_pinned_memory_after_its_event(value, monkeypatch):
+    """The CUDA branch of DeferredFiniteCheck, pinned on the CPU with recording fakes (a flag whose is_cuda is
+    True, torch.empty and torch.cuda.Event replaced in the sampling module): launched() allocates one pinned
+    int32 host element, copies the flag into it with non_blocking=True and records an event after the copy;
+    raise_if_set() waits on that event (not on the flag: .item() would wait for the whole queue), then reads
+    element 0 of the host copy, and raises for a set flag only. (This checks the order and arguments of the
+    calls, not what a GPU does with them.)"""
+    from gms_kernels import sampling
+
+    rec = _Recorder()
+    x = torch.zeros(2, 1, 2, 2)
+    check = sampling.DeferredFiniteCheck(x, [torch.zeros_like(x)], "at step 3 ")
+    check.flag = flag = rec.Flag(value)  # as if the kernel had written it on the device
+    monkeypatch.setattr(sampling, "torch", rec.torch)
+    check.launched()
+    assert rec.log == [("empty", (1,), {"dtype": torch.int32, "pin_memory": True}), ("copy", flag, True),
+                       ("event", (), {}), ("record", (), {})]
+    assert rec.log[1][1] is flag
+    del rec.log[:]
+    if value:
+        with pytest.raises(ValueError, match="^x_t or the model output at step 3 has non-finite values"):
+            check.raise_if_set()
+    else:
+        check.raise_if_set()
+    assert rec.log == [("synchronize",), ("read", 0)]
