@@ -779,3 +779,138 @@ def test_the_deferred_finite_check_on_cuda_reads_the_flag_from_pinned_memory_aft
     else:
         check.raise_if_set()
     assert rec.log == [("synchronize",), ("read", 0)]
+
+
+def test_the_callbacks_denoised_is_clamped_to_the_sampling_data_range():
+    """The callback's "denoised" is E[x0 | x_t] = (x_t - sigma_t e1) / a_t clamped to sample()'s data_range (here
+    (0, 1), not the default (-1, 1)); without a range it is left unclamped. With e1 = 0 at t = 999 it is
+    x_T / a_t, about 150 x_T, far outside either range."""
+    def zero_eps(x, t):
+        return torch.zeros_like(x)
+
+    sched = gk.Schedule.linear(1000)
+    x_T = torch.linspace(-1.0, 1.0, 8, dtype=torch.float64).reshape(2, 1, 2, 2)
+    a_t = math.sqrt(float(sched.alphas_cumprod[999]))
+    for data_range, expected in (((0.0, 1.0), (x_T / a_t).clamp(0.0, 1.0)), (None, x_T / a_t)):
+        seen = []
+        gk.sample(zero_eps, x_T=x_T, steps=2, solver="ddim", schedule=sched, trajectory=[999, 499], progress=False,
+                  data_range=data_range, callback=seen.append, generator=0)
+        assert seen[0]["t"] == 999
+        torch.testing.assert_close(seen[0]["denoised"], expected, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_scheduler_add_noise_works_in_float32_for_float32_and_float16_samples(dtype):
+    """add_noise on a float32 or float16 sample computes in float32 (fp16 upcast, not fp16 arithmetic; not float64,
+    which would double the memory and run at a fraction of the speed on most GPUs): a_t and sigma_t are rounded to
+    float32 once, so the result equals a32 x + s32 eps in float32 arithmetic bit for bit, then rounded to the
+    sample's dtype; float64 noise is rounded to float32 too. Integral float timesteps index like integers."""
+    from gms_kernels import GMSScheduler
+
+    s = GMSScheduler(solver="ddpm")
+    g = torch.Generator().manual_seed(5)
+    x0 = torch.randn(3, 2, 8, 8, generator=g).to(dtype)
+    eps = torch.randn(3, 2, 8, 8, generator=g, dtype=torch.float64)
+    ts = [10, 500, 999]
+    abar = s.schedule.alphas_cumprod[ts].reshape(-1, 1, 1, 1)
+    a32, s32 = abar.sqrt().float(), (1.0 - abar).sqrt().float()
+    expected = (a32 * x0.float() + s32 * eps.float()).to(dtype)
+    for timesteps in (torch.tensor(ts), torch.tensor([10.0, 500.0, 999.0]), ts):
+        got = s.add_noise(x0, eps, timesteps)
+        assert got.dtype == dtype
+        assert torch.equal(got, expected)
+    # float64 arithmetic (for a float32 sample) and float16 arithmetic (for a float16 one) give other bits
+    if dtype == torch.float32:
+        other = (abar.sqrt() * x0.double() + (1.0 - abar).sqrt() * eps).to(dtype)
+    else:
+        other = a32.half() * x0 + s32.half() * eps.half()
+    assert not torch.equal(other, expected)
+
+
+def _gamma_run(x0, sched, seed, **kwargs):
+    """estimate_gamma with the identity "network" (e1 = x_t), recording every call's (x_t, time input)."""
+    calls = []
+
+    def identity(x, t):
+        calls.append((x.clone(), t.clone()))
+        return x.clone()
+
+    model = kwargs.pop("model_class", None)
+    if model is not None:
+        model = model(identity)
+    table = gk.estimate_gamma(model or identity, x0, sched, generator=torch.Generator().manual_seed(seed), **kwargs)
+    return table, calls
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_estimate_gamma_draws_from_the_generator_in_batches_and_averages_in_float64(dtype):
+    """Gamma_t = sum ||e1||^2 / (number of elements), summed in float64 over the batches of x0 (default 256),
+    with x_t = a_t x0 + sigma_t eps and eps drawn from the given generator batch by batch in x0's dtype; every
+    t of the schedule by default (T = 6 here), NaN at the t not asked for."""
+    sched = gk.Schedule.linear(6)
+    x0 = torch.randn(300, 1, 2, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64).to(dtype)
+    table, calls = _gamma_run(x0, sched, 7)
+    assert table.dtype == torch.float64 and table.shape == (6,)
+    assert len(calls) == 12  # 6 timesteps x 2 batches (256 + 44)
+    g = torch.Generator().manual_seed(7)
+    for t in range(6):
+        total = 0.0
+        for j, batch in enumerate(x0.split(256)):
+            x_t, tin = calls[2 * t + j]
+            assert tin.dtype == torch.long and tin.tolist() == [t] * batch.shape[0]  # the 0-based index by default
+            eps = torch.randn(batch.shape, generator=g, dtype=dtype)
+            assert x_t.dtype == dtype
+            torch.testing.assert_close(x_t, sched.alpha(t) * batch + sched.sigma(t) * eps, rtol=1e-6, atol=1e-6)
+            total += float(x_t.to(torch.float64).pow(2).sum())
+        assert table[t].item() == total / x0.numel()  # exactly: float64 sums of the float64 squares
+    table, calls = _gamma_run(x0, sched, 7, timesteps=[4, 1], batch_size=100)
+    assert len(calls) == 6 and [int(c[1][0]) for c in calls] == [4, 4, 4, 1, 1, 1]
+    assert table[[0, 2, 3, 5]].isnan().all() and not table[[1, 4]].isnan().any()
+
+
+def test_estimate_gamma_calls_the_model_with_its_time_input():
+    """estimate_gamma passes t as the model's ``time_input`` says ("scaled": t * 1000 / T as float) unless the
+    caller names one; a model output with too few channels is refused naming the solver that needs it."""
+    sched = gk.Schedule.linear(20)
+    x0 = torch.zeros(2, 1, 2, 2)
+
+    def scaled(fn):
+        class Scaled(torch.nn.Module):
+            time_input = "scaled"
+
+            def forward(self, x, t):
+                return fn(x, t)
+
+        return Scaled()
+
+    _, calls = _gamma_run(x0, sched, 0, model_class=scaled, timesteps=[5])
+    assert calls[0][1].dtype == torch.float32 and calls[0][1].tolist() == [250.0, 250.0]
+    _, calls = _gamma_run(x0, sched, 0, model_class=scaled, timesteps=[5], time_input="index+1")
+    assert calls[0][1].tolist() == [6, 6]
+    with pytest.raises(ValueError, match="unknown time_input 'bogus'"):
+        _gamma_run(x0, sched, 0, timesteps=[5], time_input="bogus")
+    with pytest.raises(ValueError, match=r"^solver 'analytic-dpm' needs 1 head"):
+        gk.estimate_gamma(lambda x, t: torch.zeros(2, 0, 2, 2), x0, sched, timesteps=[5])
+
+
+def test_check_sample_args_uses_samples_default_steps_and_the_given_time_input():
+    """check_sample_args has sample()'s defaults (10 steps: accepted for a T = 10 schedule) and refuses a
+    time_input that sample() would refuse."""
+    from gms_kernels.sampling import check_sample_args
+
+    def model(x, t):
+        return torch.zeros(x.shape[0], 3 * x.shape[1], *x.shape[2:])
+
+    check_sample_args(model, schedule=gk.Schedule.linear(10))
+    check_sample_args(model, time_input="scaled")
+    with pytest.raises(ValueError, match="unknown time_input 'bogus'"):
+        check_sample_args(model, time_input="bogus")
+
+
+def test_the_deferred_finite_check_flag_lives_on_x_ts_device():
+    """The flag is made on x_t's device (the meta device here, so that a CPU run can tell it from the default)."""
+    from gms_kernels.sampling import DeferredFiniteCheck
+
+    x = torch.zeros(2, 1, 2, 2, device="meta")
+    check = DeferredFiniteCheck(x, [], "at step 0 ")
+    assert check.flag.device.type == "meta" and check.flag.dtype == torch.int32 and check.flag.shape == (1,)
