@@ -797,6 +797,10 @@ def test_the_callbacks_denoised_is_clamped_to_the_sampling_data_range():
                   data_range=data_range, callback=seen.append, generator=0)
         assert seen[0]["t"] == 999
         torch.testing.assert_close(seen[0]["denoised"], expected, rtol=1e-12, atol=0)
+    seen = []  # a float32 run hands out a float32 denoised, like its x
+    gk.sample(zero_eps, x_T=x_T.float(), steps=2, solver="ddim", schedule=sched, trajectory=[999, 499], progress=False,
+              callback=seen.append, generator=0)
+    assert seen[0]["x"].dtype == seen[0]["denoised"].dtype == torch.float32
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -914,3 +918,82 @@ def test_the_deferred_finite_check_flag_lives_on_x_ts_device():
     x = torch.zeros(2, 1, 2, 2, device="meta")
     check = DeferredFiniteCheck(x, [], "at step 0 ")
     assert check.flag.device.type == "meta" and check.flag.dtype == torch.int32 and check.flag.shape == (1,)
+
+
+def test_scheduler_add_noise_keeps_the_samples_device():
+    """add_noise moves a_t, sigma_t and the noise to the sample's device (the meta device here, so that a CPU run
+    can tell it from the CPU the schedule lives on; mixing the two raises)."""
+    from gms_kernels import GMSScheduler
+
+    s = GMSScheduler(solver="ddpm")
+    x0 = torch.zeros(2, 1, 2, 2, device="meta")
+    for noise in (torch.zeros(2, 1, 2, 2, device="meta"), torch.zeros(2, 1, 2, 2)):
+        out = s.add_noise(x0, noise, torch.tensor([10, 20]))
+        assert out.device.type == "meta" and out.dtype == torch.float32 and out.shape == x0.shape
+
+
+def test_a_set_deferred_flag_names_the_non_finite_input():
+    """A set flag with a NaN in x_t names x_t itself (the inputs kept for that); with a NaN in a head, the head."""
+    from gms_kernels.sampling import DeferredFiniteCheck
+
+    x = torch.zeros(2, 1, 2, 2)
+    x[1, 0, 0, 0] = float("nan")
+    check = DeferredFiniteCheck(x, [torch.zeros_like(x)], "at step 3 ")
+    check.flag.fill_(1)
+    with pytest.raises(ValueError, match=r"^x_t at step 3 has non-finite values"):
+        check.raise_if_set()
+    e1 = torch.zeros(2, 1, 2, 2)
+    e1[0, 0, 1, 1] = float("inf")
+    check = DeferredFiniteCheck(torch.zeros_like(x), [e1], "at step 3 ")
+    check.flag.fill_(1)
+    with pytest.raises(ValueError, match=r"^model output at step 3 has non-finite values \(NaN or inf\) in head e1"):
+        check.raise_if_set()
+
+
+def test_from_config_translation_names_the_source_and_keeps_its_own_configs():
+    """from_config names the foreign class in its warnings, joins several dropped settings with "; ", lists the
+    thresholding settings it drops (every key after "thresholding") and the data_range the caller passes; a config
+    whose _class_name is GMSScheduler is not translated (no warning, even with a key GMSScheduler does not take)."""
+    from gms_kernels import GMSScheduler
+
+    _, messages = _scheduler_warnings(lambda: GMSScheduler.from_config(
+        {"_class_name": "DDPMScheduler", "foo": 1, "bar": 2}))
+    assert any("ignores these settings of DDPMScheduler: foo=1; bar=2" in m for _, m in messages)
+    cfg = {"_class_name": "DDIMScheduler", "thresholding": True, "dynamic_thresholding_ratio": 0.9,
+           "sample_max_value": 1.5}
+    _, messages = _scheduler_warnings(lambda: GMSScheduler.from_config(cfg, data_range=(0.0, 1.0)))
+    assert any("DDIMScheduler sets thresholding=True (dynamic_thresholding_ratio=0.9, sample_max_value=1.5)" in m
+               and "clamp to data_range=(0.0, 1.0) instead" in m for _, m in messages)
+    own = dict(GMSScheduler(solver="ddpm").config, _class_name="GMSScheduler")  # as save_config writes it
+    s, messages = _scheduler_warnings(lambda: GMSScheduler.from_config(dict(own, clip_sample=True,
+                                                                            clip_sample_range=3.0, foo=1)))
+    assert messages == [] and s._data_range == (-1.0, 1.0)
+
+
+def test_from_config_clip_sample_range_alone_clips_and_a_named_solver_in_the_config_counts():
+    """A foreign config with clip_sample_range but no clip_sample clips (diffusers' clip_sample defaults to True);
+    a learned-variance config that already names solver='ddpm' (a single-head solver) is accepted."""
+    from gms_kernels import GMSScheduler
+
+    s, _ = _scheduler_warnings(lambda: GMSScheduler.from_config({"_class_name": "DDPMScheduler",
+                                                                 "clip_sample_range": 2.0}))
+    assert s._data_range == (-2.0, 2.0)
+    s, _ = _scheduler_warnings(lambda: GMSScheduler.from_config({"_class_name": "DDPMScheduler", "solver": "ddpm",
+                                                                 "variance_type": "learned_range"}))
+    assert s.config.solver == "ddpm"
+
+
+def test_scheduler_step_refuses_a_timestep_tensor_that_is_not_one_element_of_its_timesteps():
+    """A view of scheduler.timesteps is located by its memory only when it is one element of the same dtype: a
+    two-element slice is refused as more than one timestep, and a float64 reinterpretation of an element is read
+    by value (and refused), while the element itself and a plain integer work."""
+    from gms_kernels import GMSScheduler
+
+    s = GMSScheduler(solver="ddim")
+    s.set_timesteps(4)
+    x, e1 = torch.zeros(2, 1, 2, 2), torch.zeros(2, 1, 2, 2)
+    with pytest.raises(ValueError, match="takes one timestep for the whole batch"):
+        s.step(e1, s.timesteps[0:2], x)
+    with pytest.raises(ValueError, match="is not one of scheduler.timesteps"):
+        s.step(e1, s.timesteps.view(torch.float64)[1], x)
+    assert s._index(s.timesteps[1]) == 1 and s._index(int(s.timesteps[2])) == 2
