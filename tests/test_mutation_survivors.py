@@ -997,3 +997,112 @@ def test_scheduler_step_refuses_a_timestep_tensor_that_is_not_one_element_of_its
     with pytest.raises(ValueError, match="is not one of scheduler.timesteps"):
         s.step(e1, s.timesteps.view(torch.float64)[1], x)
     assert s._index(s.timesteps[1]) == 1 and s._index(int(s.timesteps[2])) == 2
+
+
+def test_scheduler_finds_an_element_of_its_timesteps_without_reading_its_value():
+    """Every element of scheduler.timesteps is located from its memory, not by reading its value (which on a GPU
+    waits for the device's queue): with the timesteps on the meta device, whose values cannot be read at all,
+    previous_timestep still answers for each element, the first and the last included."""
+    from gms_kernels import GMSScheduler
+
+    s = GMSScheduler(solver="ddim")
+    s.set_timesteps(4, device="meta")
+    ts = [999, 749, 499, 249]
+    assert s.timesteps.device.type == "meta"
+    assert [s.previous_timestep(s.timesteps[i]) for i in range(4)] == ts[1:] + [gk.DATA]
+
+
+def test_scheduler_explicit_timesteps_flatten_and_count():
+    """set_timesteps(timesteps=...) takes a tensor of any shape (flattened, e.g. [[900, 500, 100]]) and sets
+    num_inference_steps to the number of entries."""
+    from gms_kernels import GMSScheduler
+
+    s = GMSScheduler(solver="ddim")
+    s.set_timesteps(timesteps=torch.tensor([[900, 500, 100]]))
+    assert s.timesteps.tolist() == [900, 500, 100] and s.num_inference_steps == 3 and len(s.timesteps) == 3
+
+
+def test_scheduler_step_uses_its_data_range_its_generators_seeds_and_the_samples_dtype():
+    """GMSScheduler.step clamps with its own data_range (here (0, 1), as gk.step with that range, not gk.step's
+    default (-1, 1)); a list of torch.Generators becomes one 62-bit seed per generator (the draw of
+    gk.random.draw_seed), so it equals the step with those int seeds; a float64 model output is cast to the float32
+    sample's dtype before the step (the float64 torch step then gives the same bits as with the float32 output)."""
+    from gms_kernels import GMSScheduler
+
+    x, e1, _ = _inputs(23, shape=(2, 1, 4, 4))
+    x, e1 = x.float(), e1.float()
+    s = GMSScheduler(solver="ddpm", data_range=(0.0, 1.0), backend="torch")
+    s.set_timesteps(10)
+    t0 = int(s.timesteps[0])
+    got = s.step(e1, s.timesteps[0], x, generator=7).prev_sample
+    want = gk.step(x, e1, t0, int(s.timesteps[1]), s.schedule, "ddpm", 7, data_range=(0.0, 1.0), backend="torch")
+    assert torch.equal(got, want)
+    assert not torch.equal(got, gk.step(x, e1, t0, int(s.timesteps[1]), s.schedule, "ddpm", 7, backend="torch"))
+    seeds = [int(torch.randint(0, 2**62, (1,), generator=torch.Generator().manual_seed(i), dtype=torch.int64))
+             for i in (1, 2)]
+    by_generators = s.step(e1, s.timesteps[0], x, generator=[torch.Generator().manual_seed(i) for i in (1, 2)])
+    assert torch.equal(by_generators.prev_sample, s.step(e1, s.timesteps[0], x, generator=seeds).prev_sample)
+    s = GMSScheduler(solver="ddim", backend="torch", data_range=None)
+    s.set_timesteps(10)
+    g = torch.Generator().manual_seed(24)
+    x, e64 = torch.randn(4, 1, 16, 16, generator=g), torch.randn(4, 1, 16, 16, generator=g, dtype=torch.float64)
+    out64 = s.step(e64, s.timesteps[0], x).prev_sample
+    assert torch.equal(out64, s.step(e64.float(), s.timesteps[0], x).prev_sample)
+    # (the float64 output itself would give other bits: the cast is what makes them equal)
+    t1 = int(s.timesteps[1])
+    assert not torch.equal(gk.step(x, e64, t0, t1, s.schedule, "ddim", backend="torch", data_range=None),
+                           gk.step(x, e64.float(), t0, t1, s.schedule, "ddim", backend="torch", data_range=None))
+
+
+def test_scheduler_triton_branch_defers_the_flag_read_to_the_next_step(monkeypatch):
+    """The scheduler's Triton branch, run on the CPU with resolve_backend answering "triton" and the step done by
+    the torch backend (which records the flag it is handed): every step but the last to the data hands an int32
+    zero flag to the kernel and keeps it pending; the next step reads it before it runs its own (a set flag raises,
+    naming the timestep of the step that set it); the last step gets no flag. A model output with too few heads
+    is refused there naming the solver."""
+    from gms_kernels import GMSScheduler, scheduler as sched_module
+
+    handed = []
+    real_step = sched_module.gk_step
+
+    def torch_step(*args, nonfinite_flag=None, **kwargs):
+        handed.append(nonfinite_flag)
+        return real_step(*args, **dict(kwargs, backend="torch"))
+
+    monkeypatch.setattr(sched_module, "resolve_backend", lambda *args, **kwargs: "triton")
+    monkeypatch.setattr(sched_module, "gk_step", torch_step)
+    s = GMSScheduler(solver="ddim")
+    s.set_timesteps(3)
+    x, e1 = torch.zeros(2, 1, 2, 2), torch.zeros(2, 1, 2, 2)
+    s.step(e1, s.timesteps[0], x)
+    flag = handed[0]
+    assert flag.dtype == torch.int32 and flag.shape == (1,) and int(flag) == 0 and s._pending.flag is flag
+    flag.fill_(1)  # as if the kernel had met a NaN at t = 999
+    with pytest.raises(ValueError, match="^x_t or the model output at timestep 999 has non-finite values"):
+        s.step(e1, s.timesteps[1], x)
+    assert len(handed) == 1 and s._pending is None  # refused before its own step
+    s.step(e1, s.timesteps[1], x)
+    s.step(e1, s.timesteps[2], x)  # to the data
+    assert torch.is_tensor(handed[1]) and handed[2] is None and s._pending is None
+    s = GMSScheduler(solver="gms")
+    s.set_timesteps(3)
+    with pytest.raises(ValueError, match=r"^solver 'gms' needs 3 head\(s\)"):
+        s.step(torch.zeros(2, 2, 2, 2), s.timesteps[0], x)
+    assert len(handed) == 3
+
+
+def test_scheduler_steps_a_half_precision_sample_in_float32():
+    """A float16 sample is stepped in float32 and rounded back: the result equals the float32 step rounded to
+    float16 (C++ and torch backends)."""
+    from gms_kernels import GMSScheduler
+
+    x, e1, _ = _inputs(29, shape=(2, 3, 4, 4))
+    x16, e16 = x.half(), torch.cat([e1, e1 * e1 + 0.1, e1 * 0.3], 1).half()
+    for backend in ("cpp", "torch"):
+        s = GMSScheduler(solver="gms", backend=backend)
+        s.set_timesteps(10)
+        got = s.step(e16, s.timesteps[2], x16, generator=3)
+        want = s.step(e16.float(), s.timesteps[2], x16.float(), generator=3)
+        assert got.prev_sample.dtype == torch.float16
+        assert torch.equal(got.prev_sample, want.prev_sample.half())
+        assert torch.equal(got.pred_original_sample, want.pred_original_sample.half())
