@@ -1106,3 +1106,27 @@ def test_scheduler_steps_a_half_precision_sample_in_float32():
         assert got.prev_sample.dtype == torch.float16
         assert torch.equal(got.prev_sample, want.prev_sample.half())
         assert torch.equal(got.pred_original_sample, want.pred_original_sample.half())
+
+
+def test_make_betas_linear_uses_both_ends_and_takes_one_timestep():
+    """make_betas' linear schedule runs from beta_start to the given beta_end (not the default 0.02); T = 1 is a
+    valid length (one beta, beta_start), T = 0 is refused."""
+    from gms_kernels.scheduler import make_betas
+
+    betas = make_betas(10, 1e-4, 0.05, "linear")
+    torch.testing.assert_close(betas, torch.linspace(1e-4, 0.05, 10, dtype=torch.float64), rtol=0, atol=1e-15)
+    assert make_betas(1, 1e-4, 0.05, "linear").tolist() == [1e-4]
+    with pytest.raises(ValueError, match="num_train_timesteps must be >= 1, got 0"):
+        make_betas(0, 1e-4, 0.05, "linear")
+
+
+def test_steps_offset_applies_to_leading_spacing_only():
+    """steps_offset shifts diffusers' "leading" timesteps only; "trailing" and "even" ignore it."""
+    from gms_kernels import GMSScheduler
+
+    for spacing in ("trailing", "even"):
+        with_offset = GMSScheduler(timestep_spacing=spacing, steps_offset=1)
+        without = GMSScheduler(timestep_spacing=spacing)
+        with_offset.set_timesteps(4)
+        without.set_timesteps(4)
+        assert with_offset.timesteps.tolist() == without.timesteps.tolist()
