@@ -1093,19 +1093,25 @@ def test_scheduler_triton_branch_defers_the_flag_read_to_the_next_step(monkeypat
 
 def test_scheduler_steps_a_half_precision_sample_in_float32():
     """A float16 sample is stepped in float32 and rounded back: the result equals the float32 step rounded to
-    float16 (C++ and torch backends)."""
+    float16 (C++ and torch backends), for a float16 model output and for a float32 one (which is not rounded to
+    float16 on the way in)."""
     from gms_kernels import GMSScheduler
 
     x, e1, _ = _inputs(29, shape=(2, 3, 4, 4))
-    x16, e16 = x.half(), torch.cat([e1, e1 * e1 + 0.1, e1 * 0.3], 1).half()
+    x16 = x.half()
+    out32 = torch.cat([e1, e1 * e1 + 0.1, e1 * 0.3], 1).float()
     for backend in ("cpp", "torch"):
         s = GMSScheduler(solver="gms", backend=backend)
         s.set_timesteps(10)
-        got = s.step(e16, s.timesteps[2], x16, generator=3)
-        want = s.step(e16.float(), s.timesteps[2], x16.float(), generator=3)
-        assert got.prev_sample.dtype == torch.float16
-        assert torch.equal(got.prev_sample, want.prev_sample.half())
-        assert torch.equal(got.pred_original_sample, want.pred_original_sample.half())
+        for out in (out32.half(), out32):
+            got = s.step(out, s.timesteps[2], x16, generator=3)
+            want = s.step(out.float(), s.timesteps[2], x16.float(), generator=3)
+            assert got.prev_sample.dtype == torch.float16
+            assert torch.equal(got.prev_sample, want.prev_sample.half())
+            assert torch.equal(got.pred_original_sample, want.pred_original_sample.half())
+        # (rounding the float32 output to float16 first gives other bits)
+        rounded = s.step(out32.half().float(), s.timesteps[2], x16.float(), generator=3)
+        assert not torch.equal(rounded.pred_original_sample.half(), want.pred_original_sample.half())
 
 
 def test_make_betas_linear_uses_both_ends_and_takes_one_timestep():
@@ -1130,3 +1136,29 @@ def test_steps_offset_applies_to_leading_spacing_only():
         with_offset.set_timesteps(4)
         without.set_timesteps(4)
         assert with_offset.timesteps.tolist() == without.timesteps.tolist()
+
+
+def test_make_betas_scaled_linear_and_sigmoid_are_float64():
+    """The scaled_linear (linear in sqrt(beta)) and sigmoid schedules are computed in float64 end to end (diffusers
+    computes them in float32): equal to the float64 formulas to 1e-18, which float32 arithmetic misses."""
+    from gms_kernels.scheduler import make_betas
+
+    T, b0, b1 = 50, 0.00085, 0.012
+    root = torch.tensor([math.sqrt(b0) + (math.sqrt(b1) - math.sqrt(b0)) * i / (T - 1) for i in range(T)],
+                        dtype=torch.float64)
+    sig = torch.tensor([1 / (1 + math.exp(6.0 - 12.0 * i / (T - 1))) for i in range(T)], dtype=torch.float64)
+    for kind, expected in (("scaled_linear", root**2), ("sigmoid", sig * (b1 - b0) + b0)):
+        betas = make_betas(T, b0, b1, kind)
+        assert betas.dtype == torch.float64
+        torch.testing.assert_close(betas, expected, rtol=1e-13, atol=1e-18)
+
+
+def test_scheduler_refuses_eta_in_solver_options_and_names_the_unstorable_setting():
+    """eta is a GMSScheduler argument: inside solver_options it is refused (it would override the argument); a
+    setting the JSON config cannot hold is refused naming it (trained_betas as a set)."""
+    from gms_kernels import GMSScheduler
+
+    with pytest.raises(ValueError, match="pass 'eta' as a GMSScheduler argument, not in solver_options"):
+        GMSScheduler(solver="ddim", solver_options={"eta": 0.5})
+    with pytest.raises(TypeError, match="^trained_betas is a set, which JSON cannot hold"):
+        GMSScheduler(solver="ddpm", num_train_timesteps=2, trained_betas={0.1, 0.2})
