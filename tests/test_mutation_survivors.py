@@ -1162,3 +1162,64 @@ def test_scheduler_refuses_eta_in_solver_options_and_names_the_unstorable_settin
         GMSScheduler(solver="ddim", solver_options={"eta": 0.5})
     with pytest.raises(TypeError, match="^trained_betas is a set, which JSON cannot hold"):
         GMSScheduler(solver="ddpm", num_train_timesteps=2, trained_betas={0.1, 0.2})
+
+
+def test_a_new_scheduler_exposes_float32_schedule_views_and_no_inference_steps_yet():
+    """A new GMSScheduler has diffusers' float32 views betas, alphas = 1 - betas and alphas_cumprod (read by
+    img2img-style pipelines), init_noise_sigma 1, no num_inference_steps and custom_timesteps False, and all T
+    timesteps; a data_range or solver_options the JSON config cannot hold is refused naming it."""
+    from gms_kernels import GMSScheduler
+
+    s = GMSScheduler(solver="ddpm", num_train_timesteps=20, beta_end=0.2)
+    betas = torch.linspace(1e-4, 0.2, 20, dtype=torch.float64)
+    assert s.betas.dtype == s.alphas.dtype == s.alphas_cumprod.dtype == torch.float32
+    assert torch.equal(s.betas, betas.float()) and torch.equal(s.alphas, 1.0 - betas.float())
+    torch.testing.assert_close(s.alphas_cumprod, torch.cumprod(1.0 - betas, 0).float(), rtol=1e-6, atol=0)
+    assert s.init_noise_sigma == 1.0 and s.num_inference_steps is None and s.custom_timesteps is False
+    assert s.timesteps.tolist() == list(range(19, -1, -1))
+    with pytest.raises(TypeError, match="^data_range is a object, which JSON cannot hold"):
+        GMSScheduler(solver="ddpm", data_range=object())
+    with pytest.raises(TypeError, match=r"^solver_options\['gamma'\] is a object, which JSON cannot hold"):
+        GMSScheduler(solver="ddpm", solver_options={"gamma": object()})
+
+
+def _step_inputs(n=4):
+    g = torch.Generator().manual_seed(31)
+    x = torch.randn(n, 1, 4, 4, generator=g)
+    heads = torch.cat([torch.randn(n, 1, 4, 4, generator=g) * 0.3, torch.rand(n, 1, 4, 4, generator=g) + 0.2,
+                       torch.zeros(n, 1, 4, 4)], 1)
+    return x, heads
+
+
+def test_gk_step_noise_sources_first_index_explicit_uniforms_and_the_seed_memo():
+    """gk.step's randomness: with a torch.Generator, first_index = 2 on the last two samples draws what the full
+    batch draws for them; explicit uniforms alone still take the noise from the generator (a GMS step that selects
+    mixture components per sample needs both); an int seed's per-sample noise source is built once and reused by
+    the following calls with that seed and batch (the memo a gk.step loop relies on)."""
+    from gms_kernels import sampling
+
+    sched = gk.Schedule.linear(100)
+    x, heads = _step_inputs()
+    full = gk.step(x, heads, 50, 30, sched, "gms", torch.Generator().manual_seed(5))
+    tail = gk.step(x[2:], heads[2:], 50, 30, sched, "gms", torch.Generator().manual_seed(5), first_index=2)
+    assert torch.equal(full[2:], tail)
+    u = torch.rand(4, generator=torch.Generator().manual_seed(6))
+    with_u = gk.step(x, heads, 50, 30, sched, "gms", 5, uniform=u)
+    assert with_u.shape == x.shape and torch.isfinite(with_u).all()
+    assert torch.equal(with_u, gk.step(x, heads, 50, 30, sched, "gms", 5, uniform=u))
+    sampling._seeded_noise.cache_clear()
+    gk.step(x, heads, 50, 30, sched, "gms", 11)
+    gk.step(x, heads, 30, 10, sched, "gms", 11)
+    info = sampling._seeded_noise.cache_info()
+    assert (info.misses, info.hits) == (1, 1)
+
+
+def test_gk_step_takes_no_model_output_for_the_exact_solver():
+    """The exact solver reads no network heads: gk.step accepts model_output=None for it (the oracle gives the
+    moments)."""
+    sched = gk.Schedule.linear(100)
+    oracle = gk.GaussianMixtureOracle([1.0], torch.full((1, 1, 2, 2), 0.5, dtype=torch.float64), [0.01],
+                                      schedule=sched)
+    x = torch.randn(3, 1, 2, 2, generator=torch.Generator().manual_seed(2))
+    out = gk.step(x, None, 50, 30, sched, "exact", 0, oracle=oracle)
+    assert out.shape == x.shape and torch.isfinite(out).all()
