@@ -1223,3 +1223,24 @@ def test_gk_step_takes_no_model_output_for_the_exact_solver():
     x = torch.randn(3, 1, 2, 2, generator=torch.Generator().manual_seed(2))
     out = gk.step(x, None, 50, 30, sched, "exact", 0, oracle=oracle)
     assert out.shape == x.shape and torch.isfinite(out).all()
+
+
+def test_misshapen_explicit_noise_is_named_by_its_shape_and_sample_takes_10_steps_by_default():
+    """Explicit noise of the wrong shape is refused naming its shape; gk.sample's default is steps=10 (the same
+    network calls as steps=10 given explicitly, not those of 11)."""
+    sched = gk.Schedule.linear(100)
+    x, heads = torch.zeros(2, 1, 2, 2), torch.zeros(2, 3, 2, 2)
+    with pytest.raises(ValueError, match=r"^noise must be a tensor shaped like x_t \(2, 1, 2, 2\), got \(3, 1, 2, 2\)$"):
+        gk.step(x, heads, 10, 5, sched, "gms", noise=torch.zeros(3, 1, 2, 2))
+
+    def times(**kwargs):
+        seen = []
+
+        def model(x, t):
+            seen.append(int(t[0]))
+            return torch.zeros_like(x)
+
+        gk.sample(model, shape=(1, 1, 2, 2), solver="ddim", schedule=sched, generator=0, progress=False, **kwargs)
+        return seen
+
+    assert times() == times(steps=10) != times(steps=11)
