@@ -1230,7 +1230,7 @@ def test_misshapen_explicit_noise_is_named_by_its_shape_and_sample_takes_10_step
     network calls as steps=10 given explicitly, not those of 11)."""
     sched = gk.Schedule.linear(100)
     x, heads = torch.zeros(2, 1, 2, 2), torch.zeros(2, 3, 2, 2)
-    with pytest.raises(ValueError, match=r"^noise must be a tensor shaped like x_t \(2, 1, 2, 2\), got \(3, 1, 2, 2\)$"):
+    with pytest.raises(ValueError, match=r"^noise must be a tensor shaped like x_t \(2, 1, 2, 2\), got \(3, 1, 2, 2\)"):
         gk.step(x, heads, 10, 5, sched, "gms", noise=torch.zeros(3, 1, 2, 2))
 
     def times(**kwargs):
@@ -1244,3 +1244,32 @@ def test_misshapen_explicit_noise_is_named_by_its_shape_and_sample_takes_10_step
         return seen
 
     assert times() == times(steps=10) != times(steps=11)
+
+
+def test_sample_without_a_model_draws_16_digits_with_a_progress_bar_by_default(monkeypatch):
+    """gk.sample() with no model and no shape samples 16 images of the embedded digits model (shape (16, 1, 8, 8)),
+    and gk.sample shows its progress bar unless told not to."""
+    from gms_kernels import sampling
+    from gms_kernels.embedded import DIGITS_SHAPE
+
+    enabled = []
+    real_bar = sampling.progress_bar
+
+    def bar(iterable, progress, **kwargs):
+        enabled.append(progress)
+        return real_bar(iterable, False, **kwargs)
+
+    monkeypatch.setattr(sampling, "progress_bar", bar)
+    x = gk.sample(steps=1, generator=0)
+    assert x.shape == (16, *DIGITS_SHAPE) and tuple(DIGITS_SHAPE) == (1, 8, 8) and torch.isfinite(x).all()
+    assert enabled == [True]
+
+
+def test_sample_names_a_bad_shape():
+    """A shape with a zero or a negative entry is refused naming the argument: "shape (N, C, ...)"."""
+    def model(x, t):
+        return torch.zeros_like(x)
+
+    for shape in ((0, 1, 2, 2), (2, -1, 2)):
+        with pytest.raises(ValueError, match=r"^shape \(N, C, \.\.\.\) must hold positive integers, got "):
+            gk.sample(model, shape=shape, steps=2, solver="ddim", schedule=gk.Schedule.linear(20), progress=False)
