@@ -1273,3 +1273,22 @@ def test_sample_names_a_bad_shape():
     for shape in ((0, 1, 2, 2), (2, -1, 2)):
         with pytest.raises(ValueError, match=r"^shape \(N, C, \.\.\.\) must hold positive integers, got "):
             gk.sample(model, shape=shape, steps=2, solver="ddim", schedule=gk.Schedule.linear(20), progress=False)
+
+
+def test_sample_draws_x_T_at_time_zero_of_the_initial_stream_and_names_a_bad_x_T():
+    """gk.sample(shape=..., generator=seed) starts from the seed's initial-noise stream at time field 0: the same
+    samples as gk.sample(x_T=SampleNoise.create(seed, N).normal(STREAM_INITIAL, 0, shape[1:])); an x_T without
+    a channel dimension is refused naming x_T."""
+    from gms_kernels.random import STREAM_INITIAL, SampleNoise
+
+    def model(x, t):
+        return 0.1 * x
+
+    sched = gk.Schedule.linear(50)
+    kwargs = dict(steps=3, solver="ddpm", schedule=sched, progress=False)
+    x_T = SampleNoise.create(4, 3).normal(STREAM_INITIAL, 0, (1, 2, 2), "cpu")
+    assert torch.equal(gk.sample(model, shape=(3, 1, 2, 2), generator=4, **kwargs),
+                       gk.sample(model, x_T=x_T, generator=4, **kwargs))
+    assert not torch.equal(x_T, SampleNoise.create(4, 3).normal(STREAM_INITIAL, 1, (1, 2, 2), "cpu"))
+    with pytest.raises(ValueError, match=r"^x_T must be \[N, C, \.\.\.\]"):
+        gk.sample(model, x_T=torch.zeros(4), **kwargs)
