@@ -1292,3 +1292,57 @@ def test_sample_draws_x_T_at_time_zero_of_the_initial_stream_and_names_a_bad_x_T
     assert not torch.equal(x_T, SampleNoise.create(4, 3).normal(STREAM_INITIAL, 1, (1, 2, 2), "cpu"))
     with pytest.raises(ValueError, match=r"^x_T must be \[N, C, \.\.\.\]"):
         gk.sample(model, x_T=torch.zeros(4), **kwargs)
+
+
+def test_sample_checks_a_shape_given_with_x_T():
+    """A shape passed together with x_T must be x_T's shape: the same shape is accepted (same samples as without
+    it), another is refused naming both."""
+    def model(x, t):
+        return 0.1 * x
+
+    kwargs = dict(steps=2, solver="ddim", schedule=gk.Schedule.linear(20), progress=False, generator=0)
+    x_T = torch.randn(3, 1, 2, 2, generator=torch.Generator().manual_seed(8))
+    assert torch.equal(gk.sample(model, shape=(3, 1, 2, 2), x_T=x_T, **kwargs), gk.sample(model, x_T=x_T, **kwargs))
+    with pytest.raises(ValueError, match=r"^shape \(2, 1, 2, 2\) does not match x_T's shape \(3, 1, 2, 2\)"):
+        gk.sample(model, shape=[2, 1, 2, 2], x_T=x_T, **kwargs)
+
+
+def test_sample_resolves_the_backend_it_is_given_and_tells_multi_call_solvers_T(monkeypatch):
+    """gk.sample passes the named backend to every step (torch stays torch; auto picks the float64 torch step for
+    a float64 sample and the C++ one for float32 on a CPU), and a multi-call solver (SEEDS-2) calls a "scaled"
+    model with t * 1000 / T of the schedule."""
+    from gms_kernels import sampling
+
+    used = []
+    real = sampling.solver_step
+
+    def spy(solver, x, heads, k, rand, data_range, T, options, backend, *args):
+        used.append(backend)
+        return real(solver, x, heads, k, rand, data_range, T, options, backend, *args)
+
+    monkeypatch.setattr(sampling, "solver_step", spy)
+
+    def model(x, t):
+        return torch.zeros_like(x)
+
+    from gms_kernels.kernels import cpp
+
+    sched = gk.Schedule.linear(20)
+    for backend, dtype, expected in (("torch", torch.float32, "torch"), ("auto", torch.float64, "torch"),
+                                     ("auto", torch.float32, "cpp" if cpp.available() else "torch")):
+        used.clear()
+        gk.sample(model, shape=(2, 1, 2, 2), steps=2, solver="ddim", schedule=sched, generator=0, progress=False,
+                  backend=backend, dtype=dtype)
+        assert used and set(used) == {expected}, (backend, dtype, used)
+    seen = []
+
+    class Scaled(torch.nn.Module):
+        time_input = "scaled"
+
+        def forward(self, x, t):
+            seen.append(float(t[0]))
+            return torch.zeros_like(x)
+
+    gk.sample(Scaled(), shape=(2, 1, 2, 2), steps=2, solver="seeds-2", schedule=gk.Schedule.linear(100), generator=0,
+              progress=False, trajectory=[99, 49])
+    assert seen[0] == 990.0 and all(0.0 <= v <= 990.0 for v in seen)
