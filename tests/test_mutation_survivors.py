@@ -1346,3 +1346,30 @@ def test_sample_resolves_the_backend_it_is_given_and_tells_multi_call_solvers_T(
     gk.sample(Scaled(), shape=(2, 1, 2, 2), steps=2, solver="seeds-2", schedule=gk.Schedule.linear(100), generator=0,
               progress=False, trajectory=[99, 49])
     assert seen[0] == 990.0 and all(0.0 <= v <= 990.0 for v in seen)
+
+
+def test_sample_hands_multi_call_solvers_its_data_range_progress_flag_and_solver_name(monkeypatch):
+    """For a multi-call solver (SEEDS-2) gk.sample passes on its data_range (the final denoised sample lies in
+    (0, 1), unlike without a range), its progress flag (True by default, False when asked), and the solver's
+    name for the heads check."""
+    from gms_kernels import sde
+
+    flags = []
+    real_bar = sde.progress_bar
+
+    def bar(iterable, progress, **kwargs):
+        flags.append(progress)
+        return real_bar(iterable, False, **kwargs)
+
+    monkeypatch.setattr(sde, "progress_bar", bar)
+
+    def model(x, t):
+        return -0.5 * torch.ones_like(x)  # E[x0 | x_t] well above 1 at the last step
+
+    kwargs = dict(shape=(2, 1, 2, 2), steps=2, solver="seeds-2", schedule=gk.Schedule.linear(50), generator=0)
+    x = gk.sample(model, data_range=(0.0, 1.0), **kwargs)
+    assert flags == [True] and x.min() >= 0.0 and x.max() <= 1.0
+    free = gk.sample(model, data_range=None, progress=False, **kwargs)
+    assert flags == [True, False] and free.max() > 1.0
+    with pytest.raises(ValueError, match=r"^solver 'seeds-2' needs 1 head"):
+        gk.sample(lambda x, t: torch.zeros(x.shape[0], 0, *x.shape[2:]), progress=False, **kwargs)
