@@ -1373,3 +1373,47 @@ def test_sample_hands_multi_call_solvers_its_data_range_progress_flag_and_solver
     assert flags == [True, False] and free.max() > 1.0
     with pytest.raises(ValueError, match=r"^solver 'seeds-2' needs 1 head"):
         gk.sample(lambda x, t: torch.zeros(x.shape[0], 0, *x.shape[2:]), progress=False, **kwargs)
+
+
+def test_sample_triton_loop_defers_the_finite_check_unless_a_callback_watches(monkeypatch):
+    """gk.sample's Triton loop, run on the CPU with resolve_backend answering "triton" and each step done by the
+    torch backend (recording the flag it is handed): without a callback every step gets an int32 zero flag, read
+    once the next step's network call is made (a flag set at step 0 raises after the model's second call, naming
+    step 0); with a callback, or on another backend, no flag is handed (the check is immediate)."""
+    from gms_kernels import sampling
+
+    handed, calls = [], []
+    real = sampling.solver_step
+
+    def torch_step(solver, x, heads, k, rand, data_range, T, options, backend, want_info, where, flag):
+        handed.append(flag)
+        out = real(solver, x, heads, k, rand, data_range, T, options, "torch", want_info, where, None)
+        if flag is not None and set_at == len(handed) - 1:
+            flag.fill_(1)  # as if the kernel had met a NaN here
+        return out
+
+    def model(x, t):
+        calls.append(int(t[0]))
+        return torch.zeros_like(x)
+
+    monkeypatch.setattr(sampling, "solver_step", torch_step)
+    kwargs = dict(shape=(2, 1, 2, 2), steps=3, solver="ddim", schedule=gk.Schedule.linear(30), generator=0,
+                  progress=False, trajectory=[29, 19, 9])
+    set_at = None
+    monkeypatch.setattr(sampling, "resolve_backend", lambda *args, **kwargs: "triton")
+    gk.sample(model, **kwargs)
+    assert len(handed) == 3 and all(f is not None and f.dtype == torch.int32 and f.shape == (1,) for f in handed)
+    handed.clear()
+    gk.sample(model, callback=lambda info: None, **kwargs)
+    assert handed == [None, None, None]
+    handed.clear()
+    calls.clear()
+    set_at = 0
+    with pytest.raises(ValueError, match=r"^x_t or the model output at step 0 \(t=29\) has non-finite values"):
+        gk.sample(model, **kwargs)
+    assert calls == [29, 19] and len(handed) == 1  # read after the second network call, before the second step
+    monkeypatch.setattr(sampling, "resolve_backend", lambda *args, **kwargs: "cpp")
+    handed.clear()
+    set_at = None
+    gk.sample(model, **kwargs)
+    assert handed == [None, None, None]
