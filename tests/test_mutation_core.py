@@ -62,3 +62,19 @@ def test_scale_spread_keeps_a_missing_third_moment_missing_and_the_skewness_of_a
     scaled = scale_spread(TransitionMoments(m1, var, m3), 2.0)
     skew = central_third_moment(scaled.m1, scaled.var, scaled.m3) / scaled.var**1.5
     assert torch.allclose(skew, kappa3 / var**1.5, rtol=1e-10)
+
+
+def test_log_alpha_bar_at_clamps_u_to_the_unit_interval_and_interpolates_the_first_interval():
+    log_abar = SCHED.alphas_cumprod.log()
+    u = torch.tensor([-0.5, 0.0, 0.5 / SCHED.T, 1.0, 1.5], dtype=torch.float64)
+    expected = torch.stack([torch.tensor(0.0, dtype=torch.float64), torch.tensor(0.0, dtype=torch.float64),
+                            log_abar[0] / 2, log_abar[-1], log_abar[-1]])  # data at u = 0, index 0 at u = 1/T
+    assert torch.allclose(SCHED.log_alpha_bar_at(u), expected, rtol=1e-13, atol=0)
+
+
+def test_beta_at_reads_the_interval_below_u_in_float64():
+    beta = -SCHED.T * torch.log1p(-SCHED.betas)  # the constant rate on ((t) / T, (t + 1) / T]
+    # u = 0 is in the first interval; a knot counts as below; 1e-8 past the knot at u = 0.25 is the next
+    # interval, which float32 (spacing 3e-8 there) would round back onto the knot
+    for u, t in ((0.0, 0), (0.25, 249), (0.25 + 1e-8, 250), (1.0, SCHED.T - 1)):
+        assert float(SCHED.beta_at(u)) == pytest.approx(float(beta[t]), rel=1e-14), u
