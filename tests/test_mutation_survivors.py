@@ -1248,7 +1248,7 @@ def test_misshapen_explicit_noise_is_named_by_its_shape_and_sample_takes_10_step
 
 def test_sample_without_a_model_draws_16_digits_with_a_progress_bar_by_default(monkeypatch):
     """gk.sample() with no model and no shape samples 16 images of the embedded digits model (shape (16, 1, 8, 8)),
-    and gk.sample shows its progress bar unless told not to."""
+    and gk.sample shows its progress bar unless told not to, labelled with the solver and K, not left on screen."""
     from gms_kernels import sampling
     from gms_kernels.embedded import DIGITS_SHAPE
 
@@ -1256,13 +1256,13 @@ def test_sample_without_a_model_draws_16_digits_with_a_progress_bar_by_default(m
     real_bar = sampling.progress_bar
 
     def bar(iterable, progress, **kwargs):
-        enabled.append(progress)
+        enabled.append((progress, kwargs))
         return real_bar(iterable, False, **kwargs)
 
     monkeypatch.setattr(sampling, "progress_bar", bar)
     x = gk.sample(steps=1, generator=0)
     assert x.shape == (16, *DIGITS_SHAPE) and tuple(DIGITS_SHAPE) == (1, 8, 8) and torch.isfinite(x).all()
-    assert enabled == [True]
+    assert enabled == [(True, {"desc": "gms K=1", "leave": False})]  # labelled, and cleared when done
 
 
 def test_sample_names_a_bad_shape():
