@@ -78,3 +78,28 @@ def test_beta_at_reads_the_interval_below_u_in_float64():
     # interval, which float32 (spacing 3e-8 there) would round back onto the knot
     for u, t in ((0.0, 0), (0.25, 249), (0.25 + 1e-8, 250), (1.0, SCHED.T - 1)):
         assert float(SCHED.beta_at(u)) == pytest.approx(float(beta[t]), rel=1e-14), u
+
+
+def test_index_of_ve_sigma_breaks_ties_down_and_rounds_in_float64():
+    grid = SCHED.ve_sigmas
+    mid = (grid[:-1] + grid[1:]) / 2
+    # an exact tie between two trained sigmas goes to the lower index (EDM's round_sigma takes the first minimum)
+    k = next(k for k in range(SCHED.T - 1) if mid[k] - grid[k] == grid[k + 1] - mid[k])
+    assert int(SCHED.index_of_ve_sigma(float(mid[k]))) == k
+    # one float64 step above a midpoint is nearer the upper index; float32 would round it back below
+    for k in range(SCHED.T - 1):
+        above = torch.nextafter(mid[k], torch.tensor(float("inf"), dtype=torch.float64))
+        if torch.tensor(float(above), dtype=torch.float32).double() < mid[k]:
+            assert int(SCHED.index_of_ve_sigma(float(above))) == k + 1
+            break
+    else:
+        pytest.fail("no midpoint that float32 rounds down")
+
+
+def test_index_of_ve_sigma_on_one_and_two_step_schedules():
+    one = gk.Schedule.from_betas([0.3])
+    assert one.index_of_ve_sigma(torch.tensor([0.0, 0.1, 5.0])).tolist() == [0, 0, 0]
+    two = gk.Schedule.from_betas([0.1, 0.5])
+    grid = two.ve_sigmas
+    probes = torch.tensor([0.0, float(grid[0]), float(grid[1]) * 0.99, 100.0], dtype=torch.float64)
+    assert two.index_of_ve_sigma(probes).tolist() == [0, 0, 1, 1]
