@@ -1417,3 +1417,16 @@ def test_sample_triton_loop_defers_the_finite_check_unless_a_callback_watches(mo
     set_at = None
     gk.sample(model, **kwargs)
     assert handed == [None, None, None]
+
+
+def test_log_alpha_bar_at_holds_its_end_values_outside_0_1_and_weights_must_be_positive():
+    """log_alpha_bar_at clamps continuous time to [0, 1] (no extrapolation past the last knot: u = 1.5 gives
+    log abar_{T-1}, u = -0.5 gives 0); mixture weights (1, 0) are refused (both must be positive)."""
+    from gms_kernels.fit import check_weights
+
+    sched = gk.Schedule.linear(10)
+    last = math.log(float(sched.alphas_cumprod[-1]))
+    got = sched.log_alpha_bar_at(torch.tensor([1.5, 1.0, -0.5, 0.0]))
+    torch.testing.assert_close(got, torch.tensor([last, last, 0.0, 0.0], dtype=torch.float64), rtol=1e-12, atol=0)
+    with pytest.raises(ValueError, match="weights must be positive and sum to 1"):
+        check_weights((1.0, 0.0))
