@@ -1430,3 +1430,31 @@ def test_log_alpha_bar_at_holds_its_end_values_outside_0_1_and_weights_must_be_p
     torch.testing.assert_close(got, torch.tensor([last, last, 0.0, 0.0], dtype=torch.float64), rtol=1e-12, atol=0)
     with pytest.raises(ValueError, match="weights must be positive and sum to 1"):
         check_weights((1.0, 0.0))
+
+
+def test_a_callback_on_a_headless_solver_calls_the_model_with_its_time_input():
+    """With the exact solver (no network heads) a callback's denoised needs e1, so gk.sample calls the model once
+    per step for it, with the model's time_input ("scaled": t * 1000 / T); a model output without channels is
+    refused naming the solver."""
+    sched = gk.Schedule.linear(100)
+    oracle = gk.GaussianMixtureOracle([1.0], torch.full((1, 1, 2, 2), 0.5, dtype=torch.float64), [0.01],
+                                      schedule=sched)
+    seen, infos = [], []
+
+    class Scaled(torch.nn.Module):
+        time_input = "scaled"
+
+        def __init__(self, channels):
+            super().__init__()
+            self.channels = channels
+
+        def forward(self, x, t):
+            seen.append(float(t[0]))
+            return torch.zeros(x.shape[0], self.channels, *x.shape[2:])
+
+    kwargs = dict(shape=(2, 1, 2, 2), steps=2, solver="exact", schedule=sched, generator=0, progress=False,
+                  trajectory=[99, 49], oracle=oracle, callback=infos.append)
+    gk.sample(Scaled(1), **kwargs)
+    assert seen == [990.0, 490.0] and len(infos) == 2
+    with pytest.raises(ValueError, match=r"^solver 'exact' needs 1 head"):
+        gk.sample(Scaled(0), **kwargs)
