@@ -103,3 +103,11 @@ def test_index_of_ve_sigma_on_one_and_two_step_schedules():
     grid = two.ve_sigmas
     probes = torch.tensor([0.0, float(grid[0]), float(grid[1]) * 0.99, 100.0], dtype=torch.float64)
     assert two.index_of_ve_sigma(probes).tolist() == [0, 0, 1, 1]
+
+
+def test_ve_sigmas_of_a_schedule_built_in_the_test():
+    # (built here, not at import: mutmut credits a test only with the calls made while it runs)
+    schedule = gk.Schedule.from_betas([0.1, 0.5])
+    abar = torch.tensor([0.9, 0.9 * 0.5], dtype=torch.float64)
+    assert torch.allclose(schedule.ve_sigmas, ((1 - abar) / abar).sqrt(), rtol=1e-14, atol=0)
+    assert schedule.ve_sigma(1) == pytest.approx(float(((1 - abar[1]) / abar[1]).sqrt()), rel=1e-14)
