@@ -1458,3 +1458,12 @@ def test_a_callback_on_a_headless_solver_calls_the_model_with_its_time_input():
     assert seen == [990.0, 490.0] and len(infos) == 2
     with pytest.raises(ValueError, match=r"^solver 'exact' needs 1 head"):
         gk.sample(Scaled(0), **kwargs)
+
+
+def test_sample_refuses_an_unknown_option_of_the_exact_solver():
+    """The exact solver's options are checked as given (the model is only added as its default oracle): an unknown
+    option is refused, not dropped."""
+    sched = gk.Schedule.linear(20)
+    oracle = gk.GaussianMixtureOracle([1.0], torch.zeros(1, 1, 2, 2, dtype=torch.float64), [0.01], schedule=sched)
+    with pytest.raises(ValueError, match=r"unknown option\(s\) bogus for solver 'exact'"):
+        gk.sample(oracle, shape=(2, 1, 2, 2), steps=2, solver="exact", schedule=sched, progress=False, bogus=1)
