@@ -111,3 +111,11 @@ def test_ve_sigmas_of_a_schedule_built_in_the_test():
     abar = torch.tensor([0.9, 0.9 * 0.5], dtype=torch.float64)
     assert torch.allclose(schedule.ve_sigmas, ((1 - abar) / abar).sqrt(), rtol=1e-14, atol=0)
     assert schedule.ve_sigma(1) == pytest.approx(float(((1 - abar[1]) / abar[1]).sqrt()), rel=1e-14)
+
+
+@pytest.mark.parametrize("weights", [(0.0, 1.0), (1.0, 0.0), (-0.5, 1.5)])
+def test_mixture_weights_must_both_be_positive(weights):
+    from gms_kernels.fit import check_weights
+
+    with pytest.raises(ValueError, match="weights must be positive and sum to 1"):
+        check_weights(weights)
