@@ -127,8 +127,9 @@ def counter(stream: int, t: int, index: torch.Tensor) -> torch.Tensor:
 
 
 def draw_seed(generator: torch.Generator | None = None) -> int:
-    """A 62-bit seed from a torch generator (or torch's global RNG)."""
-    return int(torch.randint(0, 2**62, (1,), generator=generator, dtype=torch.int64))
+    """A 62-bit seed from a torch generator on any device (or torch's global RNG)."""
+    device = None if generator is None else generator.device  # (randint refuses a generator of another device)
+    return int(torch.randint(0, 2**62, (1,), generator=generator, dtype=torch.int64, device=device))
 
 
 GeneratorLike = int | torch.Generator | Sequence[int | torch.Generator] | None

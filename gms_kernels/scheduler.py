@@ -46,6 +46,7 @@ from .backends import BACKENDS, resolve_backend
 from .files import json_ready
 from .moments import check_data_range, clamp_x0_moments, x0_moments
 from .model_io import split_heads
+from .random import draw_seed
 from .sampling import DeferredFiniteCheck, step as gk_step
 from .schedule import DATA, TRAJECTORY_KINDS, Schedule, trajectory
 from .solvers import SOLVERS, get_solver, resolve_options
@@ -93,17 +94,12 @@ def make_betas(num_train_timesteps: int, beta_start: float, beta_end: float, bet
                      "(or pass trained_betas)")
 
 
-def _seed_of(generator: torch.Generator) -> int:
-    """One 62-bit seed from a torch.Generator on any device (same draw as gk.random.draw_seed on CPU)."""
-    return int(torch.randint(0, 2**62, (1,), generator=generator, dtype=torch.int64, device=generator.device))
-
-
 def _seeds(generator: Any) -> Any:
     """Turn generators into int seeds (one draw each); ints and None pass through."""
     if isinstance(generator, torch.Generator):
-        return _seed_of(generator)
+        return draw_seed(generator)
     if isinstance(generator, (list, tuple)):
-        return [_seed_of(g) if isinstance(g, torch.Generator) else g for g in generator]
+        return [draw_seed(g) if isinstance(g, torch.Generator) else g for g in generator]
     return generator
 
 

@@ -84,3 +84,15 @@ def test_sample_noise_copies_to_a_device_once():
     src.check_capacity(2**40 // 8)
     with pytest.raises(ValueError, match="random-number counter"):
         src.check_capacity(2**40 // 8 + 1)
+
+
+def test_draw_seed_draws_from_a_generator_on_its_own_device():
+    """gk.step / gk.sample / GMSScheduler accept a torch.Generator on any device (the CUDA one on a GPU run)."""
+    for device in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
+        reference = torch.Generator(device=device).manual_seed(5)
+        expected = [int(torch.randint(0, 2**62, (1,), generator=reference, dtype=torch.int64, device=device))
+                    for _ in range(2)]
+        generator = torch.Generator(device=device).manual_seed(5)
+        assert [rng.draw_seed(generator), rng.draw_seed(generator)] == expected
+        noise = rng.SampleNoise.create(torch.Generator(device=device).manual_seed(5), 3)
+        assert noise.seeds.tolist() == [expected[0]] * 3
