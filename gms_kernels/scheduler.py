@@ -459,7 +459,10 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
     def add_noise(self, original_samples: torch.Tensor, noise: torch.Tensor,
                   timesteps: int | torch.Tensor) -> torch.Tensor:
         """x_t = a_t x0 + sigma_t eps with one timestep per sample (or one for all); fp16 is upcast to float32."""
-        t = torch.as_tensor(timesteps, dtype=torch.long).flatten().cpu()
+        given = torch.as_tensor(timesteps).flatten().cpu()
+        if given.dtype == torch.bool or (given.is_floating_point() and not (given == given.round()).all()):
+            raise ValueError(f"timesteps must be integer time indices, got {given.tolist()}")
+        t = given.to(torch.long)
         T = self.config.num_train_timesteps
         if ((t < 0) | (t >= T)).any():
             raise ValueError(f"timesteps must lie in [0, {T - 1}], got {t.tolist()}")

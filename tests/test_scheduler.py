@@ -483,3 +483,13 @@ def test_ddim_pipeline_replaces_the_scheduler():
         pipe = DDIMPipeline(unet=tiny_unet(9), scheduler=GMSScheduler())
     assert type(pipe.scheduler) is DDIMScheduler
     assert "DDIMPipeline" in GMSScheduler.__doc__ and "DDPMPipeline" in GMSScheduler.__doc__
+
+
+def test_add_noise_refuses_fractional_timesteps_and_takes_integral_floats():
+    s = GMSScheduler(num_train_timesteps=100)
+    x0, eps = torch.ones(2, 1, 2, 2), torch.zeros(2, 1, 2, 2)
+    a = float(s.schedule.alphas_cumprod[10].sqrt())
+    assert torch.allclose(s.add_noise(x0, eps, torch.tensor([10.0, 10.0])), torch.full_like(x0, a))
+    for bad in (torch.tensor([10.5, 10.0]), 3.7, torch.tensor([True, False])):
+        with pytest.raises(ValueError, match="timesteps must be integer time indices"):
+            s.add_noise(x0, eps, bad)
