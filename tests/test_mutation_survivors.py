@@ -658,22 +658,27 @@ def test_step_names_the_solver_that_lacks_heads():
         gk.step(x, torch.zeros(2, 2, 2, 2), 10, 5, gk.Schedule.linear(20), "gms", generator=0)
 
 
+class _ScaledTimeModel(torch.nn.Module):
+    """A zero eps model that declares ``time_input = "scaled"`` and records the first time value of each call."""
+    time_input = "scaled"
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def forward(self, x, t):
+        self.seen.append(float(t[0]))
+        return torch.zeros_like(x)
+
+
 def test_sample_reads_the_models_time_input_and_keeps_an_explicit_oracle():
     """gk.sample calls the model with its own time_input convention ("scaled": t * 1000 / T), and the exact
     solver uses an oracle passed as an option rather than the model."""
-    seen = []
-
-    class Scaled(torch.nn.Module):
-        time_input = "scaled"
-
-        def forward(self, x, t):
-            seen.append(float(t[0]))
-            return torch.zeros_like(x)
-
+    scaled = _ScaledTimeModel()
     sched = gk.Schedule.linear(100)
-    gk.sample(Scaled(), shape=(2, 1, 2, 2), steps=2, solver="ddim", schedule=sched, generator=0, progress=False,
+    gk.sample(scaled, shape=(2, 1, 2, 2), steps=2, solver="ddim", schedule=sched, generator=0, progress=False,
               trajectory=[99, 49])
-    assert seen == [990.0, 490.0]
+    assert scaled.seen == [990.0, 490.0]
 
     mean = torch.full((1, 2, 2), 0.5, dtype=torch.float64)
     model = gk.GaussianMixtureOracle([1.0], mean[None] * 0 - 0.5, [0.01], schedule=sched)
@@ -1334,18 +1339,10 @@ def test_sample_resolves_the_backend_it_is_given_and_tells_multi_call_solvers_T(
         gk.sample(model, shape=(2, 1, 2, 2), steps=2, solver="ddim", schedule=sched, generator=0, progress=False,
                   backend=backend, dtype=dtype)
         assert used and set(used) == {expected}, (backend, dtype, used)
-    seen = []
-
-    class Scaled(torch.nn.Module):
-        time_input = "scaled"
-
-        def forward(self, x, t):
-            seen.append(float(t[0]))
-            return torch.zeros_like(x)
-
-    gk.sample(Scaled(), shape=(2, 1, 2, 2), steps=2, solver="seeds-2", schedule=gk.Schedule.linear(100), generator=0,
+    scaled = _ScaledTimeModel()
+    gk.sample(scaled, shape=(2, 1, 2, 2), steps=2, solver="seeds-2", schedule=gk.Schedule.linear(100), generator=0,
               progress=False, trajectory=[99, 49])
-    assert seen[0] == 990.0 and all(0.0 <= v <= 990.0 for v in seen)
+    assert scaled.seen[0] == 990.0 and all(0.0 <= v <= 990.0 for v in scaled.seen)
 
 
 def test_sample_hands_multi_call_solvers_its_data_range_progress_flag_and_solver_name(monkeypatch):
