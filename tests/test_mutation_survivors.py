@@ -1464,3 +1464,46 @@ def test_sample_refuses_an_unknown_option_of_the_exact_solver():
     oracle = gk.GaussianMixtureOracle([1.0], torch.zeros(1, 1, 2, 2, dtype=torch.float64), [0.01], schedule=sched)
     with pytest.raises(ValueError, match=r"unknown option\(s\) bogus for solver 'exact'"):
         gk.sample(oracle, shape=(2, 1, 2, 2), steps=2, solver="exact", schedule=sched, progress=False, bogus=1)
+
+
+class _CountingOracle(torch.nn.Module):
+    """An exact-heads Gaussian-mixture model that counts its calls and can return NaN."""
+
+    def __init__(self, schedule, nan=False):
+        super().__init__()
+        self.oracle = gk.GaussianMixtureOracle([0.5, 0.5], torch.tensor([[[[-0.5]]], [[[0.5]]]], dtype=torch.float64),
+                                               [0.02, 0.02], schedule=schedule)
+        self.calls, self.nan = 0, nan
+
+    def forward(self, x, t):
+        self.calls += 1
+        out = self.oracle(x, t)
+        return torch.full_like(out, float("nan")) if self.nan else out
+
+
+def test_sample_passes_T_to_the_fused_step_with_the_papers_learning_rates():
+    """gk.sample hands the schedule's T to the fused step: ADAN with lr="paper" needs it for its rate table, and
+    the C++ step then follows the float64 torch step."""
+    from gms_kernels.kernels import cpp
+
+    if not cpp.available():
+        pytest.fail("the C++ extension is missing (CI builds it)")
+    sched = gk.Schedule.linear(50)
+    runs = [gk.sample(_CountingOracle(sched), shape=(3, 1, 1, 1), steps=3, solver="gms", schedule=sched, generator=0,
+                      progress=False, fit="adan", lr="paper", backend=backend) for backend in ("cpp", "torch")]
+    assert torch.allclose(runs[0], runs[1], atol=1e-3)
+
+
+def test_sample_with_a_callback_reuses_the_step_heads_and_names_the_step_of_a_bad_recomputed_e1():
+    """With a callback, gk.sample makes no extra network call for a solver that has heads (e1 is heads[0]); for
+    the exact solver (no heads) it calls the model once more per step for e1, and a NaN there is reported with
+    the step it happened at."""
+    sched = gk.Schedule.linear(50)
+    model = _CountingOracle(sched)
+    gk.sample(model, shape=(2, 1, 1, 1), steps=4, solver="sn-ddpm", schedule=sched, generator=0, progress=False,
+              callback=lambda info: None)
+    assert model.calls == len(gk.trajectory(sched, 4, "even"))
+    bad = _CountingOracle(sched, nan=True)
+    with pytest.raises(ValueError, match=r"at step 0 \(t=49\) has non-finite values"):
+        gk.sample(bad, shape=(2, 1, 1, 1), steps=4, solver="exact", schedule=sched, generator=0, progress=False,
+                  oracle=model.oracle, callback=lambda info: None)
