@@ -129,7 +129,7 @@ def rank_one_control_step(x_t, heads, k, rand, o):
     w1, w2 = float(o["weights"][0]), float(o["weights"][1])
     p = fit_closed(mom, o["weights"], o["var_floor"])
     u = rand.uniform(False).to(torch.float64).clamp(1e-12, 1.0 - 1e-12)
-    xi = (math.sqrt(2.0) * torch.erfinv(2.0 * u - 1.0)).reshape(-1, *[1] * (x_t.dim() - 1))
+    xi = torch.special.ndtri(u).reshape(-1, *[1] * (x_t.dim() - 1))  # Phi^-1(u)
     x_s = mom.m1 + math.sqrt(w1 * w2) * (p.mu1 - p.mu2) * xi + p.s2.clamp_min(0.0).sqrt() * rand.normal()
     return x_s, {"m1": mom.m1, "mu1": p.mu1, "mu2": p.mu2, "s2": p.s2}
 
