@@ -3,6 +3,7 @@ written here from the papers' formulas, convergence to the exact sampler on Gaus
 seeds / batch / backend equality, option checks, GGF's NFE and tolerance; and the sigma conversions."""
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -12,6 +13,7 @@ from gms_kernels.experiments.oracle_study import fresh_data, paper_1d
 from gms_kernels.random import (STREAM_ADAPTIVE, STREAM_SECOND_NOISE, STREAM_STEP_NOISE, STREAM_THIRD_NOISE,
                                 SampleNoise)
 from gms_kernels.scheduler import GMSScheduler
+from gms_kernels.schedule import _strictly_descending, karras_trajectory
 from gms_kernels.sde import BrownianTree, network_calls
 
 SCHED = gk.Schedule.linear(1000)
@@ -392,18 +394,9 @@ def test_seed_interval_and_paired_difference():
 
 
 def test_karras_trajectory_is_edm_eq5_rounded_to_the_grid():
-    """EDM Eq. 5 written out in numpy: levels evenly spaced in sigma^(1/rho), then the nearest index."""
-    import numpy as np
-
-    from gms_kernels.schedule import karras_trajectory
-
-    abar = SCHED.alphas_cumprod.numpy()
-    grid = np.sqrt((1 - abar) / abar)
+    """EDM Eq. 5 written out in numpy (edm_grid): levels evenly spaced in sigma^(1/rho), then the nearest index."""
     for K, rho in ((1, 7.0), (5, 7.0), (10, 7.0), (10, 3.0)):
-        i = np.arange(K + 1)
-        levels = (grid[-1] ** (1 / rho) + i / K * (grid[0] ** (1 / rho) - grid[-1] ** (1 / rho))) ** rho
-        expected = [int(np.argmin(np.abs(grid - lv))) for lv in levels]
-        assert karras_trajectory(SCHED, K, rho) == expected
+        assert karras_trajectory(SCHED, K, rho) == edm_grid(SCHED, K, rho)
     assert karras_trajectory(SCHED, 5)[0] == SCHED.T - 1 and karras_trajectory(SCHED, 5)[-1] == 0
     with pytest.raises(ValueError, match="rho must be"):
         karras_trajectory(SCHED, 5, rho=0.0)
@@ -411,3 +404,32 @@ def test_karras_trajectory_is_edm_eq5_rounded_to_the_grid():
     x = gk.sample(paper_1d(SCHED), shape=(64, 1), steps=5, solver="edm-sde", generator=0, progress=False,
                   data_range=None, dtype=torch.float64, trajectory=karras_trajectory(SCHED, 5))
     assert torch.isfinite(x).all()
+
+
+def edm_grid(schedule: gk.Schedule, steps: int, rho: float) -> list[int]:
+    """EDM Eq. 5 in float64 numpy, each level rounded to the nearest trained sigma (ties to the lower index)."""
+    abar = schedule.alphas_cumprod.numpy()
+    sigmas = np.sqrt((1 - abar) / abar)
+    top, bottom = sigmas[-1] ** (1 / rho), sigmas[0] ** (1 / rho)
+    levels = [(top + i / steps * (bottom - top)) ** rho for i in range(steps + 1)]
+    return _strictly_descending([int(np.argmin(np.abs(sigmas - level))) for level in levels], schedule.T)
+
+
+def test_karras_trajectory_defaults_to_edms_rho_of_seven():
+    for steps in (4, 8, 25):
+        assert karras_trajectory(SCHED, steps) == edm_grid(SCHED, steps, 7.0)
+
+
+def test_karras_trajectory_rounds_float64_levels():
+    # at K = 197 one level lies so close to the midpoint of two trained sigmas that float32 levels round it
+    # to the other index (found by scanning K = 1..1000)
+    assert karras_trajectory(SCHED, 197) == edm_grid(SCHED, 197, 7.0)
+
+
+def test_karras_trajectory_takes_any_positive_rho_and_every_step_count_up_to_T():
+    assert karras_trajectory(SCHED, 6, rho=0.5) == edm_grid(SCHED, 6, 0.5)
+    small = gk.Schedule.linear(20)
+    assert karras_trajectory(small, 20) == list(range(19, -1, -1))  # T steps visit every index
+    for bad in (21, 0, 2.0, True):
+        with pytest.raises(ValueError, match=r"steps must be an integer in \[1, T = 20\]"):
+            karras_trajectory(small, bad)
