@@ -30,11 +30,11 @@ def digits(split: str = "all", test_fraction: float = 0.2, seed: int = 0) -> tup
     from sklearn.datasets import load_digits
 
     d = load_digits()
-    x = torch.as_tensor(d.images, dtype=torch.float32).unsqueeze(1) / 8.0 - 1.0
-    y = torch.as_tensor(d.target, dtype=torch.long)
+    x = torch.as_tensor(d.images, dtype=torch.float32, device="cpu").unsqueeze(1) / 8.0 - 1.0
+    y = torch.as_tensor(d.target, dtype=torch.long, device="cpu")
     if split == "all":
         return x, y
-    perm = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(seed))
+    perm = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(seed), device="cpu")
     n = int(round(test_fraction * x.shape[0]))
     idx = {"test": perm[:n], "validation": perm[n:2 * n], "train": perm[2 * n:]}[split]
     return x[idx], y[idx]
@@ -81,12 +81,12 @@ def photo_grey(name: str) -> torch.Tensor:
     except ImportError as exc:
         raise ImportError("the natural-image patches need scikit-image: pip install 'gms_kernels[patches]' "
                           "(or pip install scikit-image)") from exc
-    img = torch.as_tensor(getattr(skimage.data, name)())
+    img = torch.as_tensor(getattr(skimage.data, name)(), device="cpu")
     if img.dtype != torch.uint8:
         raise ValueError(f"skimage.data.{name} is {img.dtype}, expected uint8")
     img = img.to(torch.float64) / 255.0
     if img.dim() == 3:
-        img = (img[..., :3] * torch.tensor(_LUMA, dtype=torch.float64)).sum(-1)
+        img = (img[..., :3] * torch.tensor(_LUMA, dtype=torch.float64, device="cpu")).sum(-1)
     return img
 
 
@@ -114,9 +114,9 @@ def patches(split: str = "train", size: int = 8, per_photo: int | None = None, s
         if h < size or w < size:
             raise ValueError(f"photo {name} ({h}x{w}) is smaller than the patch size {size}")
         g = torch.Generator().manual_seed(seed * 1000 + list(PATCH_PHOTOS).index(name))
-        top = torch.randint(0, h - size + 1, (count,), generator=g)
-        left = torch.randint(0, w - size + 1, (count,), generator=g)
-        rows = (top[:, None] + torch.arange(size))[:, :, None]   # [N, size, 1]
-        cols = (left[:, None] + torch.arange(size))[:, None, :]  # [N, 1, size]
+        top = torch.randint(0, h - size + 1, (count,), generator=g, device="cpu")
+        left = torch.randint(0, w - size + 1, (count,), generator=g, device="cpu")
+        rows = (top[:, None] + torch.arange(size, device="cpu"))[:, :, None]   # [N, size, 1]
+        cols = (left[:, None] + torch.arange(size, device="cpu"))[:, None, :]  # [N, 1, size]
         out.append(img[rows, cols])
     return (2.0 * torch.cat(out) - 1.0).to(torch.float32).unsqueeze(1)

@@ -1,4 +1,10 @@
-"""Host-to-device copies that do not stall the host.
+"""Where the package's own tensors go, and host-to-device copies that do not stall the host.
+
+The tensors the package makes for itself (schedules, Philox seeds and counters, the kernels' tables,
+the samplers' and the trainer's bookkeeping, the shipped models, data sets and metrics) are placed
+explicitly: on the CPU or where the data are, never on torch's default device, so that a user's
+``torch.set_default_device(...)`` changes no result (tests/test_default_device.py). Networks a user
+loads or builds go where torch's default device says, as torch's own modules do.
 
 A copy from ordinary (pageable) host memory to a CUDA device waits until everything queued on
 the stream before it has run: inside a sampling loop that is a whole network call. Staged through
@@ -8,6 +14,14 @@ cache keeps the staging buffer until the copy has run.
 from __future__ import annotations
 
 import torch
+
+
+def as_tensor_on(value, dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> torch.Tensor:
+    """``value`` as a tensor (of ``dtype`` if given) on ``device``; by default a tensor stays where it is and anything
+    else goes to the CPU (``torch.as_tensor`` would use the default device)."""
+    if device is None:
+        device = value.device if isinstance(value, torch.Tensor) else "cpu"
+    return torch.as_tensor(value, dtype=dtype, device=device)
 
 
 def to_device_async(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:

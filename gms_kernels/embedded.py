@@ -59,7 +59,9 @@ def _load_embedded(path: str | Path, build, what: str, script: str) -> torch.nn.
         data = torch.load(path, map_location="cpu", weights_only=True)
         if not isinstance(data, dict) or data.get("format") != EMBEDDED_FORMAT:
             raise ValueError(f"{path} is not a gms_kernels embedded model file")
-        net = MomentNet(build(), orders=tuple(data["orders"]), head=data["head"], targets=data.get("targets", "raw"))
+        with torch.device("cpu"):  # (the shipped models live on the CPU, whatever torch's default device is)
+            net = MomentNet(build(), orders=tuple(data["orders"]), head=data["head"],
+                            targets=data.get("targets", "raw"))
         net.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in data["state"].items()})
         _cache[key] = net.eval()
     return _cache[key]

@@ -37,7 +37,8 @@ def load_digits_classifier(path: str | Path = DIGITS_CLASSIFIER) -> DigitsClassi
     path = Path(path)
     if not path.exists():
         raise ValueError(f"digits classifier weights not found at {path}: run python/train_digits_classifier.py")
-    net = DigitsClassifier()
+    with torch.device("cpu"):  # (shipped weights: built on the CPU, whatever torch's default device is)
+        net = DigitsClassifier()
     net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
     return net.eval()
 
@@ -45,6 +46,6 @@ def load_digits_classifier(path: str | Path = DIGITS_CLASSIFIER) -> DigitsClassi
 @torch.no_grad()
 def digits_features(images: torch.Tensor, net: DigitsClassifier | None = None, batch_size: int = 1024) -> torch.Tensor:
     """float64 [N, 128] classifier features of digits images (clamped to [-1, 1])."""
-    net = net or load_digits_classifier()
+    net = net or load_digits_classifier().to(images.device)
     feats = [net.features(b.clamp(-1, 1)) for b in images.split(batch_size)]
     return torch.cat(feats).double()

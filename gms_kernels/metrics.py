@@ -36,7 +36,7 @@ def sliced_wasserstein1(x: torch.Tensor, y: torch.Tensor, n_projections: int = 1
     if x.shape[1] == 1:
         return wasserstein1(x, y)
     g = torch.Generator().manual_seed(seed)
-    dirs = torch.randn(x.shape[1], n_projections, generator=g, dtype=torch.float64)
+    dirs = torch.randn(x.shape[1], n_projections, generator=g, dtype=torch.float64, device="cpu").to(x.device)
     dirs = dirs / dirs.norm(dim=0, keepdim=True)
     px, py = x @ dirs, y @ dirs
     if px.shape[0] == py.shape[0]:  # equal sizes: W1 is the mean gap between sorted projections
@@ -75,7 +75,9 @@ def energy_distance(x: torch.Tensor, y: torch.Tensor, max_points: int = 5000, se
 
     def subset(z: torch.Tensor) -> torch.Tensor:
         z = _flat2d(z)
-        return z[torch.randperm(z.shape[0], generator=g)[:max_points]] if z.shape[0] > max_points else z
+        if z.shape[0] <= max_points:
+            return z
+        return z[torch.randperm(z.shape[0], generator=g, device="cpu")[:max_points].to(z.device)]
 
     x, y = subset(x), subset(y)
 
@@ -110,7 +112,7 @@ def frechet_distance(mu1: torch.Tensor, sigma1: torch.Tensor, mu2: torch.Tensor,
 
 def dct_matrix(n: int) -> torch.Tensor:
     """The orthonormal DCT-II matrix [n, n] (float64): row k is sqrt(2/n) c_k cos(pi (2j+1) k / 2n), c_0 = 1/sqrt 2."""
-    j = torch.arange(n, dtype=torch.float64)
+    j = torch.arange(n, dtype=torch.float64, device="cpu")
     m = torch.cos(torch.pi * (2 * j[None, :] + 1) * j[:, None] / (2 * n)) * (2.0 / n) ** 0.5
     m[0] /= 2**0.5
     return m
@@ -237,7 +239,7 @@ def seed_interval(values: Sequence[float], level: float = 0.95) -> SeedInterval:
     Needs at least two values."""
     from scipy.stats import t as student_t
 
-    v = torch.as_tensor([float(x) for x in values], dtype=torch.float64)
+    v = torch.tensor([float(x) for x in values], dtype=torch.float64, device="cpu")
     if v.numel() < 2 or not torch.isfinite(v).all():
         raise ValueError(f"a confidence interval needs at least two finite values, got {v.tolist()}")
     if not 0.0 < level < 1.0:

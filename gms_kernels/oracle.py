@@ -12,6 +12,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from .devices import as_tensor_on
 from .schedule import Schedule, StepCoefficients
 
 
@@ -26,9 +27,9 @@ class GaussianMixtureOracle(nn.Module):
     def __init__(self, weights: Sequence[float] | torch.Tensor, means: Sequence | torch.Tensor,
                  stds: Sequence[float] | torch.Tensor, schedule: Schedule | None = None):
         super().__init__()
-        weights = torch.as_tensor(weights, dtype=torch.float64).flatten()
-        means = torch.as_tensor(means, dtype=torch.float64)
-        stds = torch.as_tensor(stds, dtype=torch.float64)
+        weights = as_tensor_on(weights, torch.float64).flatten()
+        means = as_tensor_on(means, torch.float64)
+        stds = as_tensor_on(stds, torch.float64)
         K = weights.numel()
         if K < 1 or (weights <= 0).any() or not torch.isfinite(weights).all():
             raise ValueError("weights must be K >= 1 positive numbers")
@@ -114,7 +115,7 @@ class GaussianMixtureOracle(nn.Module):
         return abar.sqrt(), (1.0 - abar).sqrt()
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor | int) -> torch.Tensor:
-        t = torch.as_tensor(t).reshape(-1)
+        t = as_tensor_on(t).reshape(-1)
         if t.numel() == 1 or bool((t == t[0]).all()):
             return self.noise_moments(x_t, int(t[0])).to(x_t.dtype)
         return self.noise_moments(x_t, t).to(x_t.dtype)  # one index per sample, all at once
@@ -122,7 +123,8 @@ class GaussianMixtureOracle(nn.Module):
     def sample_data(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
         """n draws from the data distribution, fp64 [n, *shape]."""
         k = torch.multinomial(self.log_weights.exp(), n, replacement=True, generator=generator)
-        z = torch.randn(n, *self.data_shape, dtype=torch.float64, generator=generator)
+        z = torch.randn(n, *self.data_shape, dtype=torch.float64, generator=generator,
+                        device="cpu" if generator is None else generator.device)
         return self.means[k] + self.variances[k].sqrt() * z
 
     def log_prob(self, x0: torch.Tensor) -> torch.Tensor:
@@ -149,9 +151,9 @@ class GaussianMixtureOracle(nn.Module):
         if shared:  # q(x0 | x_t, k) of the chosen components only
             mu_k, v_k = _component_posterior(x, self.means[comp], self.shared_variance, *self._a_sigma(k.t, x_t))
         else:
-            mu_k, v_k = mu[torch.arange(x_t.shape[0]), comp], v[comp]
+            mu_k, v_k = mu[torch.arange(x_t.shape[0], device=comp.device), comp], v[comp]
         mean = k.c1 * x + k.c2 * mu_k
-        var = torch.as_tensor(k.lam2 + k.c2**2 * v_k, dtype=torch.float64)  # (a number when shared)
+        var = as_tensor_on(k.lam2 + k.c2**2 * v_k, torch.float64)  # (a number when shared)
         return mean + var.sqrt() * noise.to(torch.float64)
 
 

@@ -16,7 +16,7 @@ from typing import Sequence
 
 import torch
 
-from .devices import to_device_async
+from .devices import as_tensor_on, to_device_async
 
 _MASK32 = 0xFFFFFFFF
 _ROUND_A, _ROUND_B = 0xD2511F53, 0xCD9E8D57
@@ -71,8 +71,8 @@ def randint2x(seed: torch.Tensor, offset: torch.Tensor) -> tuple[torch.Tensor, t
 
 def randint4x(seed: torch.Tensor, offset: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The four Philox words for key = seed (uint64) and counter = (offset lo, offset hi, 0, 0)."""
-    seed = torch.as_tensor(seed, dtype=torch.int64)
-    offset = torch.as_tensor(offset, dtype=torch.int64)
+    offset = as_tensor_on(offset, torch.int64)
+    seed = as_tensor_on(seed, torch.int64, offset.device)
     zero = torch.zeros_like(offset)
     return philox4x32(offset & _MASK32, (offset >> 32) & _MASK32, zero, zero,
                       seed & _MASK32, (seed >> 32) & _MASK32)
@@ -82,7 +82,7 @@ def uint_to_uniform(x: torch.Tensor) -> torch.Tensor:
     """Triton's uint32 -> float32 in [0, 1): bitcast to int32, fold negatives, scale by 2^-31."""
     v = torch.where(x >= 2**31, x - 2**32, x)
     v = torch.where(v < 0, -v - 1, v)
-    return v.to(torch.float32) * torch.tensor(_UNIFORM_SCALE, dtype=torch.float32)
+    return v.to(torch.float32) * torch.tensor(_UNIFORM_SCALE, dtype=torch.float32, device=v.device)
 
 
 def uniform(seed: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
@@ -96,7 +96,7 @@ def normal_group(offset: torch.Tensor) -> torch.Tensor:
     The stream and time bits stay where ``counter`` puts them, so groups of different streams or
     times never share a counter.
     """
-    offset = torch.as_tensor(offset, dtype=torch.int64)
+    offset = as_tensor_on(offset, torch.int64)
     return (offset & ~(MAX_INDEX - 1)) | ((offset & (MAX_INDEX - 1)) >> _GROUP_SHIFT)
 
 
@@ -110,13 +110,13 @@ def normal(seed: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
     the cosine of words 0 and 1). One Philox call and one logarithm per two normals instead of one
     each: the random numbers are a large part of a fused step's cost on CPU.
     """
-    offset = torch.as_tensor(offset, dtype=torch.int64)
+    offset = as_tensor_on(offset, torch.int64)
     words = randint4x(seed, normal_group(offset))
     second_pair = ((offset >> 1) & 1).bool()
     w_u1 = torch.where(second_pair, words[2], words[0])
     w_u2 = torch.where(second_pair, words[3], words[1])
     u1 = uint_to_uniform(w_u1).clamp_min(_MIN_U1)
-    theta = torch.tensor(_TWO_PI, dtype=torch.float32) * uint_to_uniform(w_u2)
+    theta = torch.tensor(_TWO_PI, dtype=torch.float32, device=offset.device) * uint_to_uniform(w_u2)
     radius = torch.sqrt(-2.0 * torch.log(u1))
     return radius * torch.where((offset & 1).bool(), torch.sin(theta), torch.cos(theta))
 
@@ -128,7 +128,8 @@ def counter(stream: int, t: int, index: torch.Tensor) -> torch.Tensor:
 
 def draw_seed(generator: torch.Generator | None = None) -> int:
     """A 62-bit seed from a torch generator on any device (or torch's global RNG)."""
-    device = None if generator is None else generator.device  # (randint refuses a generator of another device)
+    # (randint refuses a generator of another device; torch's global RNG is the CPU's, whatever the default device)
+    device = torch.device("cpu") if generator is None else generator.device
     return int(torch.randint(0, 2**62, (1,), generator=generator, dtype=torch.int64, device=device))
 
 
@@ -155,7 +156,7 @@ class SampleNoise:
                 raise ValueError(f"got {len(generator)} generators for a batch of {batch}: pass one per sample")
             seeds = [g if isinstance(g, int) else draw_seed(g) for g in generator]
             # each sample has its own key, so its own index 0 keeps it independent of its position
-            return cls(torch.tensor(seeds, dtype=torch.int64), torch.zeros(batch, dtype=torch.int64))
+            return cls(as_tensor_on(seeds, torch.int64), torch.zeros(batch, dtype=torch.int64, device="cpu"))
         if generator is None or isinstance(generator, torch.Generator):
             seed = draw_seed(generator)
         elif isinstance(generator, int) and not isinstance(generator, bool):
@@ -167,8 +168,8 @@ class SampleNoise:
             raise ValueError(f"seeds must lie in [0, 2^63), got {seed}")
         if first_index < 0:
             raise ValueError(f"first sample index must be >= 0, got {first_index}")
-        indices = torch.arange(first_index, first_index + batch, dtype=torch.int64)
-        return cls(torch.full((batch,), seed, dtype=torch.int64), indices)
+        indices = torch.arange(first_index, first_index + batch, dtype=torch.int64, device="cpu")
+        return cls(torch.full((batch,), seed, dtype=torch.int64, device="cpu"), indices)
 
     def __len__(self) -> int:
         return self.seeds.numel()
@@ -210,7 +211,7 @@ class SampleNoise:
         """Like :meth:`normal`, but sample i draws at its own time field ``ts[i]`` (int [N], each in
         [0, 2^16)): an adaptive sampler addresses noise by each sample's own attempt count, so that a
         sample's numbers do not depend on how the others progress."""
-        ts = torch.as_tensor(ts, dtype=torch.int64).reshape(-1).cpu()
+        ts = as_tensor_on(ts, torch.int64).reshape(-1).cpu()
         if ts.numel() != len(self) or (ts < 0).any() or (ts >= 1 << (_STREAM_SHIFT - _T_SHIFT)).any():
             raise ValueError(f"need one time field in [0, 2^16) per sample ({len(self)}), got {ts.tolist()[:8]}")
         per_sample = _numel(shape)
@@ -224,7 +225,7 @@ class SampleNoise:
         [0, 2^24)): the numbers of a tree that a sampler walks down (GGF's Brownian path). The node's low
         NODE_LOW_BITS bits extend each element's index, its high bits fill the t field, so the sample indices
         must fit 2^40 / (elements * 2^NODE_LOW_BITS)."""
-        nodes = torch.as_tensor(nodes, dtype=torch.int64).reshape(-1).cpu()
+        nodes = as_tensor_on(nodes, torch.int64).reshape(-1).cpu()
         if nodes.numel() != len(self) or (nodes.numel() and (int(nodes.min()) < 0 or int(nodes.max()) >= MAX_NODE)):
             raise ValueError(f"need one node in [0, 2^24) per sample ({len(self)}), got {nodes.tolist()[:8]}")
         per_sample = _numel(shape)

@@ -220,7 +220,7 @@ class DeferredFiniteCheck:
     def launched(self) -> None:
         """Call right after the step's kernel is queued."""
         if self.flag.is_cuda:
-            self._host = torch.empty(1, dtype=torch.int32, pin_memory=True)
+            self._host = torch.empty(1, dtype=torch.int32, device="cpu", pin_memory=True)
             self._host.copy_(self.flag, non_blocking=True)
             self._arrived = torch.cuda.Event()
             self._arrived.record()
@@ -247,11 +247,13 @@ def estimate_gamma(model: Model, x0: torch.Tensor, schedule: Schedule, timesteps
         model = adapt_model(model)
         time_input = check_time_input(time_input or getattr(model, "time_input", "index"))
         steps = range(schedule.T) if timesteps is None else [int(t) for t in timesteps]
-        table = torch.full((schedule.T,), float("nan"), dtype=torch.float64)
+        table = torch.full((schedule.T,), float("nan"), dtype=torch.float64, device="cpu")
         for t in steps:
             total, count = 0.0, 0
             for batch in x0.split(batch_size):
-                eps = torch.randn(batch.shape, generator=generator, dtype=batch.dtype)
+                # (on the generator's device, the CPU for torch's global RNG, then where the data are)
+                eps = torch.randn(batch.shape, generator=generator, dtype=batch.dtype,
+                                  device="cpu" if generator is None else generator.device).to(batch.device)
                 x_t = schedule.add_noise(batch, eps, t).to(batch.dtype)
                 e1 = split_heads(call_model(model, x_t, t, schedule.T, time_input), x_t, 1, "analytic-dpm")[0]
                 total += float(e1.to(torch.float64).pow(2).sum())

@@ -14,6 +14,8 @@ from typing import Sequence
 
 import torch
 
+from .devices import as_tensor_on
+
 DATA = -1  # pseudo time index of the clean data (a = 1, sigma = 0)
 
 TRAJECTORY_KINDS = ("even", "linear", "quad", "leading", "trailing", "linspace")
@@ -58,7 +60,7 @@ class Schedule:
     """
 
     def __init__(self, betas: torch.Tensor | Sequence[float]):
-        betas = torch.as_tensor(betas, dtype=torch.float64).flatten().cpu()
+        betas = as_tensor_on(betas, torch.float64).flatten().cpu()
         if betas.numel() < 1:
             raise ValueError("a schedule needs at least one beta")
         if not torch.isfinite(betas).all() or (betas <= 0).any() or (betas >= 1).any():
@@ -78,7 +80,7 @@ class Schedule:
     @classmethod
     def linear(cls, T: int = 1000, beta_start: float = 1e-4, beta_end: float = 0.02) -> "Schedule":
         """DDPM's linear betas (Ho et al. 2020)."""
-        return cls(torch.linspace(beta_start, beta_end, T, dtype=torch.float64))
+        return cls(torch.linspace(beta_start, beta_end, T, dtype=torch.float64, device="cpu"))
 
     @classmethod
     def cosine(cls, T: int = 1000, s: float = 0.008, max_beta: float = 0.999) -> "Schedule":
@@ -157,7 +159,7 @@ class Schedule:
         ``round_sigma`` for iDDPM/ADM models): the noise level is rounded to the nearest one the network
         was trained on, never interpolated. Levels above the grid give T-1, below it 0.
         """
-        sigma = torch.as_tensor(sigma, dtype=torch.float64)
+        sigma = as_tensor_on(sigma, torch.float64)
         grid = self.ve_sigmas
         hi = torch.searchsorted(grid, sigma.reshape(-1).contiguous()).clamp(1, self.T - 1)
         lo = hi - 1
@@ -171,8 +173,9 @@ class Schedule:
         """log abar at continuous time u in [0, 1]: index t sits at u = (t + 1) / T and data at u = 0, with log abar
         linear in between (so the continuous VP SDE's beta(u) = -d log abar / du is constant on each interval,
         -T log(1 - beta_t) on ((t) / T, (t + 1) / T]). Used by the adaptive GGF sampler."""
-        u = torch.as_tensor(u, dtype=torch.float64)
-        knots = torch.cat([torch.zeros(1, dtype=torch.float64), self.alphas_cumprod.log()])  # at u = 0, 1/T, ..., 1
+        u = as_tensor_on(u, torch.float64)
+        # at u = 0, 1/T, ..., 1
+        knots = torch.cat([torch.zeros(1, dtype=torch.float64, device="cpu"), self.alphas_cumprod.log()])
         pos = (u.clamp(0.0, 1.0) * self.T)
         left = pos.floor().long().clamp(0, self.T - 1)
         frac = pos - left
@@ -180,7 +183,7 @@ class Schedule:
 
     def beta_at(self, u: torch.Tensor) -> torch.Tensor:
         """beta(u) = -d log abar / du of :meth:`log_alpha_bar_at` (the left limit at a knot: the interval below u)."""
-        u = torch.as_tensor(u, dtype=torch.float64)
+        u = as_tensor_on(u, torch.float64)
         interval = (u.clamp(0.0, 1.0) * self.T - 1e-9).ceil().long().clamp(1, self.T) - 1  # (a knot counts as below)
         return -self.T * torch.log1p(-self.betas[interval])
 
@@ -252,7 +255,8 @@ def karras_trajectory(schedule: Schedule, steps: int, rho: float = 7.0) -> list[
     if not (isinstance(rho, (int, float)) and math.isfinite(rho) and rho > 0):
         raise ValueError(f"rho must be a positive number, got {rho!r}")
     top, bottom = schedule.ve_sigma(schedule.T - 1) ** (1 / rho), schedule.ve_sigma(0) ** (1 / rho)
-    levels = torch.tensor([(top + i / steps * (bottom - top)) ** rho for i in range(steps + 1)], dtype=torch.float64)
+    levels = torch.tensor([(top + i / steps * (bottom - top)) ** rho for i in range(steps + 1)],
+                          dtype=torch.float64, device="cpu")
     return _strictly_descending([int(t) for t in schedule.index_of_ve_sigma(levels)], schedule.T)
 
 

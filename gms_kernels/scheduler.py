@@ -43,6 +43,7 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.utils import BaseOutput
 
 from .backends import BACKENDS, resolve_backend
+from .devices import as_tensor_on
 from .files import json_ready
 from .moments import check_data_range, clamp_x0_moments, x0_moments
 from .model_io import split_heads
@@ -78,18 +79,18 @@ def make_betas(num_train_timesteps: int, beta_start: float, beta_end: float, bet
     ``sigmoid`` (GeoDiff). ``trained_betas`` overrides all of them.
     """
     if trained_betas is not None:
-        return torch.as_tensor(list(trained_betas), dtype=torch.float64)
+        return torch.tensor(list(trained_betas), dtype=torch.float64, device="cpu")
     T = int(num_train_timesteps)
     if T < 1:
         raise ValueError(f"num_train_timesteps must be >= 1, got {num_train_timesteps}")
     if beta_schedule == "linear":
         return Schedule.linear(T, beta_start, beta_end).betas
     if beta_schedule == "scaled_linear":
-        return torch.linspace(beta_start**0.5, beta_end**0.5, T, dtype=torch.float64) ** 2
+        return torch.linspace(beta_start**0.5, beta_end**0.5, T, dtype=torch.float64, device="cpu") ** 2
     if beta_schedule in ("cosine", "squaredcos_cap_v2"):
         return Schedule.cosine(T).betas
     if beta_schedule == "sigmoid":
-        return torch.sigmoid(torch.linspace(-6.0, 6.0, T, dtype=torch.float64)) * (beta_end - beta_start) + beta_start
+        return torch.sigmoid(torch.linspace(-6.0, 6.0, T, dtype=torch.float64, device="cpu")) * (beta_end - beta_start) + beta_start
     raise ValueError(f"unknown beta_schedule {beta_schedule!r}; valid: {', '.join(BETA_SCHEDULES)} "
                      "(or pass trained_betas)")
 
@@ -277,7 +278,7 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
             if key == "weights":
                 value = tuple(value)
             elif key == "gamma" and value is not None:  # (a list in the config) the table the steps index
-                value = torch.as_tensor(value, dtype=torch.float64)
+                value = as_tensor_on(value, torch.float64)
             options[key] = value
         return options
 
@@ -459,7 +460,7 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
     def add_noise(self, original_samples: torch.Tensor, noise: torch.Tensor,
                   timesteps: int | torch.Tensor) -> torch.Tensor:
         """x_t = a_t x0 + sigma_t eps with one timestep per sample (or one for all); fp16 is upcast to float32."""
-        given = torch.as_tensor(timesteps).flatten().cpu()
+        given = as_tensor_on(timesteps).flatten().cpu()
         if given.dtype == torch.bool or (given.is_floating_point() and not (given == given.round()).all()):
             raise ValueError(f"timesteps must be integer time indices, got {given.tolist()}")
         t = given.to(torch.long)

@@ -196,8 +196,8 @@ class BrownianTree:
         # leaf's index floor(u 2^D) (exact in float64; u = 1 is the last leaf), and u lies in its right half
         # iff digit d + 1 of q is 1. So all the path's nodes are known up front: one draw for all levels.
         q = (u.to(torch.float64).cpu() * (1 << D)).floor().long().clamp(0, (1 << D) - 1)
-        levels = torch.arange(D, dtype=torch.int64)
-        nodes = torch.cat([torch.zeros(M, 1, dtype=torch.int64), (1 << levels) + (q[:, None] >> (D - levels))], 1)
+        levels = torch.arange(D, dtype=torch.int64, device="cpu")
+        nodes = torch.cat([torch.zeros(M, 1, dtype=torch.int64, device="cpu"), (1 << levels) + (q[:, None] >> (D - levels))], 1)
         right = ((q[:, None] >> (D - 1 - levels)) & 1).bool()
         sub = SampleNoise(self.noise.seeds[rows].repeat_interleave(D + 1),
                           self.noise.indices[rows].repeat_interleave(D + 1))
@@ -344,16 +344,17 @@ def sample_ggf(e1: EpsFn, x: torch.Tensor, ts: Sequence[int], schedule: Schedule
     """
     shape, dtype, N = x.shape[1:], x.dtype, x.shape[0]
     x = x.to(torch.float64, copy=True)  # (updated in place below)
-    u = torch.full((N,), (ts[0] + 1) / schedule.T, dtype=torch.float64)
+    # (the per-sample step control lives on the CPU: u, h and the counters; x and the score where x is)
+    u = torch.full((N,), (ts[0] + 1) / schedule.T, dtype=torch.float64, device="cpu")
     u_end = 1.0 / schedule.T
-    h = torch.full((N,), o["h_init"], dtype=torch.float64)
+    h = torch.full((N,), o["h_init"], dtype=torch.float64, device="cpu")
     x_prev = x.clone()  # x' of the last accepted proposal
     score = torch.zeros_like(x)
-    fresh = torch.zeros(N, dtype=torch.bool)  # score holds the score at (x, u)
-    attempts = torch.zeros(N, dtype=torch.int64)
-    nfe = torch.zeros(N, dtype=torch.int64)
+    fresh = torch.zeros(N, dtype=torch.bool, device="cpu")  # score holds the score at (x, u)
+    attempts = torch.zeros(N, dtype=torch.int64, device="cpu")
+    nfe = torch.zeros(N, dtype=torch.int64, device="cpu")
     path = BrownianTree(noise, shape, x.device) if o["noise"] == "brownian" else None
-    w_now = path(u, torch.arange(N)) if path is not None else None  # W(u) of each sample's current u
+    w_now = path(u, torch.arange(N, device="cpu")) if path is not None else None  # W(u) of each sample's current u
 
     def score_at(xs: torch.Tensor, us: torch.Tensor) -> torch.Tensor:
         idx = schedule.index_at(us)
@@ -403,7 +404,7 @@ def sample_ggf(e1: EpsFn, x: torch.Tensor, ts: Sequence[int], schedule: Schedule
         h[active] = torch.minimum(ha * factor, (u[active] - u_end).clamp_min(1e-9))
         attempts[active] += 1
         if callback is not None:
-            accepted = torch.zeros(N, dtype=torch.bool)
+            accepted = torch.zeros(N, dtype=torch.bool, device="cpu")
             accepted[acc] = True
             callback({"step": step, "i": step, "t": schedule.index_at(u), "u": u.clone(), "x": x.to(dtype, copy=True),
                       "accepted": accepted, "error": err, "nfe": nfe.clone()})

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from .moments import DataRange, check_data_range
-from .random import GeneratorLike, SampleNoise
+from .random import GeneratorLike, SampleNoise, draw_seed
 from .sampling import sample
 from .schedule import Schedule, trajectory as make_trajectory
 
@@ -84,12 +84,10 @@ def _seed_source(generator: GeneratorLike) -> int | list[int]:
     """Draw int seeds from torch generators once, so the lift and the solver share the same keys."""
 
     def one(g):
-        if isinstance(g, torch.Generator):
-            return int(torch.randint(0, 2**62, (1,), generator=g, dtype=torch.int64, device=g.device))
-        return g
+        return draw_seed(g) if isinstance(g, torch.Generator) else g
 
     if generator is None:
-        return int(torch.randint(0, 2**62, (1,), dtype=torch.int64))
+        return draw_seed(None)
     if isinstance(generator, (list, tuple)):
         return [one(g) for g in generator]
     return one(generator)

@@ -22,6 +22,7 @@ from .mixture import check_select, sample_mixture
 from .model_io import check_inputs_finite
 from .moments import (DataRange, TransitionMoments, central_third_moment, clamp_x0_moments, last_step_variance_cap,
                       scale_spread, transition_moments, x0_moments)
+from .devices import as_tensor_on
 from .random import STREAM_COMPONENT, STREAM_STEP_NOISE, SampleNoise
 from .schedule import DATA, StepCoefficients
 
@@ -136,7 +137,7 @@ def analytic_x0_variance(o: dict, k: StepCoefficients) -> float:
     if gamma is None:
         raise ValueError("solver 'analytic-dpm' needs gamma=<table>: estimate it with "
                          "gk.estimate_gamma(model, x0, schedule, timesteps)")
-    g = float(torch.as_tensor(gamma, dtype=torch.float64)[k.t])
+    g = float(as_tensor_on(gamma, torch.float64)[k.t])
     if not math.isfinite(g):
         raise ValueError(f"the gamma table has no value at t={k.t}: estimate it on this trajectory")
     return (k.sigma_t / k.a_t) ** 2 * (1.0 - g)

@@ -62,7 +62,9 @@ class EMA:
         self._names = list(params)
         self._live = nn.ParameterList([p if isinstance(p, nn.Parameter) else nn.Parameter(p, requires_grad=False)
                                        for p in params.values()])  # the live tensors themselves, not copies
-        self._average = AveragedModel(self._live, multi_avg_fn=self._lerp)  # deep-copies the live tensors
+        # deep-copies the live tensors; its step count is made where they are, not on torch's default device
+        device = self._live[0].device if len(self._live) else None
+        self._average = AveragedModel(self._live, device=device, multi_avg_fn=self._lerp)
         self._average.requires_grad_(False)
         self._average.update_parameters(self._live)  # the first update copies: the average starts here
 
@@ -181,9 +183,10 @@ def _loop(module: nn.Module, loss_terms: Callable, data: torch.Tensor, schedule:
     try:
         while result.steps < steps:
             # the global batch is drawn on every rank (same generator, same state), each keeps its rows
-            idx = torch.randint(0, data.shape[0], (batch_size,), generator=gen)[mine]
-            t = torch.randint(0, schedule.T, (batch_size,), generator=gen)[mine]
-            eps = torch.randn((batch_size, *data.shape[1:]), generator=gen)[mine].to(device)
+            # (on the generator's device, the CPU, whatever torch's default device is)
+            idx = torch.randint(0, data.shape[0], (batch_size,), generator=gen, device=gen.device)[mine]
+            t = torch.randint(0, schedule.T, (batch_size,), generator=gen, device=gen.device)[mine]
+            eps = torch.randn((batch_size, *data.shape[1:]), generator=gen, device=gen.device)[mine].to(device)
             x0 = data[idx].to(device)
             abar = schedule.alphas_cumprod[t].to(device=device, dtype=x0.dtype).reshape(-1, *[1] * (x0.dim() - 1))
             a, sig = abar.sqrt(), (1 - abar).sqrt()

@@ -810,3 +810,16 @@ def test_triton_paths_do_not_sync_the_host_but_for_the_finite_check():
             x, out, 612, 501, SCHEDULE, "gms", generator=6, fit=fit, nonfinite_flag=flag))
         expected.update({(fit, "gk.sample, 70 steps"): 0, (fit, "gk.step"): one_read, (fit, "gk.step given a flag"): 0})
     assert counts == expected  # (all at once, so that one run on a lent GPU shows every count)
+
+
+def test_the_launcher_ignores_the_default_device():
+    """The launcher's own tensors (the step's tables, the seeds) are placed explicitly: a step with the
+    meta device as torch's default gives the same numbers (tests/test_default_device.py has the rest)."""
+    x_t, out = make_inputs((2, 3, 5, 7), 500, "mixed", seed=8)
+    x_t, out = x_t.float().to(DEVICE), out.float().to(DEVICE)
+    for options in ({}, {"fit": "adan", "select": "pixel"}):
+        _, expected, _ = run_kernel(x_t, out, 500, 400, "gms", 4, (-1.0, 1.0), **options)
+        tg._device_tables.cache_clear()  # (made afresh under the meta default, not found in the cache)
+        with torch.device("meta"):
+            _, got, _ = run_kernel(x_t, out, 500, 400, "gms", 4, (-1.0, 1.0), **options)
+        assert got.device == x_t.device and torch.equal(got, expected)

@@ -107,7 +107,7 @@ def _fixed_variance_config(solver: str, k, data_range, o: dict, common: dict) ->
         common.update(c1=0.0, c2=1.0, lam2=0.0)  # (M1 = E[x0|x_t]: the moments of t -> data)
         return FusedStepConfig(mode=MODE_DDIM, fixed_var=noise_var, ddim_a_s=k.a_s, ddim_eps_scale=eps_scale, **common)
     if solver == "analytic-dpm":  # Var of an isotropic Var[x0|x_t], clamped and capped like _learned_gaussian
-        one = torch.zeros(1, dtype=torch.float64)
+        one = torch.zeros(1, dtype=torch.float64, device="cpu")
         x0_var = torch.full_like(one, analytic_x0_variance(o, k))
         var = transition_moments(one, one, None, None, k, data_range, x0_var=x0_var).var
         cap = last_step_variance_cap(data_range, o["clip_pixel"]) if k.s == 0 else None

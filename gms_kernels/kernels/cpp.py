@@ -24,6 +24,7 @@ import os
 
 import torch
 
+from ..devices import as_tensor_on
 from ..fit import MixtureParams
 from . import FusedStepConfig, NonFiniteInput
 
@@ -158,7 +159,7 @@ def _flat_i64(t, n: int, name: str) -> torch.Tensor:
     if (torch.is_tensor(t) and t.dtype == torch.int64 and t.is_cpu and t.dim() == 1
             and t.numel() == n and t.is_contiguous()):
         return t  # (SampleNoise's seeds and indices: already as the extension reads them)
-    t = torch.as_tensor(t).detach()
+    t = as_tensor_on(t).detach()
     if t.device.type != "cpu":
         t = t.cpu()
     t = t.to(torch.int64).contiguous().reshape(-1)
@@ -183,7 +184,7 @@ def _threads() -> int:
 
 def _new_buffer(shape) -> torch.Tensor:
     """A contiguous float32 output buffer (every element is written by the extension)."""
-    return torch.empty(shape, dtype=torch.float32)
+    return torch.empty(shape, dtype=torch.float32, device="cpu")
 
 
 def fused_step(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | None, e3: torch.Tensor | None,

@@ -37,7 +37,7 @@ import types
 import torch
 
 from ..fit import ADAN_BETA_BOUNDS, ADAN_BETAS, ADAN_EPS, ADAN_INIT_BETA, ADAN_INIT_GAP, MixtureParams, knee_delta2
-from ..devices import to_device_async
+from ..devices import as_tensor_on, to_device_async
 from ..random import STREAM_COMPONENT, STREAM_STEP_NOISE, check_counter_range, counter
 from . import ADAN_FP32_LIMITS, MODE_ADAN, MODE_CLOSED, MODE_DENOISE, MODE_GAUSSIAN, FusedStepConfig, NonFiniteInput
 
@@ -144,10 +144,10 @@ def _device_tables(cfg: FusedStepConfig, device: str) -> tuple[torch.Tensor, tor
     """(scalars, ADAN table, counter bases) on ``device``: one int64 buffer, copied without waiting
     for the device's queue and sliced into the three (the float64 tables travel as their bits).
     Each slice starts on a 16-byte boundary, as Triton's pointer specialisation expects."""
-    parts = [torch.tensor(_scalar_table(cfg), dtype=torch.float64).view(torch.int64),
-             torch.tensor(_adan_table(cfg), dtype=torch.float64).view(torch.int64),
+    parts = [torch.tensor(_scalar_table(cfg), dtype=torch.float64, device="cpu").view(torch.int64),
+             torch.tensor(_adan_table(cfg), dtype=torch.float64, device="cpu").view(torch.int64),
              torch.tensor([counter(STREAM_STEP_NOISE, cfg.t, 0), counter(STREAM_COMPONENT, cfg.t, 0)],
-                          dtype=torch.int64)]
+                          dtype=torch.int64, device="cpu")]
     padded = [torch.nn.functional.pad(p, (0, p.numel() % 2)) for p in parts]
     both = to_device_async(torch.cat(padded), device)
     scal, adan, bases = torch.split(both, [p.numel() for p in padded])
@@ -550,7 +550,7 @@ def fused_step(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | None, e3:
     n = x_t.shape[0]
     total = x_t.numel()
     d = total // n if n else 0
-    seeds, indices = torch.as_tensor(seeds), torch.as_tensor(indices)
+    seeds, indices = as_tensor_on(seeds), as_tensor_on(indices)
     if seeds.numel() != n or indices.numel() != n:
         raise ValueError(f"seeds and indices must have one entry per sample ({n}), "
                          f"got {seeds.numel()} and {indices.numel()}")

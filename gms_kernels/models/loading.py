@@ -368,7 +368,7 @@ def _diffusers_schedule(path: str, subfolder: str | None) -> Schedule | None:
         if kind == "linear":
             return Schedule.linear(T, start, end)
         if kind == "scaled_linear":
-            return Schedule.from_betas(torch.linspace(start ** 0.5, end ** 0.5, T, dtype=torch.float64) ** 2)
+            return Schedule.from_betas(torch.linspace(start ** 0.5, end ** 0.5, T, dtype=torch.float64, device="cpu") ** 2)
         if kind == "squaredcos_cap_v2":
             return Schedule.cosine(T)
         return None
