@@ -13,6 +13,8 @@ cache keeps the staging buffer until the copy has run.
 """
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 
@@ -22,6 +24,15 @@ def as_tensor_on(value, dtype: torch.dtype | None = None, device: torch.device |
     if device is None:
         device = value.device if isinstance(value, torch.Tensor) else "cpu"
     return torch.as_tensor(value, dtype=dtype, device=device)
+
+
+def module_device(model) -> torch.device | None:
+    """Where a network's weights are: the device of its first parameter (or buffer), None for a callable
+    without any (an oracle, a function)."""
+    if isinstance(model, torch.nn.Module):
+        for tensor in itertools.chain(model.parameters(), model.buffers()):
+            return tensor.device
+    return None
 
 
 def to_device_async(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:

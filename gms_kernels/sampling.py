@@ -13,6 +13,7 @@ from .progress import progress_bar
 from .random import STREAM_INITIAL, GeneratorLike, SampleNoise
 from .schedule import DATA, Schedule, StepCoefficients, trajectory as make_trajectory
 from .backends import resolve_backend
+from .devices import module_device
 from .sde import SAMPLERS, eps_function
 from .solvers import StepRandomness, denoise_coefficients, get_solver, resolve_options, solver_step
 
@@ -98,7 +99,8 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
     does not depend on the batch it is drawn in. ``callback`` receives, after every step, a dict with
     the keys of :func:`callback_info` (step, t, s, sigma, x, denoised: the same for every solver)
     and the step's fitted quantities. Solver options (e.g. fit, select, fit_iters, eta) go in
-    ``solver_options``. ``backend`` picks the fused GMS step as in :func:`step`.
+    ``solver_options``. ``backend`` picks the fused GMS step as in :func:`step`. The samples are made on
+    ``device``: by default x_T's device, else the device of the model's weights, else the CPU.
     """
     with torch.no_grad():  # a block, not a decorator: mutmut skips decorated functions
         if model is None:  # the embedded digits model
@@ -118,6 +120,7 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
             if len(shape) < 2:
                 raise ValueError(f"shape must be (N, C, ...) with a channel dimension, got {shape}")
             noise = SampleNoise.create(generator, shape[0], first_index)
+            device = _sample_device(model, device)
             x = noise.normal(STREAM_INITIAL, 0, shape[1:], device).to(dtype)  # (drawn where it is used)
         else:
             check_state_tensor(x_T, "x_T")
@@ -199,8 +202,16 @@ def check_sample_args(model: Model | None = None, steps: int = 10, solver: str =
         from .embedded import default_model
 
         model = default_model()
-    _plan(adapt_model(model), steps, solver, schedule, trajectory, data_range, time_input, solver_options)
-    resolve_backend(backend, device or "cpu")
+    model = adapt_model(model)
+    _plan(model, steps, solver, schedule, trajectory, data_range, time_input, solver_options)
+    resolve_backend(backend, _sample_device(model, device))
+
+
+def _sample_device(model: Model, device: torch.device | str | None) -> torch.device:
+    """Where :func:`sample` draws x_T: ``device`` if given, else where the model's weights are, else the CPU."""
+    if device is not None:
+        return torch.device(device)
+    return module_device(model) or torch.device("cpu")
 
 
 class DeferredFiniteCheck:

@@ -143,3 +143,32 @@ def test_the_data_sets_and_metrics_ignore_the_default_device():
                    lambda: gk.metrics.frechet_distance_dct(x, y), lambda: gk.metrics.fd_digits(x, y),
                    lambda: gk.metrics.seed_interval([1.0, 2.0, 4.0]).high):
         _same_under_meta_default(lambda: torch.tensor(metric(), dtype=torch.float64, device="cpu"))
+
+
+class _Stop(Exception):
+    pass
+
+
+class _WhereCalled(torch.nn.Module):
+    """A network whose weights sit on ``device``; it records where it is called and stops the sampler."""
+
+    def __init__(self, device):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1, device=device))
+        self.seen = None
+
+    def forward(self, x, t):
+        self.seen = (x.device, torch.as_tensor(t).device)
+        raise _Stop
+
+
+@pytest.mark.parametrize("given, expected", [(None, "meta"), ("cpu", "cpu")])
+def test_sample_draws_where_the_model_is_unless_told(given, expected):
+    """Without device=, x_T is drawn where the model's weights are (a CUDA model samples on CUDA);
+    device= wins; a model without weights samples on the CPU (the oracle tests)."""
+    net = _WhereCalled("meta")
+    with pytest.raises(_Stop):
+        gk.sample(net, SHAPE, steps=3, solver="ddpm", generator=0, device=given, progress=False, backend="torch")
+    assert net.seen[0].type == expected
+    x = gk.sample(lambda x, t: torch.zeros_like(x), SHAPE, steps=2, solver="ddpm", generator=0, progress=False)
+    assert x.device.type == "cpu"

@@ -774,8 +774,8 @@ def test_the_deferred_finite_check_on_cuda_reads_the_flag_from_pinned_memory_aft
     check.flag = flag = rec.Flag(value)  # as if the kernel had written it on the device
     monkeypatch.setattr(sampling, "torch", rec.torch)
     check.launched()
-    assert rec.log == [("empty", (1,), {"dtype": torch.int32, "pin_memory": True}), ("copy", flag, True),
-                       ("event", (), {}), ("record", (), {})]
+    assert rec.log == [("empty", (1,), {"dtype": torch.int32, "device": "cpu", "pin_memory": True}),
+                       ("copy", flag, True), ("event", (), {}), ("record", (), {})]
     assert rec.log[1][1] is flag
     del rec.log[:]
     if value:
