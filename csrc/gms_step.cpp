@@ -25,6 +25,9 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#ifdef GMS_TARGETS_X86
+#include <cpuid.h>
+#endif
 
 #include "philox.h"
 #include "step_api.h"
@@ -58,16 +61,34 @@ struct TargetEntry {
 };
 
 #ifdef GMS_TARGETS_X86
-bool cpu_has_avx512() {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx2") &&
-           __builtin_cpu_supports("fma");
+// The CPU's features from CPUID, and whether the OS saves the vector registers they use (XGETBV).
+// Read directly rather than through __builtin_cpu_supports, which depends on the compiler's runtime
+// library: a Clang build linked against a compiler-rt without the CPU-model initialiser reports no
+// feature at all, and the extension then ran the SSE2 code on an AVX-512 machine.
+struct X86Features {
+    bool avx2 = false, avx512 = false;
+    X86Features() {
+        unsigned a, b, c, d;
+        if (!__get_cpuid(1, &a, &b, &c, &d)) return;
+        const bool fma = c & (1u << 12), osxsave = c & (1u << 27), avx = c & (1u << 28);
+        if (!(osxsave && avx) || __get_cpuid_max(0, nullptr) < 7) return;
+        unsigned xcr0_lo, xcr0_hi;
+        __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+        const bool ymm_saved = (xcr0_lo & 0x6u) == 0x6u;      // XMM and YMM state
+        const bool zmm_saved = (xcr0_lo & 0xE6u) == 0xE6u;    // and opmask, ZMM_Hi256, Hi16_ZMM
+        __cpuid_count(7, 0, a, b, c, d);
+        const bool avx2_bit = b & (1u << 5), bmi2 = b & (1u << 8);
+        const bool f = b & (1u << 16), dq = b & (1u << 17), bw = b & (1u << 30), vl = b & (1u << 31);
+        avx2 = ymm_saved && avx2_bit && fma && bmi2;
+        avx512 = avx2 && zmm_saved && f && dq && bw && vl;
+    }
+};
+const X86Features& x86_features() {
+    static const X86Features features;
+    return features;
 }
-bool cpu_has_avx2() {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2");
-}
+bool cpu_has_avx512() { return x86_features().avx512; }
+bool cpu_has_avx2() { return x86_features().avx2; }
 bool always() { return true; }
 const TargetEntry kTargets[] = {{&avx512::ops, "AVX-512 F/DQ/VL/BW, AVX2, FMA", &cpu_has_avx512},
                                 {&avx2::ops, "AVX2, FMA, BMI2", &cpu_has_avx2},

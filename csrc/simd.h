@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #ifndef GMS_VBYTES
@@ -76,11 +77,16 @@ template <typename V>
 GMS_VINLINE void store(void* p, V v) {
     std::memcpy(p, &v, sizeof v);
 }
+// the type of one lane of vector type V
+template <typename V>
+using Lane = std::remove_cv_t<std::remove_reference_t<decltype(std::declval<V>()[0])>>;
 // x in every lane: x - 0 (an identity the compiler folds into a broadcast; V{} + x would be an
-// addition it must keep, since -0 + 0 = +0)
+// addition it must keep, since -0 + 0 = +0). x is converted to the lane type first: Clang refuses to
+// mix a scalar with a vector of another type of the same width (unsigned long long against uint64_t
+// lanes, which are unsigned long on LP64 Linux), where GCC converts silently.
 template <typename V, typename S>
 GMS_VINLINE V splat(S x) {
-    return x - V{};
+    return static_cast<Lane<V>>(x) - V{};
 }
 // the bits of v as another vector type of the same size
 template <typename To, typename From>
@@ -133,8 +139,10 @@ GMS_VINLINE VD sign_bit(VD v) { return bits<VD>(bits<VQ>(v) & splat<VQ>(0x800000
 GMS_VINLINE VD vor(VD a, VD b) { return bits<VD>(bits<VQ>(a) | bits<VQ>(b)); }
 GMS_VINLINE VD vxor(VD a, VD b) { return bits<VD>(bits<VQ>(a) ^ bits<VQ>(b)); }
 // whether any lane of a comparison's result is set (a mask test on x86: the lane loop of the generic
-// form becomes one extraction per lane there)
-GMS_VINLINE bool any(VL m) {
+// form becomes one extraction per lane there). any() takes the mask of a float64 or float32 comparison
+// whatever integer type the compiler gives it (GCC: int64_t / int32_t lanes; Clang: long long lanes
+// for doubles, which match neither overload exactly).
+GMS_VINLINE bool any_of_64(VL m) {
 #if GMS_VBYTES == 64 && defined(__AVX512F__)
     return _mm512_test_epi64_mask(bits<__m512i>(m), bits<__m512i>(m)) != 0;
 #elif GMS_VBYTES == 32 && defined(__AVX__)
@@ -147,7 +155,7 @@ GMS_VINLINE bool any(VL m) {
     return r;
 #endif
 }
-GMS_VINLINE bool any(VI m) {
+GMS_VINLINE bool any_of_32(VI m) {
 #if GMS_VBYTES == 64 && defined(__AVX512F__)
     return _mm512_test_epi32_mask(bits<__m512i>(m), bits<__m512i>(m)) != 0;
 #elif GMS_VBYTES == 32 && defined(__AVX__)
@@ -159,6 +167,16 @@ GMS_VINLINE bool any(VI m) {
     for (int i = 0; i < kF; ++i) r |= m[i] != 0;
     return r;
 #endif
+}
+template <typename M>
+GMS_VINLINE bool any(M m) {
+    static_assert(sizeof(M) == kBytes, "a whole vector's mask");
+    if constexpr (sizeof(Lane<M>) == 8) {
+        return any_of_64(bits<VL>(m));
+    } else {
+        static_assert(sizeof(Lane<M>) == 4, "float64 or float32 lanes");
+        return any_of_32(bits<VI>(m));
+    }
 }
 
 GMS_VINLINE VD widen(VFh v) { return __builtin_convertvector(v, VD); }

@@ -915,7 +915,9 @@ void mixture_block(const MixArgs& A, int64_t e0, int n) {
 // finish (dynamic), not fixed halves: on a shared machine one core can run slower than another
 // for seconds at a time, and a static split would wait for the slower one. Blocks are independent
 // and draw counter-based random numbers, so the split does not change any result.
+#ifdef _OPENMP
 constexpr int kChunkBlocks = 8;
+#endif
 
 template <typename Fn>
 void for_blocks(int64_t total, int num_threads, int64_t min_parallel, const Fn& fn) {

@@ -89,6 +89,25 @@ def test_cpu_info_names_the_best_target_and_set_cpu_target_switches():
             set_cpu_target(name)
 
 
+def _cpu_flags() -> set[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.split(":")[0].strip() == "flags":
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+@pytest.mark.skipif(cpu_info()["compiled"] != ["avx512", "avx2", "sse2"] or not Path("/proc/cpuinfo").exists(),
+                    reason="an x86-64 Linux build with the three targets")
+def test_the_targets_this_cpu_runs_are_those_its_flags_allow():
+    """The extension's own CPUID reading agrees with the kernel's /proc/cpuinfo flags (which, like it,
+    count AVX and AVX-512 only where the OS saves their registers): the best target is picked."""
+    flags = _cpu_flags()
+    avx2 = {"avx2", "fma", "bmi2"} <= flags
+    avx512 = avx2 and {"avx512f", "avx512dq", "avx512vl", "avx512bw"} <= flags
+    expected = ["avx512"] * avx512 + ["avx2"] * avx2 + ["sse2"]
+    assert cpu_info()["supported"] == expected and cpu_info()["best"] == expected[0]
+
+
 def test_environment_variable_forces_a_target(monkeypatch):
     """GMS_KERNELS_CPU_TARGET is applied when the launcher first loads the extension."""
     try:
