@@ -2,7 +2,7 @@
 path ... that every compiler vectorises"), with Clang from the ``ziglang`` wheel (no system Clang or
 cross toolchain needed):
 
-    pip install ziglang
+    pip install -e ".[test,cross]"        # ziglang, and the test dependencies for --test
     python benchmarks/cross_compile.py [--test]
 
 1. Compiles csrc/step_target.cpp with Clang (``-Wall -Werror``) for each target setup.py builds on
@@ -42,7 +42,7 @@ def zig() -> list[str]:
     try:
         import ziglang  # noqa: F401
     except ImportError:
-        sys.exit("needs Clang from the ziglang wheel: pip install ziglang")
+        sys.exit("needs Clang from the ziglang wheel: pip install -e \".[cross]\" (or pip install ziglang)")
     return [sys.executable, "-m", "ziglang"]
 
 
