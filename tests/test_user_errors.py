@@ -123,6 +123,25 @@ def test_checkpoint_with_code_is_reported_as_refused(tmp_path):
     assert "truncated" not in str(err.value) and "corrupted" not in str(err.value)
 
 
+def test_bytes_that_are_no_checkpoint_are_never_called_a_refused_object(tmp_path):
+    """torch's weights-only unpickler reports garbage as "Weights only load failed ... Unsupported operand":
+    that is a file torch cannot read, not an object it refused, so the advice to retry with
+    weights_only=False (right for a refused class) must not be given for it."""
+    import pickle
+
+    (tmp_path / "garbage.pt").write_bytes(b"xgarbage, not a checkpoint")
+    with open(tmp_path / "plain.pkl", "wb") as f:
+        pickle.dump({"w": [1.0, 2.0]}, f, protocol=4)
+    cases = {"garbage.pt": "UnpicklingError: Unsupported operand 120): it is truncated, corrupted or not a torch checkpoint",
+             "plain.pkl": "UnpicklingError: Unsupported operand 149): it looks like a plain pickle (pickle.dump)"}
+    for name, expected in cases.items():
+        with pytest.raises(ValueError) as err:
+            gk.models.load(tmp_path / name)
+        text = str(err.value)
+        assert f"{name}: cannot read this file as a torch checkpoint (" in text and expected in text
+        assert "weights_only=False" not in text and "refuses" not in text
+
+
 def test_cuda_map_location_without_cuda_says_so(tmp_path):
     torch.save({"w": torch.zeros(2)}, tmp_path / "w.pt")
     if torch.cuda.is_available():

@@ -73,13 +73,18 @@ def read_torch_file(path: PathLike, map_location: Any = "cpu") -> Any:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
         refused = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)", str(e))
-        if refused or "Weights only load failed" in str(e):
+        # an opcode the weights-only unpickler does not know: bytes that are no torch checkpoint (or a pickle
+        # written by pickle.dump), not an object it refused; never advise weights_only=False for those
+        not_a_checkpoint = "Unsupported operand" in str(e)
+        if refused or ("Weights only load failed" in str(e) and not not_a_checkpoint):
             what = f"a Python object ({refused.group(1)})" if refused else "something other than plain data"
             raise ValueError(
                 f"{path}: the checkpoint holds {what} that torch.load(weights_only=True) refuses to load; only "
                 "tensors, numbers, strings and containers of them are read. If you trust the file, load it once "
                 "with weights_only=False and re-save just the state dict (torch.save(model.state_dict(), path)).") from None
-        raise _unreadable(path, size, e) from None
+        plain_pickle = not_a_checkpoint and _first_bytes(path, 1) == b"\x80"  # (a pickle's PROTO opcode)
+        raise _unreadable(path, size, e, "it looks like a plain pickle (pickle.dump), which torch.load(weights_only=True) "
+                          "does not read: save it with torch.save" if plain_pickle else None) from None
     except RuntimeError as e:
         if "on a CUDA device but torch.cuda.is_available() is False" in str(e):
             raise ValueError(f"{path}: map_location={map_location!r} asks for a CUDA device, but this machine has "
@@ -89,7 +94,7 @@ def read_torch_file(path: PathLike, map_location: Any = "cpu") -> Any:
         raise _unreadable(path, size, e) from None
 
 
-def _unreadable(path: str, size: int, e: Exception) -> ValueError:
+def _unreadable(path: str, size: int, e: Exception, hint: str | None = None) -> ValueError:
     text = str(e)
     inner = re.search(r"WeightsUnpickler error:\s*(.+)", text)
     text = inner.group(1) if inner else text
@@ -97,20 +102,24 @@ def _unreadable(path: str, size: int, e: Exception) -> ValueError:
     detail = f"{type(e).__name__}: {first}" if first else type(e).__name__
     if size == 0:
         hint = "it is empty"
-    elif _starts_like_zip(path) and not zipfile.is_zipfile(path):
+    elif hint is None and _starts_like_zip(path) and not zipfile.is_zipfile(path):
         hint = "it looks truncated (an incomplete download or an interrupted save)"
-    else:
+    elif hint is None:
         hint = "it is truncated, corrupted or not a torch checkpoint"
     return ValueError(f"{path}: cannot read this file as a torch checkpoint ({size} bytes; {detail}): {hint}. "
                       "Download or save it again (torch.save), or pass the right file.")
 
 
-def _starts_like_zip(path: str) -> bool:
+def _first_bytes(path: str, n: int) -> bytes:
     try:
         with open(path, "rb") as f:
-            return f.read(4) == b"PK\x03\x04"
+            return f.read(n)
     except OSError:
-        return False
+        return b""
+
+
+def _starts_like_zip(path: str) -> bool:
+    return _first_bytes(path, 4) == b"PK\x03\x04"
 
 
 def read_weights_file(path: PathLike, map_location: Any = "cpu") -> Any:
