@@ -690,3 +690,75 @@ def test_an_unreadable_safetensors_file_reports_its_size(tmp_path):
     bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{}")
     with pytest.raises(ValueError, match=r"bad\.safetensors: cannot read this file as a torch checkpoint \(10 bytes; "):
         _common.read_weights_file(bad)
+
+
+# -- survivors of the third (seed 2) sample, at HEAD ------------------------------------------------
+def test_iddpm_infer_config_gives_integer_channel_mults_and_refuses_uneven_levels():
+    """channel_mult comes back as ints (1.0 == 1 would pass an equality test, not a config round trip),
+    and a state dict whose levels hold different numbers of res blocks is not an IDDPMUNet of any config."""
+    net = gm.IDDPMUNet(in_channels=3, model_channels=32, out_channels=3, num_res_blocks=2, attention_resolutions=(),
+                       dropout=0.0, channel_mult=(1, 2), num_heads=1, use_scale_shift_norm=False)
+    sd = net.state_dict()
+    cfg = gm.IDDPMUNet.infer_config(sd)
+    assert cfg["channel_mult"] == [1, 2] and all(type(m) is int for m in cfg["channel_mult"])
+    assert cfg["num_res_blocks"] == 2
+    # input blocks: 0 conv, 1-2 level 0, 3 downsample, 4-5 level 1; without block 5 level 1 has one block
+    uneven = {k: v for k, v in sd.items() if not k.startswith("input_blocks.5.")}
+    assert gm.IDDPMUNet.infer_config(uneven) is None
+
+
+def test_first_difference_reports_a_key_only_the_other_file_has():
+    from gms_kernels.models.official_gms import first_difference
+
+    ref = {"a": torch.zeros(2), "b": torch.ones(3)}
+    assert first_difference(ref, dict(ref), 0.0) is None
+    assert first_difference(ref, {**ref, "c": torch.zeros(1)}, 0.0) == ("c", "not in the eps network")
+
+
+def test_the_legacy_head_out_ch_option_is_checked_like_head_out_channels():
+    """The official configs spell the heads' output width head_out_ch (older) or head_out_channels; both
+    are read, and a width other than the data's channels is refused under either name."""
+    from test_official_gms import config, files
+
+    cfg = {k: v for k, v in config("iddpm").items() if k not in ("head_out_channels", "head_out_ch")}
+    for name in ("head_out_channels", "head_out_ch"):
+        with pytest.raises(ValueError, match=r"head_out_channels=7: the heads must return the 3 data channels"):
+            gm.load(files("iddpm"), kind="gms-official", **cfg, **{name: 7})
+    net = gm.load(files("iddpm"), kind="gms-official", **cfg, head_out_ch=3)
+    assert isinstance(net, gm.MomentNet)
+
+
+def test_a_config_that_does_not_fit_official_weights_names_the_kind_to_load_with():
+    from test_official_gms import config, files
+
+    with pytest.raises(ValueError, match=r"load with gk\.models\.load\(path, kind='gms-official', model_channels=32\)"):
+        gm.load(files("iddpm"), kind="gms-official", **{**config("iddpm"), "model_channels": 64})
+
+
+def test_a_heads_file_without_a_dropout_entry_loads_with_no_dropout(tmp_path):
+    """Heads files written before ``dropout`` was stored carry none: the heads then have no dropout
+    (a res_conv head builds nn.Dropout from it, which refuses None)."""
+    backbone = tiny_iddpm()
+    net = gm.MomentNet(backbone, head="res_conv", dropout=0.3)
+    net.save_heads(tmp_path / "heads.pt")
+    data = torch.load(tmp_path / "heads.pt", weights_only=True)
+    assert data["config"].pop("dropout") == 0.3
+    torch.save(data, tmp_path / "old.pt")
+    loaded = gm.MomentNet.from_heads(backbone, tmp_path / "old.pt")
+    assert [m.p for m in loaded.heads.modules() if isinstance(m, torch.nn.Dropout)] == [0.0, 0.0]
+
+
+def test_an_exported_network_saved_as_a_variant_loads_by_that_variant(tmp_path):
+    """load_exported hands ``variant`` to diffusers: the fp16-named weights file is the one read."""
+    net = gm.MomentNet(tiny_iddpm(), head="conv")
+    model = gm.GMSDiffusersModel.from_network(net, sample_size=8)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01)  # (weights that differ from a fresh build)
+    model.save_pretrained(tmp_path, variant="ema", safe_serialization=True)
+    assert (tmp_path / "diffusion_pytorch_model.ema.safetensors").exists()
+    from gms_kernels.models.diffusers_export import load_exported
+
+    loaded = load_exported(tmp_path, variant="ema")
+    for (name, a), (_, b) in zip(model.net.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(a, b), name
