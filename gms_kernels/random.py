@@ -136,6 +136,17 @@ def draw_seed(generator: torch.Generator | None = None) -> int:
 GeneratorLike = int | torch.Generator | Sequence[int | torch.Generator] | None
 
 
+def fixed_seeds(generator: GeneratorLike, draw_global: bool = False) -> GeneratorLike:
+    """``generator`` with every torch.Generator replaced by one seed drawn from it (:func:`draw_seed`), so
+    that several calls that should share keys get the same ones; ints pass through, and None (torch's
+    global RNG) too, unless ``draw_global`` draws its seed now."""
+    if generator is None:
+        return draw_seed(None) if draw_global else None
+    if isinstance(generator, (list, tuple)):
+        return [draw_seed(g) if isinstance(g, torch.Generator) else g for g in generator]
+    return draw_seed(generator) if isinstance(generator, torch.Generator) else generator
+
+
 @dataclass
 class SampleNoise:
     """Per-sample addressable randomness for one batch.

@@ -47,7 +47,7 @@ from .devices import as_tensor_on
 from .files import json_ready
 from .moments import check_data_range, clamp_x0_moments, x0_moments
 from .model_io import split_heads
-from .random import draw_seed
+from .random import fixed_seeds
 from .sampling import DeferredFiniteCheck, step as gk_step
 from .schedule import DATA, TRAJECTORY_KINDS, Schedule, trajectory
 from .solvers import SOLVERS, get_solver, resolve_options
@@ -93,15 +93,6 @@ def make_betas(num_train_timesteps: int, beta_start: float, beta_end: float, bet
         return torch.sigmoid(torch.linspace(-6.0, 6.0, T, dtype=torch.float64, device="cpu")) * (beta_end - beta_start) + beta_start
     raise ValueError(f"unknown beta_schedule {beta_schedule!r}; valid: {', '.join(BETA_SCHEDULES)} "
                      "(or pass trained_betas)")
-
-
-def _seeds(generator: Any) -> Any:
-    """Turn generators into int seeds (one draw each); ints and None pass through."""
-    if isinstance(generator, torch.Generator):
-        return draw_seed(generator)
-    if isinstance(generator, (list, tuple)):
-        return [draw_seed(g) if isinstance(g, torch.Generator) else g for g in generator]
-    return generator
 
 
 def inference_timesteps(T: int, num_inference_steps: int, kind: str) -> list[int]:
@@ -438,7 +429,7 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
         if s != DATA and resolve_backend(self.config.backend, sample.device, work) == "triton":
             heads = split_heads(out, x_t, self._spec.heads, self.config.solver, check_finite=False)
             pending = DeferredFiniteCheck(x_t, heads, f"at timestep {t} ")
-        prev = gk_step(x_t, out, t, s, self.schedule, self.config.solver, _seeds(generator),
+        prev = gk_step(x_t, out, t, s, self.schedule, self.config.solver, fixed_seeds(generator),
                        data_range=self._data_range, backend=self.config.backend,
                        nonfinite_flag=None if pending is None else pending.flag, **self._options)
         if pending is not None:

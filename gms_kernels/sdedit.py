@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from .moments import DataRange, check_data_range
-from .random import GeneratorLike, SampleNoise, draw_seed
+from .random import GeneratorLike, SampleNoise, fixed_seeds
 from .sampling import sample
 from .schedule import Schedule, trajectory as make_trajectory
 
@@ -80,19 +80,6 @@ def sdedit_trajectory(schedule: Schedule | int, t0: int | float, steps: int,
     return [t + t0 - ts[0] for t in ts]
 
 
-def _seed_source(generator: GeneratorLike) -> int | list[int]:
-    """Draw int seeds from torch generators once, so the lift and the solver share the same keys."""
-
-    def one(g):
-        return draw_seed(g) if isinstance(g, torch.Generator) else g
-
-    if generator is None:
-        return draw_seed(None)
-    if isinstance(generator, (list, tuple)):
-        return [one(g) for g in generator]
-    return one(generator)
-
-
 def noise_guide(guide: torch.Tensor, t0: int | float, schedule: Schedule, generator: GeneratorLike = None,
                 first_index: int = 0) -> torch.Tensor:
     """x_t0 = a_t0 guide + sigma_t0 eps, eps from Philox stream ``STREAM_SDEDIT`` at time t0
@@ -133,7 +120,7 @@ def sdedit(model: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], guide: t
     schedule = schedule if schedule is not None else getattr(model, "schedule", None) or Schedule.linear()
     t = resolve_t0(t0, schedule.T)
     ts = sdedit_trajectory(schedule, t, steps, trajectory)
-    seeds = _seed_source(generator)
+    seeds = fixed_seeds(generator, draw_global=True)  # (the lift and the solver share the same keys)
     x_t0 = noise_guide(guide, t, schedule, seeds, first_index)
     images = sample(model, x_T=x_t0, steps=len(ts), solver=solver, schedule=schedule, trajectory=ts,
                     generator=seeds, progress=progress, data_range=data_range, time_input=time_input,
