@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import warnings
 import zipfile
 from typing import Any, Callable, Mapping
 
@@ -70,7 +71,9 @@ def read_torch_file(path: PathLike, map_location: Any = "cpu") -> Any:
         raise ValueError(f"{path} is a directory, expected a checkpoint file")
     size = os.path.getsize(path)
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():  # (torch's note on a plain pickle's protocol: the error below says more)
+            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+            return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
         refused = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)", str(e))
         # an opcode the weights-only unpickler does not know: bytes that are no torch checkpoint (or a pickle
