@@ -762,3 +762,24 @@ def test_an_exported_network_saved_as_a_variant_loads_by_that_variant(tmp_path):
     loaded = load_exported(tmp_path, variant="ema")
     for (name, a), (_, b) in zip(model.net.state_dict().items(), loaded.state_dict().items()):
         assert torch.equal(a, b), name
+
+
+def test_networks_take_one_timestep_for_the_whole_batch():
+    """A Python int or 0-d tensor timestep means the same step for every sample (as diffusers' pipelines
+    pass it): the output equals that of the timestep repeated per sample."""
+    x = torch.randn(3, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    ddpm = gm.PytorchDDPMUNet(T=50, ch=32, ch_mult=(1, 2), attn=(1,), num_res_blocks=1).eval()
+    exported = gm.GMSDiffusersModel.from_network(gm.MomentNet(tiny_iddpm(), head="conv"), sample_size=8).eval()
+    with torch.no_grad():
+        assert torch.equal(ddpm(x, 7), ddpm(x, torch.full((3,), 7)))
+        assert torch.equal(ddpm(x, torch.tensor(7)), ddpm(x, torch.full((3,), 7)))
+        assert torch.equal(exported(x, torch.tensor(7)).sample, exported(x, torch.full((3,), 7)).sample)
+
+
+def test_error_texts_name_a_heads_file_and_an_unnamed_diffusers_unet(tmp_path):
+    torch.save({"format": "something else"}, tmp_path / "other.pt")
+    net = gm.MomentNet(tiny_iddpm(), head="conv")
+    with pytest.raises(ValueError, match=r"other\.pt: not a heads file \(MomentNet\.save_heads\): expected format tag"):
+        net.load_heads(tmp_path / "other.pt")
+    hint = gm.DiffusersUNet(tiny_unet(3)).heads_hint  # (built in memory: no folder to name)
+    assert hint.startswith("the diffusers UNet2DModel: it gives 1 head(s) (3 output channels). ")
