@@ -18,15 +18,16 @@ import itertools
 import torch
 
 
-def as_tensor_on(value, dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> torch.Tensor:
-    """``value`` as a tensor (of ``dtype`` if given) on ``device``; by default a tensor stays where it is and anything
-    else goes to the CPU (``torch.as_tensor`` would use the default device)."""
+def as_tensor_on(value: object, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None) -> torch.Tensor:
+    """``value`` as a tensor (of ``dtype`` if given) on ``device``; by default a tensor stays where it is
+    and anything else goes to the CPU (``torch.as_tensor`` would use the default device)."""
     if device is None:
         device = value.device if isinstance(value, torch.Tensor) else "cpu"
     return torch.as_tensor(value, dtype=dtype, device=device)
 
 
-def module_device(model) -> torch.device | None:
+def module_device(model: object) -> torch.device | None:
     """Where a network's weights are: the device of its first parameter (or buffer), None for a callable
     without any (an oracle, a function)."""
     if isinstance(model, torch.nn.Module):
