@@ -783,3 +783,31 @@ def test_error_texts_name_a_heads_file_and_an_unnamed_diffusers_unet(tmp_path):
         net.load_heads(tmp_path / "other.pt")
     hint = gm.DiffusersUNet(tiny_unet(3)).heads_hint  # (built in memory: no folder to name)
     assert hint.startswith("the diffusers UNet2DModel: it gives 1 head(s) (3 output channels). ")
+
+
+def test_a_refusal_without_a_named_global_says_so(tmp_path, monkeypatch):
+    """torch's weights-only refusals that name no global (e.g. an object it cannot build) are reported as
+    "something other than plain data", not by reading a class name that is not there."""
+    torch.save({"w": torch.zeros(1)}, tmp_path / "odd.pt")
+    refusal = pickle.UnpicklingError("Weights only load failed. WeightsUnpickler error: Can only build Tensor, "
+                                     "Parameter, OrderedDict or types allowlisted via add_safe_globals, but got X")
+
+    def refuse(*args, **kwargs):
+        raise refusal
+
+    monkeypatch.setattr(_common.torch, "load", refuse)
+    with pytest.raises(ValueError, match=r"odd\.pt: the checkpoint holds something other than plain data that "
+                                         r"torch\.load\(weights_only=True\) refuses"):
+        _common.read_torch_file(tmp_path / "odd.pt")
+
+
+def test_improved_diffusion_load_errors_name_the_file_and_the_class_the_weights_fit(tmp_path):
+    sd = tiny_iddpm().state_dict()
+    torch.save(sd, tmp_path / "iddpm.pt")
+    # a config the constructor refuses: the hint names the architecture the weights describe
+    with pytest.raises(ValueError, match=r"iddpm\.pt: cannot build IDDPMUNet\(.*model_channels=16.*\)\: .*"
+                                         r"The weights look like IDDPMUNet\(.*model_channels=32"):
+        gm.load(tmp_path / "iddpm.pt", kind="improved-diffusion", model_channels=16)
+    # a config that builds but does not fit: the file is named first
+    with pytest.raises(ValueError, match=r"^\S*iddpm\.pt.*do not match IDDPMUNet\(.*num_res_blocks=2"):
+        gm.load(tmp_path / "iddpm.pt", kind="improved-diffusion", num_res_blocks=2)
