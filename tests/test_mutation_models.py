@@ -812,3 +812,11 @@ def test_improved_diffusion_load_errors_name_the_file_and_the_class_the_weights_
     # a config that builds but does not fit: the file is named first
     with pytest.raises(ValueError, match=r"^\S*iddpm\.pt.*do not match IDDPMUNet\(.*num_res_blocks=2"):
         gm.load(tmp_path / "iddpm.pt", kind="improved-diffusion", num_res_blocks=2)
+
+
+def test_a_trainer_checkpoint_whose_weights_entry_is_not_a_state_dict_gets_a_clear_error(tmp_path):
+    """{"ema_model": None} is detected as a pytorch-ddpm trainer file (its keys say so) and refused by
+    that loader with what it found, not with a TypeError from reading its keys."""
+    torch.save({"ema_model": None, "step": 1}, tmp_path / "broken.pt")
+    with pytest.raises(ValueError, match=r"broken\.pt \[ema_model\]: expected a pytorch-ddpm checkpoint .* found NoneType"):
+        gm.load(tmp_path / "broken.pt")
