@@ -768,13 +768,16 @@ def test_an_exported_network_saved_as_a_variant_loads_by_that_variant(tmp_path):
 def test_networks_take_one_timestep_for_the_whole_batch():
     """A Python int or 0-d tensor timestep means the same step for every sample (as diffusers' pipelines
     pass it): the output equals that of the timestep repeated per sample."""
-    x = torch.randn(3, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(0))  # (4 samples of 3 channels: N != C)
+    every = torch.full((4,), 7)
     ddpm = gm.PytorchDDPMUNet(T=50, ch=32, ch_mult=(1, 2), attn=(1,), num_res_blocks=1).eval()
-    exported = gm.GMSDiffusersModel.from_network(gm.MomentNet(tiny_iddpm(), head="conv"), sample_size=8).eval()
+    iddpm = tiny_iddpm()
+    exported = gm.GMSDiffusersModel.from_network(gm.MomentNet(iddpm, head="conv"), sample_size=8).eval()
     with torch.no_grad():
-        assert torch.equal(ddpm(x, 7), ddpm(x, torch.full((3,), 7)))
-        assert torch.equal(ddpm(x, torch.tensor(7)), ddpm(x, torch.full((3,), 7)))
-        assert torch.equal(exported(x, torch.tensor(7)).sample, exported(x, torch.full((3,), 7)).sample)
+        assert torch.equal(ddpm(x, 7), ddpm(x, every))
+        assert torch.equal(ddpm(x, torch.tensor(7)), ddpm(x, every))
+        assert torch.equal(iddpm(x, torch.tensor(7)), iddpm(x, every))
+        assert torch.equal(exported(x, torch.tensor(7)).sample, exported(x, every).sample)
 
 
 def test_error_texts_name_a_heads_file_and_an_unnamed_diffusers_unet(tmp_path):
@@ -820,3 +823,35 @@ def test_a_trainer_checkpoint_whose_weights_entry_is_not_a_state_dict_gets_a_cle
     torch.save({"ema_model": None, "step": 1}, tmp_path / "broken.pt")
     with pytest.raises(ValueError, match=r"broken\.pt \[ema_model\]: expected a pytorch-ddpm checkpoint .* found NoneType"):
         gm.load(tmp_path / "broken.pt")
+
+
+def test_gk_load_hands_the_variant_to_an_exported_network(tmp_path):
+    net = gm.MomentNet(tiny_iddpm(), head="conv")
+    model = gm.GMSDiffusersModel.from_network(net, sample_size=8)
+    model.save_pretrained(tmp_path, variant="ema", safe_serialization=True)
+    loaded = gm.load(tmp_path, variant="ema")
+    assert all(torch.equal(a, b) for a, b in zip(model.net.state_dict().values(), loaded.state_dict().values()))
+
+
+def test_a_heads_file_for_another_configuration_lists_each_difference(tmp_path):
+    gm.MomentNet(tiny_iddpm(), orders=(2,), head="res_conv").save_heads(tmp_path / "heads.pt")
+    with pytest.raises(ValueError, match=r"heads\.pt: the heads were saved for another configuration \(orders: this "
+                                         r"MomentNet has \[2, 3\], the file \[2\], head: this MomentNet has 'conv', "
+                                         r"the file 'res_conv'\)"):
+        gm.MomentNet(tiny_iddpm(), head="conv").load_heads(tmp_path / "heads.pt")
+    # same configuration, other weights: the mismatch report names the heads it compared with
+    data = torch.load(tmp_path / "heads.pt", weights_only=True)
+    data["state_dict"].pop(next(iter(data["state_dict"])))
+    torch.save(data, tmp_path / "cut.pt")
+    with pytest.raises(ValueError, match=r"cut\.pt: the weights do not match the heads of MomentNet\(orders=\(2,\), "
+                                         r"head='res_conv'\):\n  missing keys \(1\): 2\.res\.norm1\.weight"):
+        gm.MomentNet(tiny_iddpm(), orders=(2,), head="res_conv").load_heads(tmp_path / "cut.pt")
+
+
+def test_the_official_loader_keeps_eps_of_its_backbone():
+    """The official GMS code reads eps from its UNet (UNetModel3OutChannels drops a learned sigma): the
+    loaded backbone is marked eps_only, whatever its output width."""
+    from test_official_gms import config, files
+
+    net = gm.load(files("iddpm"), kind="gms-official", **config("iddpm"))
+    assert net.backbone.eps_only is True
