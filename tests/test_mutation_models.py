@@ -855,3 +855,11 @@ def test_the_official_loader_keeps_eps_of_its_backbone():
 
     net = gm.load(files("iddpm"), kind="gms-official", **config("iddpm"))
     assert net.backbone.eps_only is True
+
+
+def test_the_prediction_type_warning_points_at_the_users_load_call(tmp_path):
+    write_config(tmp_path / "pipe" / "scheduler", {"prediction_type": "v_prediction"})
+    tiny_unet(3).save_pretrained(tmp_path / "pipe" / "unet")
+    with pytest.warns(UserWarning, match="prediction_type='v_prediction'") as caught:
+        gm.load(tmp_path / "pipe", subfolder="unet")
+    assert [w.filename for w in caught if "prediction_type" in str(w.message)] == [__file__]

@@ -362,7 +362,7 @@ def _diffusers_schedule(path: str, subfolder: str | None) -> Schedule | None:
         start, end = float(cfg.get("beta_start", 1e-4)), float(cfg.get("beta_end", 0.02))
         if cfg.get("prediction_type", "epsilon") != "epsilon":
             warnings.warn(f"{file}: prediction_type={cfg.get('prediction_type')!r}; gms_kernels expects eps "
-                          "predictions", stacklevel=3)
+                          "predictions", stacklevel=4)  # (at the caller of gk.models.load)
         if cfg.get("trained_betas"):
             return Schedule.from_betas(cfg["trained_betas"])
         if kind == "linear":
