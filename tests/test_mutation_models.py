@@ -863,3 +863,22 @@ def test_the_prediction_type_warning_points_at_the_users_load_call(tmp_path):
     with pytest.warns(UserWarning, match="prediction_type='v_prediction'") as caught:
         gm.load(tmp_path / "pipe", subfolder="unet")
     assert [w.filename for w in caught if "prediction_type" in str(w.message)] == [__file__]
+
+
+def test_official_family_detection_tells_a_ddim_model_from_a_diffusers_unet():
+    """family_of reads the backbone's keys: the DDIM repository's Model (temb.dense, or conv_in with
+    mid.block_1), improved-diffusion, or neither. A diffusers UNet2DModel also has conv_in but no mid.block_1."""
+    from gms_kernels.models.official_gms import family_of
+
+    assert family_of(tiny_iddpm().state_dict()) == "improved-diffusion"
+    assert family_of(tiny_unet(3).state_dict()) is None
+    ddim_like = {"conv_in.weight": torch.zeros(1), "mid.block_1.conv1.weight": torch.zeros(1)}
+    assert family_of(ddim_like) == "ddim" and family_of({"temb.dense.0.weight": torch.zeros(1)}) == "ddim"
+
+
+def test_a_saved_moment_net_records_its_format_version(tmp_path):
+    from gms_kernels.models.moment_net import FORMAT_VERSION, NET_FORMAT
+
+    gm.MomentNet(tiny_iddpm(), head="conv").save(tmp_path / "net.pt")
+    data = torch.load(tmp_path / "net.pt", weights_only=True)
+    assert data["format"] == NET_FORMAT and data["version"] == FORMAT_VERSION == 1
