@@ -872,6 +872,8 @@ def test_official_family_detection_tells_a_ddim_model_from_a_diffusers_unet():
 
     assert family_of(tiny_iddpm().state_dict()) == "improved-diffusion"
     assert family_of(tiny_unet(3).state_dict()) is None
+    for key in ("time_embed.0.weight", "input_blocks.0.0.weight"):  # (either key alone says improved-diffusion)
+        assert family_of({key: torch.zeros(1)}) == "improved-diffusion"
     ddim_like = {"conv_in.weight": torch.zeros(1), "mid.block_1.conv1.weight": torch.zeros(1)}
     assert family_of(ddim_like) == "ddim" and family_of({"temb.dense.0.weight": torch.zeros(1)}) == "ddim"
 
@@ -882,3 +884,30 @@ def test_a_saved_moment_net_records_its_format_version(tmp_path):
     gm.MomentNet(tiny_iddpm(), head="conv").save(tmp_path / "net.pt")
     data = torch.load(tmp_path / "net.pt", weights_only=True)
     assert data["format"] == NET_FORMAT and data["version"] == FORMAT_VERSION == 1
+
+
+def test_a_safetensors_file_read_with_no_map_location_lands_on_the_cpu(tmp_path):
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.arange(3.0)}, str(tmp_path / "w.safetensors"))
+    data = _common.read_weights_file(tmp_path / "w.safetensors", map_location=None)
+    assert data["w"].device.type == "cpu" and data["w"].tolist() == [0.0, 1.0, 2.0]
+
+
+def test_one_official_file_given_alone_is_an_eps_network():
+    """kind='gms-official' takes one path as well as a list of one (the eps network, no heads)."""
+    from test_official_gms import config, files
+
+    single = gm.load(files("iddpm")[0], kind="gms-official", **config("iddpm"))
+    listed = gm.load(files("iddpm")[:1], kind="gms-official", **config("iddpm"))
+    assert type(single) is type(listed)
+    assert all(torch.equal(a, b) for a, b in zip(single.state_dict().values(), listed.state_dict().values()))
+
+
+def test_a_unet_folder_with_its_own_config_wins_over_a_unet_subfolder(tmp_path):
+    """A directory holding a UNet (config.json at its top) is that UNet, even beside a unet/ subfolder;
+    only a folder without a top-level config.json is read as a pipeline."""
+    tiny_unet(3).save_pretrained(tmp_path)
+    tiny_unet(6).save_pretrained(tmp_path / "unet")
+    assert gm.load(tmp_path).unet.config.out_channels == 3
+    assert gm.load(tmp_path / "unet").unet.config.out_channels == 6
