@@ -911,3 +911,14 @@ def test_a_unet_folder_with_its_own_config_wins_over_a_unet_subfolder(tmp_path):
     tiny_unet(6).save_pretrained(tmp_path / "unet")
     assert gm.load(tmp_path).unet.config.out_channels == 3
     assert gm.load(tmp_path / "unet").unet.config.out_channels == 6
+
+
+def test_a_weight_that_is_not_a_tensor_is_named_with_what_it_is(tmp_path):
+    net = gm.MomentNet(tiny_iddpm(), head="conv")
+    net.save_heads(tmp_path / "heads.pt")
+    data = torch.load(tmp_path / "heads.pt", weights_only=True)
+    key = next(iter(data["state_dict"]))
+    data["state_dict"][key] = [1.0, 2.0]
+    torch.save(data, tmp_path / "odd.pt")
+    with pytest.raises(ValueError, match=rf"{re.escape(key)}: expected \[[0-9, ]+\], found list"):
+        net.load_heads(tmp_path / "odd.pt")
