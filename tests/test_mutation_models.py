@@ -922,3 +922,29 @@ def test_a_weight_that_is_not_a_tensor_is_named_with_what_it_is(tmp_path):
     torch.save(data, tmp_path / "odd.pt")
     with pytest.raises(ValueError, match=rf"{re.escape(key)}: expected \[[0-9, ]+\], found list"):
         net.load_heads(tmp_path / "odd.pt")
+
+
+def test_a_ddim_model_loads_with_the_schedule_it_is_given():
+    from test_official_gms import files
+
+    schedule = gk.Schedule.linear(40)
+    model = gm.load(files("ddpm")[0], kind="ddim", resolution=16, schedule=schedule)
+    assert model.schedule is schedule
+
+
+def test_the_res_conv_head_block_adds_its_branch_to_its_input():
+    """h + conv2(drop(SiLU(GN2(conv1(SiLU(GN1(h))) + W SiLU(temb))))), with a trained (non-zero) conv2: at
+    initialisation conv2 is zero and the block is the identity, which hides the sign of the sum."""
+    import torch.nn.functional as F
+    from gms_kernels.models.moment_net import HeadResBlock
+
+    torch.manual_seed(0)
+    block = HeadResBlock(32, 16).eval()
+    with torch.no_grad():
+        block.conv2.weight.normal_(0.0, 0.05)
+        block.conv2.bias.normal_(0.0, 0.05)
+        h, temb = torch.randn(2, 32, 4, 4), torch.randn(2, 16)
+        r = block.conv1(F.silu(F.group_norm(h, 32, block.norm1.weight, block.norm1.bias, 1e-5)))
+        r = r + (F.silu(temb) @ block.temb_proj.weight.T + block.temb_proj.bias)[:, :, None, None]
+        r = block.conv2(F.silu(F.group_norm(r, 32, block.norm2.weight, block.norm2.bias, 1e-5)))
+        torch.testing.assert_close(block(h, temb), h + r, rtol=1e-5, atol=1e-5)
