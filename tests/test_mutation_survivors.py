@@ -1507,3 +1507,234 @@ def test_sample_with_a_callback_reuses_the_step_heads_and_names_the_step_of_a_ba
     with pytest.raises(ValueError, match=r"at step 0 \(t=49\) has non-finite values"):
         gk.sample(bad, shape=(2, 1, 1, 1), steps=4, solver="exact", schedule=sched, generator=0, progress=False,
                   oracle=model.oracle, callback=lambda info: None)
+
+
+def test_resolved_weights_are_a_pair_of_python_floats():
+    """resolve_options hands the fit its weights as the checked pair of Python floats, whatever sequence the
+    caller gave: a list of NumPy float32 values comes back as the tuple (0.25, 0.75)."""
+    import numpy as np
+
+    from gms_kernels.solvers import SOLVERS, resolve_options
+
+    got = resolve_options(SOLVERS["gms"], {"weights": [np.float32(0.25), np.float32(0.75)]})["weights"]
+    assert type(got) is tuple and [type(w) for w in got] == [float, float] and got == (0.25, 0.75)
+
+
+def test_the_triton_backend_leaves_the_cpp_only_modes_to_the_float64_step(monkeypatch):
+    """The Triton kernel has no fixed-variance (ddpm) mode: solver_step with backend='triton' runs ddpm in the
+    float64 torch step (the same Philox noise, so the same result as backend='torch') and calls no fused kernel,
+    while a gms step goes to the Triton kernel."""
+    import gms_kernels.solvers as solvers
+    from gms_kernels.random import SampleNoise
+
+    calls = []
+
+    def fake_fused_step(backend, x_t, *args):
+        calls.append(backend)
+        return x_t.clone(), None
+
+    monkeypatch.setattr(solvers, "fused_step", fake_fused_step)
+    sched = gk.Schedule.linear(20)
+    k = sched.coefficients(10, 5)
+    x, e1, _ = _inputs(18, shape=(2, 1, 2, 2))
+
+    def run(solver, heads, backend):
+        rand = solvers.StepRandomness(SampleNoise.create(3, 2), 10, x)
+        return solvers.solver_step(solver, x, heads, k, rand, (-1.0, 1.0), sched.T, {}, backend)[0]
+
+    got = run("ddpm", [e1], "triton")
+    assert calls == []
+    assert torch.equal(got, run("ddpm", [e1], "torch"))
+    run("gms", [e1, e1 * e1 + 0.1, e1**3], "triton")
+    assert calls == ["triton"]
+
+
+def test_a_fused_step_on_another_device_gets_the_seeds_there_after_the_counter_check(monkeypatch):
+    """When x_t is not on the Philox seeds' device, solver_step checks the counter range on the host (elements
+    per sample = C*H*W) and hands the fused kernel the seeds and indices moved to x_t's device. The meta device
+    stands in for a GPU: with 4 x 8 x 8 = 256 elements per sample, the sample indices must stay below
+    2^40 / 256 = 2^32, so indices 2^32 - 2 and 2^32 - 1 pass and 2^32 - 1, 2^32 are refused."""
+    import gms_kernels.solvers as solvers
+    from gms_kernels.random import SampleNoise
+
+    seen = []
+
+    def fake_fused_step(backend, x_t, e1, e2, e3, seeds, indices, *args):
+        seen.append((seeds.device.type, indices.device.type, indices.tolist() if indices.device.type == "cpu"
+                     else None))
+        return x_t, None
+
+    monkeypatch.setattr(solvers, "fused_step", fake_fused_step)
+    sched = gk.Schedule.linear(20)
+    k = sched.coefficients(10, 5)
+    x = torch.zeros(2, 4, 8, 8, device="meta")
+    heads = [torch.zeros(2, 4, 8, 8, device="meta") for _ in range(3)]
+
+    def run(first_index):
+        rand = solvers.StepRandomness(SampleNoise.create(0, 2, first_index), 10, x)
+        return solvers.solver_step("gms", x, heads, k, rand, (-1.0, 1.0), sched.T, {}, "cpp")
+
+    run(2**32 - 2)
+    assert seen == [("meta", "meta", None)]
+    with pytest.raises(ValueError, match="sample indices must lie in"):
+        run(2**32 - 1)
+    assert len(seen) == 1
+
+
+@pytest.mark.parametrize("solver, options, message", [
+    ("ddpm", {"clip_pixel": 0.0},
+     r"^clip_pixel must be a number in \(0, inf\] \(the last step's std cap in pixel levels\), got 0.0$"),
+    ("gms", {"lr": 200.0}, r"^lr must be a number in \[1e-10, 100\] \(ADAN's learning rate\), got 200.0$"),
+    ("ddpm", {"variance_interp": 1.5},
+     r"^variance_interp must be a number in \[0, 1\] \(the log-space weight of beta_\{t\|s\} in DDPM's variance\), "
+     r"got 1.5$"),
+    ("gms", {"skew_threshold": -1.0},
+     r"^skew_threshold must be a number in \[0, inf\] \(the standardized skewness at or below which GMS draws a "
+     r"Gaussian\), got -1.0$")])
+def test_the_remaining_real_option_errors_describe_the_option(solver, options, message):
+    """Each real-valued option's error names the option, its interval (open ends as "(") and what it is: the
+    last step's pixel cap, ADAN's learning rate, DDPM's variance interpolation and GMS's skewness threshold."""
+    from gms_kernels.solvers import SOLVERS, resolve_options
+
+    with pytest.raises(ValueError, match=message):
+        resolve_options(SOLVERS[solver], options)
+
+
+@pytest.mark.parametrize("solver, key, low, high, open_low, interval", [
+    ("ddpm", "clip_pixel", 0.0, None, True, "(0, inf]"),
+    ("gms", "lr", 1e-10, 100.0, False, "[1e-10, 100]"),
+    ("ddim", "eta", 0.0, 1.0, False, "[0, 1]"),
+    ("ddpm", "variance_interp", 0.0, 1.0, False, "[0, 1]"),
+    ("gms", "variance_scale", 0.0, 100.0, True, "(0, 100]"),
+    ("gms", "skew_threshold", 0.0, None, False, "[0, inf]"),
+    ("edm-sde", "s_churn", 0.0, None, False, "[0, inf]"),
+    ("edm-sde", "s_noise", 0.0, 2.0, False, "[0, 2]"),
+    ("ggf", "eps_abs", 0.0, None, True, "(0, inf]"),
+    ("ggf", "eps_rel", 0.0, None, False, "[0, inf]"),
+    ("ggf", "h_init", 0.0, 1.0, True, "(0, 1]"),
+    ("ggf", "exponent", 0.0, 1.0, True, "(0, 1]"),
+    ("ggf", "safety", 0.0, 1.0, True, "(0, 1]")])
+def test_every_real_option_takes_the_ends_of_its_interval_and_refuses_just_past_them(solver, key, low, high,
+                                                                                      open_low, interval):
+    """Each real-valued option accepts the closed ends of its documented interval (returned as given) and the
+    first float inside an open end, and refuses the open end itself and the first float past a closed one,
+    naming the option and the interval. An unbounded option takes 1e300 (inf itself is refused as not finite)."""
+    import re
+
+    from gms_kernels.solvers import SOLVERS, resolve_options
+
+    def ok(value):
+        assert resolve_options(SOLVERS[solver], {key: value})[key] == value
+
+    def refused(value):
+        with pytest.raises(ValueError, match="^" + re.escape(f"{key} must be a number in {interval} (")):
+            resolve_options(SOLVERS[solver], {key: value})
+
+    if open_low:
+        refused(low)
+        ok(math.nextafter(low, math.inf))
+    else:
+        ok(low)
+        refused(math.nextafter(low, -math.inf))
+    if high is None:
+        ok(1e300)
+        refused(math.inf)
+    else:
+        ok(high)
+        refused(math.nextafter(high, math.inf))
+
+
+def test_edm_sde_s_tmin_and_s_tmax_ends():
+    """S_tmin is any real >= 0 and S_tmax any real >= S_tmin (equal ends allowed): [0, 0] and [2, 2] are accepted;
+    S_tmin just below 0 and S_tmax just below S_tmin are refused, S_tmax's interval written from S_tmin."""
+    from gms_kernels.solvers import SOLVERS, resolve_options
+
+    edm = SOLVERS["edm-sde"]
+    for tmin in (0.0, 2.0):
+        o = resolve_options(edm, {"s_tmin": tmin, "s_tmax": tmin})
+        assert (o["s_tmin"], o["s_tmax"]) == (tmin, tmin)
+    with pytest.raises(ValueError, match=r"^s_tmin must be a number in \[0, inf\]"):
+        resolve_options(edm, {"s_tmin": math.nextafter(0.0, -1.0), "s_tmax": 1.0})
+    with pytest.raises(ValueError, match=r"^s_tmax must be a number in \[2, inf\]"):
+        resolve_options(edm, {"s_tmin": 2.0, "s_tmax": math.nextafter(2.0, 0.0)})
+
+
+
+@pytest.mark.parametrize("solver, key, value, kind", [("gms", "fit_iters", "int64", int),
+                                                      ("ggf", "max_attempts", "int64", int),
+                                                      ("gms", "var_floor", "float32", float)])
+def test_integer_and_var_floor_options_are_resolved_to_python_numbers(solver, key, value, kind):
+    """fit_iters and max_attempts given as a NumPy int64, and var_floor as a NumPy float32, come back from
+    resolve_options as the Python int or float of the same value (as the other real options do)."""
+    import numpy as np
+
+    from gms_kernels.solvers import SOLVERS, resolve_options
+
+    given = getattr(np, value)(7 if kind is int else 0.25)
+    got = resolve_options(SOLVERS[solver], {key: given})[key]
+    assert type(got) is kind and got == (7 if kind is int else 0.25)
+
+
+def test_solver_step_runs_the_float64_torch_step_unless_a_backend_is_named():
+    """solver_step's backend defaults to the float64 torch reference, even with a Philox source that a fused
+    kernel could draw from: a float32 x_t gives a float64 x_s, the same as with backend='torch'."""
+    from gms_kernels.random import SampleNoise
+    from gms_kernels.solvers import StepRandomness, solver_step
+
+    sched = gk.Schedule.linear(20)
+    k = sched.coefficients(10, 5)
+    x = torch.randn(2, 1, 2, 2, generator=torch.Generator().manual_seed(19))
+    e1 = torch.randn(2, 1, 2, 2, generator=torch.Generator().manual_seed(20))
+
+    def run(*backend):
+        rand = StepRandomness(SampleNoise.create(4, 2), 10, x)
+        return solver_step("ddpm", x, [e1], k, rand, (-1.0, 1.0), sched.T, {}, *backend)[0]
+
+    got = run()
+    assert got.dtype == torch.float64
+    assert torch.equal(got, run("torch"))
+
+
+
+def test_float32_inputs_enter_the_float64_step_exactly():
+    """solver_step's torch path is the float64 reference: it widens a float32 x_t before it scales it, so
+    ddpm's x_s (noise 0) is c_xt x_t + c_x0 x0 (DDPM Eq. 7, x0 the clamped estimate) in float64 arithmetic to
+    1e-13 (c_xt x_t taken in float32 errs by ~1e-8)."""
+    from gms_kernels.solvers import StepRandomness, solver_step
+
+    sched = gk.Schedule.linear()
+    x, e1, _ = (v.float() for v in _inputs(22))
+    t, s = 700, 500
+    c_xt, c_x0, _ = _posterior(t, s)
+    x64, e64 = x.double(), e1.double()
+    x0 = ((x64 - math.sqrt(1 - _abar(t)) * e64) / math.sqrt(_abar(t))).clamp(-1, 1)
+    rand = StepRandomness(None, t, x, noise=torch.zeros_like(x64))
+    x_s, _ = solver_step("ddpm", x, [e1], sched.coefficients(t, s), rand, (-1.0, 1.0), sched.T, {})
+    assert x_s.dtype == torch.float64
+    torch.testing.assert_close(x_s, c_xt * x64 + c_x0 * x0, rtol=0, atol=1e-13)
+
+
+def test_step_randomness_lives_on_x_ts_device():
+    """StepRandomness asks its Philox source for noise and uniforms on x_t's device and hands explicit host
+    noise and uniforms back on that device (the meta device stands in for a GPU; a recording source stands
+    in for SampleNoise)."""
+    from gms_kernels.solvers import StepRandomness
+
+    like = torch.zeros(2, 1, 3, device="meta")
+    asked = []
+
+    class RecordingSource:
+        def normal(self, stream, t, shape, device):
+            asked.append(("normal", tuple(shape), device))
+            return torch.zeros(2, *shape, device=device)
+
+        def uniform(self, stream, t, shape, device):
+            asked.append(("uniform", tuple(shape), device))
+            return torch.zeros(2, *shape, device=device)
+
+    rand = StepRandomness(RecordingSource(), 5, like)
+    assert rand.normal().device.type == "meta" and rand.uniform(True).device.type == "meta"
+    assert asked == [("normal", (1, 3), like.device), ("uniform", (1, 3), like.device)]
+    explicit = StepRandomness(None, 5, like, noise=torch.zeros(2, 1, 3), uniform=torch.zeros(2))
+    noise, uniform = explicit.normal(), explicit.uniform(False)
+    assert (noise.device.type, noise.dtype) == ("meta", torch.float64) and uniform.device.type == "meta"
