@@ -948,3 +948,52 @@ def test_the_res_conv_head_block_adds_its_branch_to_its_input():
         r = r + (F.silu(temb) @ block.temb_proj.weight.T + block.temb_proj.bias)[:, :, None, None]
         r = block.conv2(F.silu(F.group_norm(r, 32, block.norm2.weight, block.norm2.bias, 1e-5)))
         torch.testing.assert_close(block(h, temb), h + r, rtol=1e-5, atol=1e-5)
+
+
+def test_a_mismatch_report_shows_eight_wrong_shapes_and_counts_the_rest():
+    shapes = [(f"k{i}", [i], [i + 1]) for i in range(9)]
+    text = _common.mismatch_message("head:", [], [], shapes, "do this")
+    assert "  wrong shapes (9): k0: expected [0], found [1]; " in text and text.endswith("; ... (1 more)\n  fix: do this")
+    assert "more" not in _common.mismatch_message("head:", [], [], shapes[:8], "do this")
+
+
+def test_the_ddim_time_embedding_is_made_where_t_is():
+    from gms_kernels.models.ddim_model import timestep_embedding
+
+    emb = timestep_embedding(torch.arange(4, device="meta"), 32)  # (meta: a device other than the CPU, no data)
+    assert emb.device.type == "meta" and emb.shape == (4, 32)
+
+
+def test_ddim_load_errors_name_the_file():
+    from test_official_gms import files
+
+    with pytest.raises(ValueError, match=r"^\S*eps1\.pt \[ema_model\]: the weights do not match DDIMModel\(.*ch_mult=\[1, 2, 2\]"):
+        gm.load(files("ddpm")[0], kind="ddim", resolution=16, ch_mult=[1, 2, 2])
+
+
+def test_a_moment_net_file_without_weights_is_refused_by_name(tmp_path):
+    gm.MomentNet(tiny_iddpm(), head="conv").save(tmp_path / "net.pt")
+    data = torch.load(tmp_path / "net.pt", weights_only=True)
+    data["state_dict"] = None
+    torch.save(data, tmp_path / "empty.pt")
+    with pytest.raises(ValueError, match=r"empty\.pt: the MomentNet file lacks a valid 'backbone' .* or 'state_dict'"):
+        gm.load(tmp_path / "empty.pt")
+
+
+def test_an_official_file_without_the_asked_weights_names_the_other_entry(tmp_path):
+    from test_official_gms import config, files
+
+    data = torch.load(files("iddpm")[0], weights_only=True)
+    torch.save({"net_model": data["ema_model"]}, tmp_path / "net_only.pt")
+    with pytest.raises(ValueError, match=r"net_only\.pt: the checkpoint has no 'ema_model' .* pass use_ema=False to "
+                                         r"load 'net_model'"):
+        gm.load([tmp_path / "net_only.pt"], kind="gms-official", **config("iddpm"))
+
+
+def test_pytorch_ddpm_takes_integral_float_times_and_refuses_fractional_ones():
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    net = gm.PytorchDDPMUNet(T=50, ch=32, ch_mult=(1, 2), attn=(1,), num_res_blocks=1).eval()
+    with torch.no_grad():
+        assert torch.equal(net(x, torch.tensor([3.0, 4.0])), net(x, torch.tensor([3, 4])))
+        with pytest.raises(ValueError, match="got fractional values"):
+            net(x, torch.tensor([3.5, 4.0]))

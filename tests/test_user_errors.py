@@ -132,8 +132,11 @@ def test_bytes_that_are_no_checkpoint_are_never_called_a_refused_object(tmp_path
     (tmp_path / "garbage.pt").write_bytes(b"xgarbage, not a checkpoint")
     with open(tmp_path / "plain.pkl", "wb") as f:
         pickle.dump({"w": [1.0, 2.0]}, f, protocol=4)
-    cases = {"garbage.pt": "UnpicklingError: Unsupported operand 120): it is truncated, corrupted or not a torch checkpoint",
-             "plain.pkl": "UnpicklingError: Unsupported operand 149): it looks like a plain pickle (pickle.dump)"}
+    size = {name: (tmp_path / name).stat().st_size for name in ("garbage.pt", "plain.pkl")}
+    cases = {"garbage.pt": f"({size['garbage.pt']} bytes; UnpicklingError: Unsupported operand 120): it is truncated, "
+                           "corrupted or not a torch checkpoint",
+             "plain.pkl": f"({size['plain.pkl']} bytes; UnpicklingError: Unsupported operand 149): it looks like a plain "
+                          "pickle (pickle.dump)"}
     for name, expected in cases.items():
         with pytest.raises(ValueError) as err:
             gk.models.load(tmp_path / name)
