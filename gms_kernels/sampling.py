@@ -124,6 +124,9 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
             x = noise.normal(STREAM_INITIAL, 0, shape[1:], device).to(dtype)  # (drawn where it is used)
         else:
             check_state_tensor(x_T, "x_T")
+            if device is not None and not _same_device(device, x_T.device):
+                raise ValueError(f"device={str(device)!r} but x_T is on {x_T.device}: the samples are made where x_T "
+                                 "is; move x_T or leave device out")
             if shape is not None and tuple(shape) != tuple(x_T.shape):
                 raise ValueError(f"shape {tuple(shape)} does not match x_T's shape {tuple(x_T.shape)}")
             check_inputs_finite(x_T, [], x_name="x_T")
@@ -205,6 +208,12 @@ def check_sample_args(model: Model | None = None, steps: int = 10, solver: str =
     model = adapt_model(model)
     _plan(model, steps, solver, schedule, trajectory, data_range, time_input, solver_options)
     resolve_backend(backend, _sample_device(model, device))
+
+
+def _same_device(a: torch.device | str, b: torch.device | str) -> bool:
+    """Whether two devices can be the same one (a device named without an index, e.g. "cuda", matches any index)."""
+    a, b = torch.device(a), torch.device(b)
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
 
 
 def _sample_device(model: Model, device: torch.device | str | None) -> torch.device:
