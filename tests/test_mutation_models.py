@@ -997,3 +997,21 @@ def test_pytorch_ddpm_takes_integral_float_times_and_refuses_fractional_ones():
         assert torch.equal(net(x, torch.tensor([3.0, 4.0])), net(x, torch.tensor([3, 4])))
         with pytest.raises(ValueError, match="got fractional values"):
             net(x, torch.tensor([3.5, 4.0]))
+
+
+def test_diffusers_load_failures_list_the_wrong_shapes_and_quote_diffusers(tmp_path):
+    """A config.json that does not describe its weights lists each wrong shape; a weights file diffusers
+    cannot read is reported with diffusers' own first line."""
+    tiny_unet(3).save_pretrained(tmp_path / "edited")
+    cfg = json.loads((tmp_path / "edited" / "config.json").read_text())
+    (tmp_path / "edited" / "config.json").write_text(json.dumps({**cfg, "out_channels": 6}))
+    with pytest.raises(ValueError, match=r"edited: config\.json does not describe the weights: wrong shapes \(2\): "
+                                         r"conv_out\.weight: expected \[6, 8, 3, 3\] \(from config\.json\), found "
+                                         r"\[3, 8, 3, 3\] \(weights file\); conv_out\.bias: expected \[6\]"):
+        gm.load(tmp_path / "edited")
+    tiny_unet(3).save_pretrained(tmp_path / "cut")
+    weights = tmp_path / "cut" / "diffusion_pytorch_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(ValueError, match=r"cut: diffusers could not load the UNet2DModel \(OSError: Unable to load "
+                                         r"weights from checkpoint file"):
+        gm.load(tmp_path / "cut")
