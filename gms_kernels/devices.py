@@ -27,6 +27,12 @@ def as_tensor_on(value: object, dtype: torch.dtype | None = None,
     return torch.as_tensor(value, dtype=dtype, device=device)
 
 
+def generator_device(generator: torch.Generator | None) -> torch.device:
+    """Where ``generator`` draws: its own device, or the CPU for None (torch's global RNG is the CPU's,
+    whatever the default device). torch refuses a generator of another device than the draw's."""
+    return torch.device("cpu") if generator is None else generator.device
+
+
 def module_device(model: object) -> torch.device | None:
     """Where a network's weights are: the device of its first parameter (or buffer), None for a callable
     without any (an oracle, a function)."""

@@ -12,7 +12,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from .devices import as_tensor_on
+from .devices import as_tensor_on, generator_device
 from .schedule import Schedule, StepCoefficients
 
 
@@ -124,7 +124,7 @@ class GaussianMixtureOracle(nn.Module):
         """n draws from the data distribution, fp64 [n, *shape]."""
         k = torch.multinomial(self.log_weights.exp(), n, replacement=True, generator=generator)
         z = torch.randn(n, *self.data_shape, dtype=torch.float64, generator=generator,
-                        device="cpu" if generator is None else generator.device)
+                        device=generator_device(generator))
         return self.means[k] + self.variances[k].sqrt() * z
 
     def log_prob(self, x0: torch.Tensor) -> torch.Tensor:

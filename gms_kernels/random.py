@@ -16,7 +16,7 @@ from typing import Sequence
 
 import torch
 
-from .devices import as_tensor_on, to_device_async
+from .devices import as_tensor_on, generator_device, to_device_async
 
 _MASK32 = 0xFFFFFFFF
 _ROUND_A, _ROUND_B = 0xD2511F53, 0xCD9E8D57
@@ -128,8 +128,7 @@ def counter(stream: int, t: int, index: torch.Tensor) -> torch.Tensor:
 
 def draw_seed(generator: torch.Generator | None = None) -> int:
     """A 62-bit seed from a torch generator on any device (or torch's global RNG)."""
-    # (randint refuses a generator of another device; torch's global RNG is the CPU's, whatever the default device)
-    device = torch.device("cpu") if generator is None else generator.device
+    device = generator_device(generator)
     return int(torch.randint(0, 2**62, (1,), generator=generator, dtype=torch.int64, device=device))
 
 

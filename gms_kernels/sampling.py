@@ -13,7 +13,7 @@ from .progress import progress_bar
 from .random import STREAM_INITIAL, GeneratorLike, SampleNoise
 from .schedule import DATA, Schedule, StepCoefficients, trajectory as make_trajectory
 from .backends import resolve_backend
-from .devices import module_device
+from .devices import generator_device, module_device
 from .sde import SAMPLERS, eps_function
 from .solvers import StepRandomness, denoise_coefficients, get_solver, resolve_options, solver_step
 
@@ -271,9 +271,8 @@ def estimate_gamma(model: Model, x0: torch.Tensor, schedule: Schedule, timesteps
         for t in steps:
             total, count = 0.0, 0
             for batch in x0.split(batch_size):
-                # (on the generator's device, the CPU for torch's global RNG, then where the data are)
                 eps = torch.randn(batch.shape, generator=generator, dtype=batch.dtype,
-                                  device="cpu" if generator is None else generator.device).to(batch.device)
+                                  device=generator_device(generator)).to(batch.device)  # (then where the data are)
                 x_t = schedule.add_noise(batch, eps, t).to(batch.dtype)
                 e1 = split_heads(call_model(model, x_t, t, schedule.T, time_input), x_t, 1, "analytic-dpm")[0]
                 total += float(e1.to(torch.float64).pow(2).sum())
