@@ -23,13 +23,19 @@ def digits_model():
     return default_model()
 
 
-def _same_under_meta_default(fn):
-    """fn() outside and inside ``with torch.device("meta")``: equal CPU results."""
+# The meta device everywhere; on a machine with a GPU (benchmarks/gpu/run_gpu.sh) CUDA as well, the
+# case the meta device stands in for.
+OTHER_DEFAULTS = ["meta"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def _same_under_another_default(fn):
+    """fn() outside and inside ``with torch.device(d)`` for each d of OTHER_DEFAULTS: equal CPU results."""
     expected = fn()
-    with torch.device("meta"):
-        got = fn()
-    assert got.device.type == "cpu"
-    torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)  # (Gamma tables hold NaN)
+    for default in OTHER_DEFAULTS:
+        with torch.device(default):
+            got = fn()
+        assert got.device.type == "cpu", default
+        torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)  # (Gamma tables hold NaN)
 
 
 SOLVER_CASES = [
@@ -42,7 +48,7 @@ SOLVER_CASES = [
 @pytest.mark.parametrize("backend", ["torch", "cpp"])
 @pytest.mark.parametrize("solver, options", SOLVER_CASES, ids=lambda c: str(c))
 def test_sample_on_the_cpu_ignores_the_default_device(digits_model, solver, options, backend):
-    _same_under_meta_default(lambda: gk.sample(digits_model, SHAPE, steps=5, solver=solver, generator=3,
+    _same_under_another_default(lambda: gk.sample(digits_model, SHAPE, steps=5, solver=solver, generator=3,
                                                backend=backend, device="cpu", progress=False, **options))
 
 
@@ -59,17 +65,17 @@ def test_the_embedded_model_is_built_on_the_cpu_whatever_the_default_device():
 
 def test_sample_from_a_given_x_T_with_a_torch_generator_ignores_the_default_device(digits_model):
     x_T = torch.randn(SHAPE, generator=torch.Generator().manual_seed(1))
-    _same_under_meta_default(lambda: gk.sample(digits_model, x_T=x_T, steps=4, generator=torch.Generator().manual_seed(5),
+    _same_under_another_default(lambda: gk.sample(digits_model, x_T=x_T, steps=4, generator=torch.Generator().manual_seed(5),
                                                progress=False))
 
 
 def test_estimate_gamma_and_analytic_dpm_ignore_the_default_device(digits_model):
     schedule = gk.Schedule.linear(1000)
     x0 = gk.data.digits("train")[0][:16]
-    _same_under_meta_default(lambda: gk.estimate_gamma(digits_model, x0, schedule, timesteps=[0, 500, 999],
+    _same_under_another_default(lambda: gk.estimate_gamma(digits_model, x0, schedule, timesteps=[0, 500, 999],
                                                        generator=torch.Generator().manual_seed(0)))
     gamma = gk.estimate_gamma(digits_model, x0, schedule, timesteps=gk.trajectory(1000, 5, "even"))
-    _same_under_meta_default(lambda: gk.sample(digits_model, SHAPE, steps=5, solver="analytic-dpm", gamma=gamma,
+    _same_under_another_default(lambda: gk.sample(digits_model, SHAPE, steps=5, solver="analytic-dpm", gamma=gamma,
                                                generator=2, device="cpu", progress=False))
 
 
@@ -79,8 +85,8 @@ def test_step_ignores_the_default_device():
     heads[:, 1] = heads[:, 0] ** 2 + 0.3
     schedule = gk.Schedule.linear(1000)
     for solver in ("gms", "sn-ddpm", "ddpm", "ddim"):
-        _same_under_meta_default(lambda: gk.step(x_t, heads, 600, 500, schedule, solver=solver, generator=4))
-    _same_under_meta_default(lambda: gk.step(x_t, heads, 600, 500, schedule, generator=torch.Generator().manual_seed(4)))
+        _same_under_another_default(lambda: gk.step(x_t, heads, 600, 500, schedule, solver=solver, generator=4))
+    _same_under_another_default(lambda: gk.step(x_t, heads, 600, 500, schedule, generator=torch.Generator().manual_seed(4)))
 
 
 def _coefficients(k) -> torch.Tensor:
@@ -91,7 +97,7 @@ def _coefficients(k) -> torch.Tensor:
                                   lambda: _coefficients(gk.Schedule.linear(100).coefficients(50, 40))],
                          ids=["linear", "cosine", "coefficients"])
 def test_schedules_are_built_on_the_cpu_whatever_the_default_device(make):
-    _same_under_meta_default(make)
+    _same_under_another_default(make)
 
 
 def test_the_scheduler_ignores_the_default_device(digits_model):
@@ -106,17 +112,17 @@ def test_the_scheduler_ignores_the_default_device(digits_model):
             x = scheduler.step(out, t, x, generator=torch.Generator().manual_seed(int(t))).prev_sample
         return x
 
-    _same_under_meta_default(run)
+    _same_under_another_default(run)
 
 
 def test_sdedit_ignores_the_default_device(digits_model):
     guide = gk.data.digits("test")[0][: SHAPE[0]]
-    _same_under_meta_default(lambda: gk.sdedit(digits_model, guide, 400, steps=4, generator=7, progress=False).images)
+    _same_under_another_default(lambda: gk.sdedit(digits_model, guide, 400, steps=4, generator=7, progress=False).images)
 
 
 def test_the_exact_sampler_on_an_oracle_ignores_the_default_device():
     oracle = gk.GaussianMixtureOracle([0.3, 0.7], [[-1.0], [0.8]], [0.2, 0.3], gk.Schedule.linear(1000))
-    _same_under_meta_default(lambda: gk.sample(oracle, (64, 1), steps=5, solver="exact", generator=1, progress=False))
+    _same_under_another_default(lambda: gk.sample(oracle, (64, 1), steps=5, solver="exact", generator=1, progress=False))
 
 
 def test_head_training_ignores_the_default_device():
@@ -135,14 +141,14 @@ def test_head_training_ignores_the_default_device():
 
 
 def test_the_data_sets_and_metrics_ignore_the_default_device():
-    _same_under_meta_default(lambda: gk.data.digits("validation")[0])
-    _same_under_meta_default(lambda: gk.data.patches("validation", per_photo=50))
+    _same_under_another_default(lambda: gk.data.digits("validation")[0])
+    _same_under_another_default(lambda: gk.data.patches("validation", per_photo=50))
     x = gk.data.digits("test")[0][:200]
     y = gk.data.digits("validation")[0][:300]
     for metric in (lambda: gk.metrics.sliced_wasserstein1(x, y), lambda: gk.metrics.energy_distance(x, y, max_points=150),
                    lambda: gk.metrics.frechet_distance_dct(x, y), lambda: gk.metrics.fd_digits(x, y),
                    lambda: gk.metrics.seed_interval([1.0, 2.0, 4.0]).high):
-        _same_under_meta_default(lambda: torch.tensor(metric(), dtype=torch.float64, device="cpu"))
+        _same_under_another_default(lambda: torch.tensor(metric(), dtype=torch.float64, device="cpu"))
 
 
 class _Stop(Exception):

@@ -1,0 +1,143 @@
+"""On a real CUDA device: what the CPU-only run checks through stand-ins (the meta device, recording
+fakes, the Triton interpreter). Run on a lent GPU by benchmarks/gpu/run_gpu.sh; without CUDA every
+test here is skipped (the CPU run holds the stand-in versions: test_default_device.py,
+test_triton_backend.py, test_scheduler.py)."""
+import copy
+
+import pytest
+import torch
+
+import gms_kernels as gk
+from gms_kernels.embedded import default_model
+from test_reproducibility import BACKEND_TOL
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+SHAPE = (16, 1, 8, 8)
+K = 10
+SOLVER_CASES = [
+    # (ADAN-70, the official preset, in the fp64 loop: the fp32 loop's trajectory parts from the reference's
+    # at 70 iterations, benchmarks/results/adan-precision.md)
+    ("gms", {}), ("gms", {"fit": "adan", "select": "pixel"}), ("gms", {"preset": "official", "adan_precision": "float64"}),
+    ("sn-ddpm", {}), ("ddpm", {}), ("ddpm-large", {}), ("ddim", {}), ("ddim", {"eta": 0.5}),
+    ("analytic-dpm", {}), ("seeds-1", {}), ("seeds-2", {}), ("seeds-3", {}), ("edm-sde", {}),
+]  # (ggf: its own test below)
+
+
+@pytest.fixture(scope="module")
+def models():
+    """The embedded digits model on the CPU and a copy on CUDA, with TF32 off so that the GPU network's
+    outputs differ from the CPU's in their last bits only (as between CPU thread counts)."""
+    before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    cpu = default_model()
+    yield cpu, copy.deepcopy(cpu).to("cuda")
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
+
+
+@pytest.fixture(scope="module")
+def gamma(models):
+    x0 = gk.data.digits("train")[0][:64]
+    return gk.estimate_gamma(models[0], x0, gk.Schedule.linear(1000), timesteps=gk.trajectory(1000, K, "even"),
+                             generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("solver, options", SOLVER_CASES, ids=lambda c: str(c))
+def test_a_cuda_model_samples_on_cuda_what_the_cpu_reference_samples(models, gamma, solver, options):
+    """gk.sample with a CUDA model and no device= samples on CUDA (the fused Triton step for the one-call
+    solvers, the float64 torch loops for the others), and draws the CPU float64 reference's samples: the
+    same Philox streams, apart only by rounding (BACKEND_TOL, derived in test_reproducibility.py)."""
+    cpu, cuda = models
+    if solver == "analytic-dpm":
+        options = {**options, "gamma": gamma}
+    on_gpu = gk.sample(cuda, SHAPE, steps=K, solver=solver, generator=3, progress=False, **options)
+    assert on_gpu.device.type == "cuda" and on_gpu.dtype == torch.float32
+    ref = gk.sample(cpu, SHAPE, steps=K, solver=solver, generator=3, progress=False, backend="torch", **options)
+    apart = float((on_gpu.cpu() - ref).abs().max())
+    print(f"{solver} {options if solver != 'analytic-dpm' else ''}: {apart:.3g} apart")  # (the GPU log keeps it)
+    assert apart < BACKEND_TOL, f"{apart:.3g} apart"
+    # and the batch does not matter: samples 5..7 drawn as a batch of their own
+    part = gk.sample(cuda, (3, *SHAPE[1:]), steps=K, solver=solver, generator=3, first_index=5, progress=False,
+                     **options)
+    assert float((part - on_gpu[5:8]).abs().max()) < BACKEND_TOL
+
+
+def test_ggf_on_cuda_follows_the_cpu_where_its_step_decisions_do(models):
+    """GGF's accept/reject decisions are thresholds on the network's output, so the last-bit differences
+    between devices (or batch sizes) can flip one and send a sample down another step sequence (measured on
+    the CPU, batch 16 against 3: one sample of three took 344 calls instead of 345 and ended 0.67 away).
+    The samples whose call counts agree must agree to rounding."""
+    cpu, cuda = models
+    seen = {}
+    on_gpu = gk.sample(cuda, SHAPE, steps=K, solver="ggf", generator=3, progress=False,
+                       callback=lambda d: seen.__setitem__("gpu", d["nfe"]))
+    ref = gk.sample(cpu, SHAPE, steps=K, solver="ggf", generator=3, progress=False,
+                    callback=lambda d: seen.__setitem__("cpu", d["nfe"]))
+    assert on_gpu.device.type == "cuda"
+    same = seen["gpu"] == seen["cpu"]
+    apart = (on_gpu.cpu() - ref).abs().flatten(1).max(1).values
+    print(f"ggf: {int(same.sum())} of {len(same)} samples made the same number of calls; those "
+          f"{float(apart[same].max()):.3g} apart, the others up to {float(apart.max()):.3g}")
+    assert same.sum() >= len(same) // 2 and float(apart[same].max()) < BACKEND_TOL
+
+
+def test_the_triton_backend_is_what_a_cuda_sample_runs(models, monkeypatch):
+    """(So that the comparison above is one of Triton with the reference, not of the reference with itself.)"""
+    from gms_kernels.kernels import triton_gms
+
+    calls = []
+    real = triton_gms.fused_step
+    monkeypatch.setattr(triton_gms, "fused_step", lambda *a, **k: calls.append(1) or real(*a, **k))
+    gk.sample(models[1], SHAPE, steps=3, generator=0, progress=False)
+    assert len(calls) == 2  # (the last step, to the data, is the denoising step: no mixture)
+
+
+def test_sdedit_and_estimate_gamma_on_cuda_match_the_cpu(models):
+    cpu, cuda = models
+    guide = gk.data.digits("test")[0][:8]
+    a = gk.sdedit(cuda, guide.cuda(), 400, steps=4, generator=7, progress=False).images
+    b = gk.sdedit(cpu, guide, 400, steps=4, generator=7, progress=False, backend="torch").images
+    assert a.device.type == "cuda" and float((a.cpu() - b).abs().max()) < BACKEND_TOL
+    x0 = gk.data.digits("train")[0][:32]
+    kw = dict(timesteps=[0, 500, 999], generator=torch.Generator().manual_seed(0))
+    g_cpu = gk.estimate_gamma(cpu, x0, gk.Schedule.linear(1000), **kw)
+    kw["generator"] = torch.Generator().manual_seed(0)
+    g_gpu = gk.estimate_gamma(cuda, x0.cuda(), gk.Schedule.linear(1000), **kw)
+    torch.testing.assert_close(g_gpu.cpu(), g_cpu, rtol=1e-4, atol=1e-6, equal_nan=True)
+
+
+# -- GMSScheduler (needs diffusers) ---------------------------------------------------------------
+def _heads_and_sample(dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    e1 = torch.randn(2, 3, 5, 7, generator=g) * 0.8
+    e2 = e1**2 + torch.rand(2, 3, 5, 7, generator=g) * 0.5
+    e3 = e1**3 + torch.randn(2, 3, 5, 7, generator=g) * 0.3
+    return torch.cat([e1, e2, e3], 1).to(dtype), torch.randn(2, 3, 5, 7, generator=g).to(dtype)
+
+
+def test_scheduler_moves_the_model_output_to_the_samples_device():
+    """A model on one device and the loop's sample on another: step takes the output to the sample."""
+    pytest.importorskip("diffusers")
+    out, x = _heads_and_sample()
+    for sample_device, output_device in [("cpu", "cuda"), ("cuda", "cpu")]:
+        s = gk.GMSScheduler(backend="torch")
+        s.set_timesteps(5)
+        t = s.timesteps[1]
+        got = s.step(out.to(output_device), t, x.to(sample_device), generator=4).prev_sample
+        assert got.device.type == sample_device
+        s = gk.GMSScheduler(backend="torch")
+        s.set_timesteps(5)
+        same = s.step(out.to(sample_device), t, x.to(sample_device), generator=4).prev_sample
+        assert torch.equal(got, same)
+
+
+def test_scheduler_defers_the_finite_check_only_for_the_triton_kernel():
+    """auto on CUDA: a float32 sample runs the Triton kernel, whose NaN/inf flag is read a step later; a
+    float64 sample runs the float64 reference, which checks at once, so no flag is left pending."""
+    pytest.importorskip("diffusers")
+    for dtype, deferred in [(torch.float32, True), (torch.float64, False)]:
+        out, x = _heads_and_sample(dtype)
+        s = gk.GMSScheduler()
+        s.set_timesteps(5)
+        s.step(out.cuda(), s.timesteps[0], x.cuda(), generator=4)
+        assert (s._pending is not None) == deferred, dtype
