@@ -62,23 +62,25 @@ def test_a_cuda_model_samples_on_cuda_what_the_cpu_reference_samples(models, gam
     assert float((part - on_gpu[5:8]).abs().max()) < BACKEND_TOL
 
 
-def test_ggf_on_cuda_follows_the_cpu_where_its_step_decisions_do(models):
+def test_ggf_on_cuda_is_reproducible_on_cuda_but_follows_the_cpu_only_in_law(models):
     """GGF's accept/reject decisions are thresholds on the network's output, so the last-bit differences
-    between devices (or batch sizes) can flip one and send a sample down another step sequence (measured on
-    the CPU, batch 16 against 3: one sample of three took 344 calls instead of 345 and ended 0.67 away).
-    The samples whose call counts agree must agree to rounding."""
+    between devices (or batch sizes) flip some and send a sample down another step sequence. Measured on an
+    H200 (2026-11-27, this model, K = 10 start, 16 samples): 2 of 16 samples made as many calls on CUDA as on
+    the CPU, and samples ended up to 0.17 apart; on the CPU, batch 16 against 3, one of three samples ended
+    0.67 away. So GGF promises the same samples for the same seed on one device and batch only."""
     cpu, cuda = models
     seen = {}
-    on_gpu = gk.sample(cuda, SHAPE, steps=K, solver="ggf", generator=3, progress=False,
-                       callback=lambda d: seen.__setitem__("gpu", d["nfe"]))
+    run = lambda: gk.sample(cuda, SHAPE, steps=K, solver="ggf", generator=3, progress=False,  # noqa: E731
+                            callback=lambda d: seen.__setitem__("gpu", d["nfe"]))
+    on_gpu = run()
+    assert on_gpu.device.type == "cuda" and torch.isfinite(on_gpu).all()
+    assert torch.equal(on_gpu, run())
     ref = gk.sample(cpu, SHAPE, steps=K, solver="ggf", generator=3, progress=False,
                     callback=lambda d: seen.__setitem__("cpu", d["nfe"]))
-    assert on_gpu.device.type == "cuda"
     same = seen["gpu"] == seen["cpu"]
     apart = (on_gpu.cpu() - ref).abs().flatten(1).max(1).values
-    print(f"ggf: {int(same.sum())} of {len(same)} samples made the same number of calls; those "
-          f"{float(apart[same].max()):.3g} apart, the others up to {float(apart.max()):.3g}")
-    assert same.sum() >= len(same) // 2 and float(apart[same].max()) < BACKEND_TOL
+    print(f"ggf: {int(same.sum())} of {len(same)} samples made as many calls on CUDA as on the CPU; "
+          f"up to {float(apart.max()):.3g} apart")
 
 
 def test_the_triton_backend_is_what_a_cuda_sample_runs(models, monkeypatch):
@@ -89,7 +91,7 @@ def test_the_triton_backend_is_what_a_cuda_sample_runs(models, monkeypatch):
     real = triton_gms.fused_step
     monkeypatch.setattr(triton_gms, "fused_step", lambda *a, **k: calls.append(1) or real(*a, **k))
     gk.sample(models[1], SHAPE, steps=3, generator=0, progress=False)
-    assert len(calls) == 2  # (the last step, to the data, is the denoising step: no mixture)
+    assert len(calls) == 4  # (3 steps are 4 transitions, the last to the data in the kernel's denoising mode)
 
 
 def test_sdedit_and_estimate_gamma_on_cuda_match_the_cpu(models):
