@@ -78,11 +78,17 @@ def randint4x(seed: torch.Tensor, offset: torch.Tensor) -> tuple[torch.Tensor, .
                       seed & _MASK32, (seed >> 32) & _MASK32)
 
 
+def _scalar32(value: float) -> torch.Tensor:
+    """A float32 scalar that multiplies a tensor on any device: a 0-dim CPU tensor (a CUDA copy of it would
+    cost a host sync per use; the CPU also keeps it off a non-CPU default device)."""
+    return torch.tensor(value, dtype=torch.float32, device="cpu")
+
+
 def uint_to_uniform(x: torch.Tensor) -> torch.Tensor:
     """Triton's uint32 -> float32 in [0, 1): bitcast to int32, fold negatives, scale by 2^-31."""
     v = torch.where(x >= 2**31, x - 2**32, x)
     v = torch.where(v < 0, -v - 1, v)
-    return v.to(torch.float32) * torch.tensor(_UNIFORM_SCALE, dtype=torch.float32, device=v.device)
+    return v.to(torch.float32) * _scalar32(_UNIFORM_SCALE)
 
 
 def uniform(seed: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
@@ -116,7 +122,7 @@ def normal(seed: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
     w_u1 = torch.where(second_pair, words[2], words[0])
     w_u2 = torch.where(second_pair, words[3], words[1])
     u1 = uint_to_uniform(w_u1).clamp_min(_MIN_U1)
-    theta = torch.tensor(_TWO_PI, dtype=torch.float32, device=offset.device) * uint_to_uniform(w_u2)
+    theta = _scalar32(_TWO_PI) * uint_to_uniform(w_u2)
     radius = torch.sqrt(-2.0 * torch.log(u1))
     return radius * torch.where((offset & 1).bool(), torch.sin(theta), torch.cos(theta))
 
