@@ -86,6 +86,32 @@ def test_sample_noise_copies_to_a_device_once():
         src.check_capacity(2**40 // 8 + 1)
 
 
+def test_a_draw_on_a_device_copies_nothing_from_the_host_but_the_seeds_once(monkeypatch):
+    """A host value made into a device tensor is a copy that waits for the device (a host sync on CUDA): once
+    the seeds are there, a draw makes no such copy (its constants are 0-dim CPU tensors, scalars on any
+    device). On an H200 (2026-11-27) the x_T draw of every gk.sample made three syncs this way."""
+    src = rng.SampleNoise.create(7, 3)
+    src.on(torch.device("meta"))
+    copies = []
+    real_tensor, real_to = torch.tensor, torch.Tensor.to
+
+    def tensor(*args, **kwargs):
+        copies.append(("torch.tensor", kwargs.get("device")))
+        return real_tensor(*args, **kwargs)
+
+    def to(self, *args, **kwargs):
+        out = real_to(self, *args, **kwargs)
+        if out.device != self.device:
+            copies.append(("Tensor.to", out.device))
+        return out
+
+    monkeypatch.setattr(torch, "tensor", tensor)
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    src.normal(0, 9, (2, 5), "meta")
+    src.uniform(1, 9, (2, 5), "meta")
+    assert not [c for c in copies if c[1] is not None and torch.device(c[1]).type != "cpu"], copies
+
+
 def test_draw_seed_draws_from_a_generator_on_its_own_device():
     """gk.step / gk.sample / GMSScheduler accept a torch.Generator on any device (the CUDA one on a GPU run)."""
     for device in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
