@@ -17,7 +17,7 @@ import torch
 from .backends import fused_step
 from .fit import (ADAN_MEANS, DEFAULT_WEIGHTS, LR_RANGE, PAPER_LR_TABLES, MixtureParams, check_fit_iters,
                   check_var_floor, check_weights, fit_adan, fit_closed)
-from .kernels import CPP_ONLY_MODES, FusedStepConfig, NonFiniteInput, make_config
+from .kernels import FusedStepConfig, NonFiniteInput, make_config
 from .mixture import check_select, sample_mixture
 from .model_io import check_inputs_finite
 from .moments import (DataRange, TransitionMoments, central_third_moment, clamp_x0_moments, last_step_variance_cap,
@@ -404,16 +404,15 @@ def solver_step(name: str, x_t: torch.Tensor, heads: list[torch.Tensor], k: Step
                 nonfinite_flag: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """One step t -> s of solver ``name``; t -> data returns the denoised mean by default.
 
-    ``backend`` 'cpp' runs the gms, sn-ddpm, ddpm, ddpm-large, ddim and analytic-dpm steps in one
-    fused kernel that draws the same Philox streams (it needs a generator, not explicit noise);
-    'triton' the gms and sn-ddpm steps; everything else, and the 'torch' backend, runs the float64
-    reference below. A NaN or inf in x_t or the heads raises a
+    ``backend`` 'cpp' and 'triton' run the gms, sn-ddpm, ddpm, ddpm-large, ddim and analytic-dpm steps in
+    one fused kernel that draws the same Philox streams (it needs a generator, not explicit noise);
+    everything else, and the 'torch' backend, runs the float64 reference below. A NaN or inf in x_t or the heads raises a
     ValueError that names it (``where`` says which step); the fused kernels check while they read.
     With ``nonfinite_flag`` the Triton kernel only sets that flag, for the caller to read later.
     """
     if backend != "torch" and rand.shares_streams:
         cfg = fused_config(name, options, k, data_range, T, x_t.shape[0], math.prod(x_t.shape[1:]))
-        if cfg is not None and not (backend == "triton" and cfg.mode in CPP_ONLY_MODES):
+        if cfg is not None:
             e2, e3 = (heads + [None, None])[1:3]
             src = rand.source
             seeds, indices = src.seeds, src.indices

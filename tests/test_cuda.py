@@ -143,3 +143,27 @@ def test_scheduler_defers_the_finite_check_only_for_the_triton_kernel():
         s.set_timesteps(5)
         s.step(out.cuda(), s.timesteps[0], x.cuda(), generator=4)
         assert (s._pending is not None) == deferred, dtype
+
+
+def test_a_scheduler_loop_on_cuda_does_not_sync_the_host():
+    """A diffusers-style loop over scheduler.timesteps on CUDA: each step reads the previous step's NaN/inf flag
+    through pinned memory and an event, never with a synchronising copy or read."""
+    pytest.importorskip("diffusers")
+    from test_triton_backend import _count_syncs
+
+    def model(x, t):
+        return torch.cat([x * 0.1, x * x * 0.01 + 0.5, x * 0.0], 1)
+
+    s = gk.GMSScheduler()
+    x = torch.randn(2, 3, 8, 8, device="cuda")
+    for steps in (3, 40):  # (the first loop compiles the kernel)
+        s.set_timesteps(steps, device="cuda")
+
+        def loop():
+            y = x
+            for t in s.timesteps:
+                y = s.step(model(y, t), t, y, generator=1).prev_sample
+            return y
+
+        syncs = _count_syncs(loop)
+    assert syncs == 0

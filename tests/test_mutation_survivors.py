@@ -1520,10 +1520,10 @@ def test_resolved_weights_are_a_pair_of_python_floats():
     assert type(got) is tuple and [type(w) for w in got] == [float, float] and got == (0.25, 0.75)
 
 
-def test_the_triton_backend_leaves_the_cpp_only_modes_to_the_float64_step(monkeypatch):
-    """The Triton kernel has no fixed-variance (ddpm) mode: solver_step with backend='triton' runs ddpm in the
-    float64 torch step (the same Philox noise, so the same result as backend='torch') and calls no fused kernel,
-    while a gms step goes to the Triton kernel."""
+def test_the_fused_backends_run_every_fusable_solver_and_leave_the_rest_to_the_float64_step(monkeypatch):
+    """solver_step hands ddpm, ddim and gms to the fused kernel of the backend asked for (Triton has every mode
+    the C++ kernel has), and a step whose option no kernel implements (gms with variance_scale) to the float64
+    torch step, with no kernel call."""
     import gms_kernels.solvers as solvers
     from gms_kernels.random import SampleNoise
 
@@ -1537,16 +1537,21 @@ def test_the_triton_backend_leaves_the_cpp_only_modes_to_the_float64_step(monkey
     sched = gk.Schedule.linear(20)
     k = sched.coefficients(10, 5)
     x, e1, _ = _inputs(18, shape=(2, 1, 2, 2))
+    gms_heads = [e1, e1 * e1 + 0.1, e1**3]
 
-    def run(solver, heads, backend):
+    def run(solver, heads, backend, options=None):
         rand = solvers.StepRandomness(SampleNoise.create(3, 2), 10, x)
-        return solvers.solver_step(solver, x, heads, k, rand, (-1.0, 1.0), sched.T, {}, backend)[0]
+        return solvers.solver_step(solver, x, heads, k, rand, (-1.0, 1.0), sched.T, options or {}, backend)[0]
 
-    got = run("ddpm", [e1], "triton")
-    assert calls == []
-    assert torch.equal(got, run("ddpm", [e1], "torch"))
-    run("gms", [e1, e1 * e1 + 0.1, e1**3], "triton")
-    assert calls == ["triton"]
+    for backend in ("triton", "cpp"):
+        calls.clear()
+        run("ddpm", [e1], backend)
+        run("ddim", [e1], backend, {"eta": 0.5})
+        run("gms", gms_heads, backend)
+        assert calls == [backend] * 3
+    calls.clear()
+    got = run("gms", gms_heads, "triton", {"variance_scale": 1.5})
+    assert calls == [] and torch.equal(got, run("gms", gms_heads, "torch", {"variance_scale": 1.5}))
 
 
 def test_a_fused_step_on_another_device_gets_the_seeds_there_after_the_counter_check(monkeypatch):

@@ -32,7 +32,7 @@ import pytest  # noqa: E402
 
 import gms_kernels as gk  # noqa: E402
 from gms_kernels import random as rng  # noqa: E402
-from gms_kernels.kernels import (MODE_ADAN, MODE_CLOSED, MODE_DENOISE, MODE_GAUSSIAN,  # noqa: E402
+from gms_kernels.kernels import (MODE_ADAN, MODE_CLOSED, MODE_DDIM, MODE_DENOISE, MODE_FIXED, MODE_GAUSSIAN,  # noqa: E402
                                  NonFiniteInput, make_config)
 from gms_kernels.schedule import DATA  # noqa: E402
 from gms_kernels.solvers import SOLVERS, resolve_options  # noqa: E402
@@ -283,6 +283,43 @@ def test_modes_match_reference(case, rng_name):
     apart = compare(cfg, x_t, x_s, p, ref, info, seed, opts=opts)
     if mode == MODE_CLOSED:
         assert apart > 0  # the component choice was actually checked
+
+
+GAMMA = torch.full((SCHEDULE.T,), 0.4, dtype=torch.float64)  # an analytic-dpm table (estimate_gamma's form)
+BASELINE_CASES = {
+    # name: (solver, options, expected mode)
+    "ddpm": ("ddpm", {}, MODE_FIXED),
+    "ddpm-large": ("ddpm-large", {}, MODE_FIXED),
+    "analytic-dpm": ("analytic-dpm", {"gamma": GAMMA}, MODE_FIXED),
+    "ddim": ("ddim", {}, MODE_DDIM),
+    "ddim-eta0.7": ("ddim", {"eta": 0.7}, MODE_DDIM),
+}
+
+
+@pytest.mark.parametrize("rng_name", list(MODE_RANGES))
+@pytest.mark.parametrize("t, s", [(999, 899), (500, 400), (20, 0)])
+@pytest.mark.parametrize("case", list(BASELINE_CASES))
+def test_baseline_steps_match_reference(case, t, s, rng_name):
+    """ddpm, ddpm-large, analytic-dpm (one variance for every element) and ddim, eta 0 or not: x_s as the
+    float64 reference's to float32 rounding (the fp64 mean, plus sd z with z from the same Philox stream,
+    rounded once), on odd sizes and non-contiguous float16 heads; mu1 = mu2 = M1 (DDIM: E[x0|x_t]) and s2
+    the noise variance."""
+    solver, opts, mode = BASELINE_CASES[case]
+    data_range = MODE_RANGES[rng_name]
+    x_t, out = make_inputs((3, 3, 5, 7), t, "mixed", seed=sum(map(ord, case)) + t)
+    x_t = x_t.float().to(DEVICE)
+    out = out[:, :3].transpose(2, 3).half().to(DEVICE).transpose(2, 3)  # (e1 only, not contiguous)
+    cfg, x_s, p = run_kernel(x_t, out, t, s, solver, 77, data_range, **opts)
+    assert cfg.mode == mode
+    ref, info = reference_step(x_t, out, t, s, solver, 77, data_range, **opts)
+    z, _ = reference_noise(77, 3, x_t.shape[1:], t)
+    xs, ref = x_s.double().cpu(), ref.double().cpu()
+    sd = math.sqrt(cfg.fixed_var)
+    mean = info["x0"] if mode == MODE_DDIM else info["m1"]
+    tol = 2 * _ulp(ref, torch.float32) + 16 * EPS32 * sd * (1 + z.abs()) + 8 * EPS64 * (ref.abs() + mean.abs())
+    assert torch.isfinite(xs).all() and ((xs - ref).abs() <= tol).all(), float(((xs - ref).abs() / tol).max())
+    assert torch.equal(p.mu1.cpu(), mean.float()) and torch.equal(p.mu2, p.mu1)
+    assert (p.s2 == torch.tensor(cfg.fixed_var).float()).all()
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # (the interpreter's numpy: the fp32
@@ -809,6 +846,15 @@ def test_triton_paths_do_not_sync_the_host_but_for_the_finite_check():
         counts[fit, "gk.step given a flag"] = _count_syncs(lambda: gk.step(
             x, out, 612, 501, SCHEDULE, "gms", generator=6, fit=fit, nonfinite_flag=flag))
         expected.update({(fit, "gk.sample, 70 steps"): 0, (fit, "gk.step"): one_read, (fit, "gk.step given a flag"): 0})
+    # the other one-call solvers run the same kernel in their own modes
+    gamma = torch.full((SCHEDULE.T,), 0.5, dtype=torch.float64)  # (a host table, as estimate_gamma returns)
+    for solver, options in (("sn-ddpm", {}), ("ddpm", {}), ("ddim", {"eta": 0.5}), ("analytic-dpm", {"gamma": gamma})):
+        run = lambda steps: gk.sample(model, shape=shape, steps=steps, schedule=SCHEDULE, generator=2,  # noqa: E731
+                                      progress=False, solver=solver, device=DEVICE, **options)
+        run(3)  # (compiled before counting)
+        tg._device_tables.cache_clear()
+        counts[solver, "gk.sample, 70 steps"] = _count_syncs(lambda: run(70))
+        expected[solver, "gk.sample, 70 steps"] = 0
     assert counts == expected  # (all at once, so that one run on a lent GPU shows every count)
 
 

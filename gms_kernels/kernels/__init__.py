@@ -34,9 +34,6 @@ from ..moments import last_step_variance_cap
 from ..schedule import DATA
 
 MODE_GAUSSIAN, MODE_CLOSED, MODE_ADAN, MODE_DENOISE, MODE_FIXED, MODE_DDIM = 0, 1, 2, 3, 4, 5
-# modes only the C++ kernel runs (the Triton kernel takes the others; these steps run the torch
-# reference on CUDA tensors)
-CPP_ONLY_MODES = (MODE_FIXED, MODE_DDIM)
 
 # The fp32 ADAN loop is used where |M1| <= 2^10, 2^-60 <= |Var| <= 2^20 and |kappa3| <= 2^30: the
 # gradients grow like S^5 and their squares like S^10 (S the largest of |M1|, sqrt|Var|,

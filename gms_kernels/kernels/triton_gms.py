@@ -39,7 +39,8 @@ import torch
 from ..fit import ADAN_BETA_BOUNDS, ADAN_BETAS, ADAN_EPS, ADAN_INIT_BETA, ADAN_INIT_GAP, MixtureParams, knee_delta2
 from ..devices import as_tensor_on, to_device_async
 from ..random import STREAM_COMPONENT, STREAM_STEP_NOISE, check_counter_range, counter
-from . import ADAN_FP32_LIMITS, MODE_ADAN, MODE_CLOSED, MODE_DENOISE, MODE_GAUSSIAN, FusedStepConfig, NonFiniteInput
+from . import (ADAN_FP32_LIMITS, MODE_ADAN, MODE_CLOSED, MODE_DDIM, MODE_DENOISE, MODE_FIXED, MODE_GAUSSIAN,
+               FusedStepConfig, NonFiniteInput)
 
 try:
     import triton
@@ -48,7 +49,9 @@ except ImportError:  # pragma: no cover - depends on the installation
     triton = None
 
 MODE_DEBUG_RNG = -1  # internal: writes the raw Philox words, u and z (tests of the in-kernel streams)
-_MODES = (MODE_GAUSSIAN, MODE_CLOSED, MODE_ADAN, MODE_DENOISE, MODE_DEBUG_RNG)
+_MODES = (MODE_GAUSSIAN, MODE_CLOSED, MODE_ADAN, MODE_DENOISE, MODE_FIXED, MODE_DDIM, MODE_DEBUG_RNG)
+# the heads each mode reads: e1 alone for the steps whose variance is one number (FIXED, DDIM) or none
+_HEADS_READ = {MODE_DENOISE: 1, MODE_FIXED: 1, MODE_DDIM: 1, MODE_GAUSSIAN: 2, MODE_DEBUG_RNG: 0}
 
 # One config per mode (no autotuning: the interpreter cannot run several configs): (BLOCK, num_warps).
 # The fits keep one element per thread; ptxas for sm_90a (triton 3.6, fp32 I/O, no spills): CLOSED 92
@@ -56,7 +59,7 @@ _MODES = (MODE_GAUSSIAN, MODE_CLOSED, MODE_ADAN, MODE_DENOISE, MODE_DEBUG_RNG)
 # take CLOSED to 128 and ADAN-fp32 to 156. Swept on an H200 and an H100 (bench_gpu.py): no
 # configuration beat these by more than 3%, about the spread between two timings of one.
 GPU_CONFIGS = {MODE_GAUSSIAN: (512, 4), MODE_DENOISE: (512, 4), MODE_CLOSED: (256, 8), MODE_ADAN: (256, 8),
-               MODE_DEBUG_RNG: (512, 4)}
+               MODE_FIXED: (512, 4), MODE_DDIM: (512, 4), MODE_DEBUG_RNG: (512, 4)}
 INTERPRETER_BLOCK = 1024
 # Register cap for ADAN's default fp32 mode (None: ptxas's choice). Its rarely taken fp64 branch
 # takes the kernel from 64 registers to 128 (triton 3.8, compile_offline), so an SM holds 2 blocks
@@ -82,8 +85,9 @@ _cx = tl.constexpr if triton is not None else (lambda v: v)
 (S_A_T, S_SIGMA_T, S_RR, S_TWO_SIGMA, S_SIGMA_SQ, S_A_SQ, S_THREE_SIGMA, S_THREE_SIGMA_SQ, S_SIGMA_CU, S_A_CU,
  S_C, S_H, S_H_SQ, S_TWO_C, S_CC, S_THREE_C, S_THREE_C_C, S_C_CU, S_H_CU, S_TWO_C_H, S_HH, S_THREE_C_C_H,
  S_THREE_C_H_H, S_C1, S_C2, S_LAM2, S_C2_SQ, S_C2_CU, S_THREE_LAM2, S_VAR_CAP,
- S_W1, S_W2, S_W1W2, S_INV_SKEW, S_VAR_FLOOR, S_GRAD_SCALE, S_KNEE2) = (_cx(i) for i in range(37))
-_N_SCALARS = 37
+ S_W1, S_W2, S_W1W2, S_INV_SKEW, S_VAR_FLOOR, S_GRAD_SCALE, S_KNEE2,
+ S_FIXED_VAR, S_FIXED_SD, S_DDIM_A_S, S_DDIM_EPS_SCALE) = (_cx(i) for i in range(41))
+_N_SCALARS = 41
 
 
 def _slot(c) -> int:
@@ -117,6 +121,9 @@ def _scalar_table(cfg: FusedStepConfig) -> list[float]:
         # fits
         (S_W1, w1), (S_W2, w2), (S_W1W2, w1 * w2), (S_INV_SKEW, 1.0 / (w1 * w2 * (w2 - w1)) if w1 != w2 else 0.0),
         (S_VAR_FLOOR, cfg.var_floor), (S_GRAD_SCALE, cfg.grad_scale), (S_KNEE2, knee_delta2(w1)),
+        # one variance for every element (FIXED, DDIM) and DDIM's coefficients
+        (S_FIXED_VAR, cfg.fixed_var), (S_FIXED_SD, math.sqrt(cfg.fixed_var) if cfg.fixed_var > 0 else 0.0),
+        (S_DDIM_A_S, cfg.ddim_a_s), (S_DDIM_EPS_SCALE, cfg.ddim_eps_scale),
     ]
     table = [0.0] * _N_SCALARS
     for slot, value in slots:
@@ -431,6 +438,14 @@ if triton is not None:
                 xs = m1
             elif MODE == 0:  # GAUSSIAN
                 xs = m1 + sd * z64
+            elif MODE == 4:  # FIXED: N(M1, one variance) (ddpm, ddpm-large, analytic-dpm)
+                xs = m1 + tl.load(SCAL + S_FIXED_SD) * z64
+                s2out = s2out + tl.load(SCAL + S_FIXED_VAR).to(tl.float32)
+            elif MODE == 5:  # DDIM (solvers.ddim_step), M1 = E[x0|x_t]: a_s x0 + eps_scale eps (+ noise)
+                eps = (x - tl.load(SCAL + S_A_T) * m1) / tl.load(SCAL + S_SIGMA_T)
+                xs = tl.load(SCAL + S_DDIM_A_S) * m1 + tl.load(SCAL + S_DDIM_EPS_SCALE) * eps
+                xs = xs + tl.load(SCAL + S_FIXED_SD) * z64  # (+0 for eta = 0)
+                s2out = s2out + tl.load(SCAL + S_FIXED_VAR).to(tl.float32)
             else:
                 first = u < w1
                 xs = m1 + tl.where(first, off1, off2) + sd * z64
@@ -526,8 +541,8 @@ def fused_step(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | None, e3:
     int32 tensor of one element on x_t's device) the kernel sets it to 1 and the caller reads it when
     it likes (no sync here, so a sampling loop keeps the device busy).
 
-    GAUSSIAN steps return mu1 = mu2 = M1 and s2 = the variance drawn with; DENOISE returns
-    mu1 = mu2 = M1 and s2 = 0.
+    GAUSSIAN, FIXED and DDIM steps return mu1 = mu2 = M1 and s2 = the variance drawn with (for DDIM,
+    M1 is E[x0|x_t] and the variance that of its noise); DENOISE returns mu1 = mu2 = M1 and s2 = 0.
     """
     if triton is None:
         raise RuntimeError("the Triton backend needs triton: pip install triton")
@@ -538,7 +553,7 @@ def fused_step(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | None, e3:
         raise ValueError("x_t must be [N, ...] with a batch dimension")
     if not x_t.is_floating_point():
         raise ValueError(f"x_t must be a floating-point tensor, got {x_t.dtype}")
-    needs = {MODE_DENOISE: 1, MODE_GAUSSIAN: 2, MODE_DEBUG_RNG: 0}.get(mode, 3)
+    needs = _HEADS_READ.get(mode, 3)
     heads = [e1, e2, e3]
     for k, h in enumerate(heads[:needs]):
         if h is None:
@@ -607,7 +622,7 @@ def compile_offline(mode: int, fit_fp64: bool = False, iters: int = 25, arch: in
     pointers = dict.fromkeys(["X", "E1", "E2", "E3", "OUT", "MU1", "MU2", "S2"], "*fp32")
     pointers.update(SEEDS="*i64", IDX="*i64", SCAL="*fp64", ADAN="*fp64", BASES="*i64", NONFINITE="*i32")
     block, options = _gpu_launch_options(mode, fit_fp64)
-    needs = {MODE_DENOISE: 1, MODE_GAUSSIAN: 2, MODE_DEBUG_RNG: 0}.get(mode, 3)
+    needs = _HEADS_READ.get(mode, 3)
     constants = dict(MODE=mode, NEED_VAR=needs >= 2, NEED_M3=needs >= 3, HAS_RANGE=True, PER_PIXEL=False,
                      WRITE_PARAMS=True, ITERS=iters if mode == MODE_ADAN else 0, FIT_FP64=fit_fp64,
                      OUT_FP64=False, BLOCK=block)
