@@ -147,7 +147,8 @@ def test_scheduler_defers_the_finite_check_only_for_the_triton_kernel():
 
 def test_a_scheduler_loop_on_cuda_does_not_sync_the_host():
     """A diffusers-style loop over scheduler.timesteps on CUDA: each step reads the previous step's NaN/inf flag
-    through pinned memory and an event, never with a synchronising copy or read."""
+    through pinned memory and an event, never with a synchronising copy or read; only the step into the data
+    reads its own flag at once (so that a loop never ends on an unread flag): one read per loop."""
     pytest.importorskip("diffusers")
     from test_triton_backend import _count_syncs
 
@@ -166,4 +167,4 @@ def test_a_scheduler_loop_on_cuda_does_not_sync_the_host():
             return y
 
         syncs = _count_syncs(loop)
-    assert syncs == 0
+    assert syncs == _count_syncs(lambda: torch.ones(1, device="cuda").item())
