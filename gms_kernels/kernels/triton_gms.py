@@ -57,7 +57,8 @@ _HEADS_READ = {MODE_DENOISE: 1, MODE_FIXED: 1, MODE_DDIM: 1, MODE_GAUSSIAN: 2, M
 # The fits keep one element per thread; ptxas for sm_90a (triton 3.6, fp32 I/O, no spills): CLOSED 92
 # registers, ADAN 124 (fp64 loop; 74 in fp32), GAUSSIAN 71, DENOISE 50. Two elements per thread would
 # take CLOSED to 128 and ADAN-fp32 to 156. Swept on an H200 and an H100 (bench_gpu.py): no
-# configuration beat these by more than 3%, about the spread between two timings of one.
+# configuration beat these by more than 3%, about the spread between two timings of one. FIXED and DDIM
+# (compile_offline, triton 3.8): 68 and 70 registers, launched like GAUSSIAN; not timed on a GPU yet.
 GPU_CONFIGS = {MODE_GAUSSIAN: (512, 4), MODE_DENOISE: (512, 4), MODE_CLOSED: (256, 8), MODE_ADAN: (256, 8),
                MODE_FIXED: (512, 4), MODE_DDIM: (512, 4), MODE_DEBUG_RNG: (512, 4)}
 INTERPRETER_BLOCK = 1024
