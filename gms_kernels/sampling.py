@@ -96,10 +96,10 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
     (e1 alone suffices for ddpm/ddim, e1 and e2 for sn-ddpm). ``time_input`` is ``"index"``
     (integer t), ``"index+1"`` or ``"scaled"`` (t*1000/T); by default the model's ``time_input``
     attribute, else ``"index"``. Sample i is a function of (seed, ``first_index`` + i) only, so it
-    does not depend on the batch it is drawn in (up to the network's rounding between batch sizes, which
-    ``ggf``'s step decisions can amplify: :func:`gms_kernels.sde.sample_ggf`). ``callback`` receives, after every step, a dict with
-    the keys of :func:`callback_info` (step, t, s, sigma, x, denoised: the same for every solver)
-    and the step's fitted quantities. Solver options (e.g. fit, select, fit_iters, eta) go in
+    does not depend on the batch it is drawn in (up to the network's rounding between batch sizes,
+    which ``ggf``'s step decisions can amplify: :func:`gms_kernels.sde.sample_ggf`). ``callback``
+    receives, after every step, a dict with the keys of :func:`callback_info` (step, t, s, sigma, x,
+    denoised: the same for every solver) and the step's fitted quantities. Solver options (e.g. fit, select, fit_iters, eta) go in
     ``solver_options``. ``backend`` picks the fused GMS step as in :func:`step`. The samples are made on
     ``device``: by default x_T's device, else the device of the model's weights, else the CPU.
     """

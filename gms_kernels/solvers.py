@@ -406,8 +406,8 @@ def solver_step(name: str, x_t: torch.Tensor, heads: list[torch.Tensor], k: Step
 
     ``backend`` 'cpp' and 'triton' run the gms, sn-ddpm, ddpm, ddpm-large, ddim and analytic-dpm steps in
     one fused kernel that draws the same Philox streams (it needs a generator, not explicit noise);
-    everything else, and the 'torch' backend, runs the float64 reference below. A NaN or inf in x_t or the heads raises a
-    ValueError that names it (``where`` says which step); the fused kernels check while they read.
+    everything else, and the 'torch' backend, runs the float64 reference below. A NaN or inf in x_t
+    or the heads raises a ValueError that names it (``where`` says which step); the fused kernels check while they read.
     With ``nonfinite_flag`` the Triton kernel only sets that flag, for the caller to read later.
     """
     if backend != "torch" and rand.shares_streams:

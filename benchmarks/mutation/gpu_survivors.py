@@ -30,9 +30,10 @@ def main() -> int:
             text = source.read_text()
             assert text.count(original) == 1, f"mutant {number}: the line to mutate is gone"
             source.write_text(text.replace(original, mutated))
+            path = os.pathsep.join([str(copy), os.environ.get("PYTHONPATH", "")])  # (the copy's package first)
             run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cuda.py",
                                   "-k", "scheduler"], cwd=copy, capture_output=True, text=True,
-                                 env={**os.environ, "PYTHONPATH": os.pathsep.join([str(copy), os.environ.get("PYTHONPATH", "")])})
+                                 env={**os.environ, "PYTHONPATH": path})
             killed = run.returncode == 1 and " failed" in run.stdout
             failures += not killed
             print(f"scheduler.step {number}: {'killed' if killed else 'SURVIVED'} ({run.stdout.strip().splitlines()[-1]})")
