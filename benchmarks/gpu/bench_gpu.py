@@ -45,6 +45,7 @@ import triton.language as tl  # noqa: E402
 
 BYTES_PER_ELEMENT = 20  # reads x_t, e1, e2, e3 and writes x_s, fp32
 SWEEP = ((128, 4), (256, 4), (256, 8), (512, 4), (512, 8), (1024, 8))  # (BLOCK, num_warps)
+BASELINE_SOLVERS = ("sn-ddpm", "ddpm", "ddim")  # (each in its own mode of the kernel: GAUSSIAN, FIXED, DDIM)
 
 
 @triton.jit
@@ -308,17 +309,18 @@ def main() -> None:
     breakdown = step_breakdown(env, schedule)
     peaks = ceilings(env)
     print("ceilings:", peaks, flush=True)
-    rows, perf, sweep, precision_rows = [], [], [], []
+    rows, perf, sweep, precision_rows, baseline_rows = [], [], [], [], []
     for size, shape in env.sizes.items():
         sets = env.input_sets(shape)
         x_t, out = sets[0]
         n = x_t.numel()
         net32, net16 = nets[size]["fp32"], nets[size]["bf16"]
+        kernel_of = {}
         for fit, options in env.fits.items():
             base = env.seconds(runner("reference-loop", fit, x_t, out, schedule, options), repeats=3, warmup=1)
             ref = env.seconds(runner("torch", fit, x_t, out, schedule, options), repeats=3, warmup=1)
             step = env.per_call_seconds(runner("triton", fit, x_t, out, schedule, options))
-            kernel = env.graph_seconds(kernel_calls(sets, fit, options, schedule))
+            kernel = kernel_of[fit] = env.graph_seconds(kernel_calls(sets, fit, options, schedule))
             rows.append(f"| {size} ({n:,}) | {fit} | {base * 1e3:.2f} ms | {ref * 1e3:.2f} ms ({base / ref:.1f}x) | "
                         f"{step * 1e6:.1f} us ({base / step:.0f}x) | {kernel * 1e6:.1f} us ({base / kernel:.0f}x) | "
                         f"{100 * step / net32:.3f}% / {100 * step / net16:.3f}% | "
@@ -333,6 +335,13 @@ def main() -> None:
                 wide = env.graph_seconds(kernel_calls(sets, fit, dict(options, adan_precision="float64"), schedule))
                 precision_rows.append(f"| {size} | {fit} | {kernel * 1e6:.1f} us | {wide * 1e6:.1f} us | {wide / kernel:.2f}x |")
                 print(precision_rows[-1], flush=True)
+        # the baselines in the same kernel (their own modes), against the closed-form GMS step
+        cells = []
+        for solver in BASELINE_SOLVERS:
+            sec = env.graph_seconds([runner("triton-kernel", "closed", x, o, schedule, {}, solver=solver) for x, o in sets])
+            cells.append(f"{sec * 1e6:.1f} us ({sec / kernel_of['closed']:.2f}x)")
+        baseline_rows.append(f"| {size} | {kernel_of['closed'] * 1e6:.1f} us | " + " | ".join(cells) + " |")
+        print(baseline_rows[-1], flush=True)
         if size == "imagenet64-b100":  # launch configurations of the two fits, at the larger size
             for fit in ("closed", "adan-25"):
                 mode = MODE_CLOSED if fit == "closed" else MODE_ADAN
@@ -391,6 +400,9 @@ def main() -> None:
              "|---|---|---|---|---|", *perf, "",
              "## ADAN's loop in fp32 (the default) and fp64 (`adan_precision=\"float64\"`)", "",
              "| elements | fit | fp32 loop | fp64 loop | fp64 / fp32 |", "|---|---|---|---|---|", *precision_rows, "",
+             "## The baselines in the same kernel (device time; ratio to the closed-form GMS step)", "",
+             "| size | gms, closed | " + " | ".join(BASELINE_SOLVERS) + " |",
+             "|---|---|" + "---|" * len(BASELINE_SOLVERS), *baseline_rows, "",
              "## Launch configurations (BLOCK x num_warps), kernel device time, imagenet64-b100", "",
              "(ADAN's register cap: benchmarks/gpu/sweep_registers.py, which run_gpu.sh runs next.)", "",
              "The default is timed twice: the difference between them is the noise.", "",
