@@ -1743,3 +1743,59 @@ def test_step_randomness_lives_on_x_ts_device():
     explicit = StepRandomness(None, 5, like, noise=torch.zeros(2, 1, 3), uniform=torch.zeros(2))
     noise, uniform = explicit.normal(), explicit.uniform(False)
     assert (noise.device.type, noise.dtype) == ("meta", torch.float64) and uniform.device.type == "meta"
+
+
+@pytest.mark.parametrize("solver", ["ddpm", "gms"])
+@pytest.mark.parametrize("value", [1, 0, "yes", None])
+def test_denoise_final_must_be_a_bool(solver, value):
+    """denoise_final (return the denoised mean at the step into the data) is a switch like gaussian_last_step:
+    1, 0, "yes" or None is refused with a message that names the option and the value given."""
+    import re
+
+    from gms_kernels.solvers import SOLVERS, resolve_options
+
+    with pytest.raises(ValueError, match="^" + re.escape(f"denoise_final must be True or False, got {value!r}") + "$"):
+        resolve_options(SOLVERS[solver], {"denoise_final": value})
+    assert resolve_options(SOLVERS[solver], {"denoise_final": False})["denoise_final"] is False
+
+
+def test_a_direct_solver_step_names_a_non_finite_x_t_without_a_step_label():
+    """Called without ``where``, solver_step's NaN check names the culprit and nothing else: "x_t has
+    non-finite values (NaN or inf)", with no step label in between."""
+    from gms_kernels.solvers import StepRandomness, solver_step
+
+    sched = gk.Schedule.linear(20)
+    x, e1, _ = _inputs(23, shape=(2, 1, 2, 2))
+    x[0, 0, 0, 0] = float("nan")
+    rand = StepRandomness(None, 10, x, noise=torch.zeros_like(x))
+    with pytest.raises(ValueError, match=r"^x_t has non-finite values \(NaN or inf\)$"):
+        solver_step("ddpm", x, [e1], sched.coefficients(10, 5), rand, (-1.0, 1.0), sched.T, {})
+
+
+def test_a_fused_adan_step_averages_its_loss_over_the_whole_batch():
+    """With adan_mean='batch' (the official loss: the mean of the squared moment errors over every element of
+    the batch), a fused C++ step fits the same mixture as the float64 torch step on the same Philox draws.
+    On 64 samples of 1 x 8 x 8 each gradient is divided by 4096, small enough that ADAN's eps shapes the fit:
+    dividing by one sample's 64 elements instead (or by the channels times them) moves x_s by ~1e-2, while the
+    two backends agree to ~1e-7 (float32 rounding)."""
+    pytest.importorskip("gms_kernels._C")
+    from gms_kernels.random import SampleNoise
+    from gms_kernels.solvers import StepRandomness, solver_step
+
+    sched = gk.Schedule.linear(20)
+    k = sched.coefficients(10, 5)
+    g = torch.Generator().manual_seed(31)
+    x = torch.randn(64, 1, 8, 8, generator=g, dtype=torch.float64)
+    e1 = torch.randn(64, 1, 8, 8, generator=g, dtype=torch.float64) * 0.5
+    e2 = e1 * e1 + 0.2
+    e3 = e1**3 + 3 * e1 * 0.2 + 0.01 * torch.randn(64, 1, 8, 8, generator=g, dtype=torch.float64)
+    options = {"fit": "adan", "fit_iters": 8, "adan_mean": "batch", "adan_precision": "float64"}
+
+    def run(backend):
+        rand = StepRandomness(SampleNoise.create(5, 64), 10, x)
+        return solver_step("gms", x, [e1, e2, e3], k, rand, (-1.0, 1.0), sched.T, options, backend)
+
+    (x_fused, fused), (x_ref, ref) = run("cpp"), run("torch")
+    for name in ("mu1", "mu2", "s2"):
+        torch.testing.assert_close(fused[name].double(), ref[name], rtol=0, atol=1e-5)
+    torch.testing.assert_close(x_fused.double(), x_ref, rtol=0, atol=1e-5)
