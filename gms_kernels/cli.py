@@ -124,9 +124,7 @@ def _sdedit(args: argparse.Namespace) -> int:
         schedule = Schedule.cosine(args.T) if args.schedule == "cosine" else Schedule.linear(args.T)
     images = _read_images(args.input, data_range).to(args.device)
     guide = stroke_guide(images, args.stroke, args.colors, data_range) if args.stroke else images
-    options = _gms_options(args) if args.solver == "gms" else {}
-    if args.solver == "ddim":
-        options["eta"] = args.eta
+    options = _solver_options(args)
     res = sdedit(model, guide, args.t0, args.steps, solver=args.solver, schedule=schedule,
                  trajectory=args.trajectory, generator=args.seed, data_range=data_range,
                  progress=not args.quiet, time_input=args.time_input, backend=args.backend, **options)
@@ -177,7 +175,9 @@ def _sample(args: argparse.Namespace) -> int:
     model = _load_model(args.model, args.kind) if args.model else default_model()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = model.to(device)
-    options = _gms_options(args) if args.solver == "gms" else {}
+    options = _solver_options(args)
+    if args.solver == "analytic-dpm" and "gamma" not in options:
+        options["gamma"] = _analytic_gamma(args, model)
     paths = distributed.sample_shards(model, args.out, args.num_samples, shape, shard_size=args.shard_size,
                                       batch_size=args.batch_size, seed=args.seed, progress=not args.quiet,
                                       device=device, steps=args.steps, solver=args.solver,
@@ -204,15 +204,15 @@ def _sample(args: argparse.Namespace) -> int:
     return 0
 
 
-def _key_values(pairs: Sequence[str] | None) -> dict:
-    """--load-option KEY=VALUE pairs: VALUE read as JSON (numbers, lists, true/false), else as text."""
+def _key_values(pairs: Sequence[str] | None, flag: str = "--load-option") -> dict:
+    """``flag`` KEY=VALUE pairs: VALUE read as JSON (numbers, lists, true/false), else as text."""
     import json
 
     options = {}
     for pair in pairs or ():
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise UsageError(f"--load-option takes KEY=VALUE, got {pair!r}")
+            raise UsageError(f"{flag} takes KEY=VALUE, got {pair!r}")
         try:
             options[key] = json.loads(value)
         except ValueError:
@@ -387,6 +387,53 @@ def _gms_options(args: argparse.Namespace) -> dict:
     return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
 
 
+def _solver_options(args: argparse.Namespace) -> dict:
+    """gk.sample's solver options from the command line: the GMS flags (--solver gms only), --eta (ddim only) and
+    any --option KEY=VALUE (checked by the library, like every option)."""
+    named = _gms_options(args)
+    if named and args.solver != "gms":
+        flags = ", ".join("--" + n.replace("_", "-") for n in named)
+        raise UsageError(f"{flags}: GMS options, but --solver is {args.solver}")
+    if args.eta is not None:
+        if args.solver != "ddim":
+            raise UsageError(f"--eta is DDIM's option, but --solver is {args.solver}")
+        named["eta"] = args.eta
+    options = _key_values(args.option, "--option")
+    twice = sorted(set(options) & set(named))
+    if twice:
+        raise UsageError(f"{', '.join(twice)} given both as a flag and as --option")
+    return {**options, **named}
+
+
+GAMMA_DIGITS = 256  # training digits that estimate the embedded model's Gamma (a mean over 256 x 64 numbers)
+
+
+def _analytic_gamma(args: argparse.Namespace, model):
+    """analytic-dpm's Gamma table: --gamma's file, or, for the embedded digits model, estimated on 256 of its
+    training digits at the trajectory's timesteps (seeded by --seed)."""
+    import os
+
+    import torch
+
+    if args.gamma:
+        if not os.path.isfile(args.gamma):
+            raise UsageError(f"--gamma {args.gamma}: no such file")
+        gamma = torch.load(args.gamma, map_location="cpu", weights_only=True)
+        if not torch.is_tensor(gamma) or gamma.dim() != 1:
+            raise UsageError(f"--gamma {args.gamma}: expected a 1-d tensor (torch.save of gk.estimate_gamma's table)")
+        return gamma
+    if args.model:
+        raise UsageError("--solver analytic-dpm needs --gamma TABLE.pt with --model: save one with "
+                         "torch.save(gk.estimate_gamma(model, x0, schedule, timesteps), 'TABLE.pt')")
+    from .data import digits
+    from .sampling import estimate_gamma
+    from .schedule import trajectory
+
+    return estimate_gamma(model, digits("train")[0][:GAMMA_DIGITS], model.schedule,
+                          timesteps=trajectory(model.schedule, args.steps, args.trajectory),
+                          generator=torch.Generator().manual_seed(args.seed))
+
+
 def _add_sampler_args(p: argparse.ArgumentParser, steps: int, solvers: Sequence[str]) -> None:
     from .backends import BACKENDS
     from .schedule import TRAJECTORY_KINDS
@@ -395,6 +442,10 @@ def _add_sampler_args(p: argparse.ArgumentParser, steps: int, solvers: Sequence[
     p.add_argument("--solver", default="gms", choices=solvers, help="the reverse-step solver")
     p.add_argument("--trajectory", default="even", choices=TRAJECTORY_KINDS, help="which time indices are visited")
     _add_gms_args(p)
+    p.add_argument("--eta", type=float, default=None, help="DDIM's eta (0: deterministic)")
+    p.add_argument("--option", action="append", metavar="KEY=VALUE",
+                   help="any other solver option, VALUE read as JSON, e.g. var_floor=0.2 (gms), eps_rel=0.05 "
+                        "(ggf), s_churn=10 (edm-sde); repeatable")
     p.add_argument("--backend", default="auto", choices=BACKENDS, help="where the fused GMS step runs")
 
 
@@ -433,6 +484,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--batch-size", type=int, default=250, help="samples per network call")
     s.add_argument("--shard-size", type=int, default=1000, help="samples per shard file")
     _add_sampler_args(s, 10, [name for name in SOLVERS if name != "exact"])
+    s.add_argument("--gamma", metavar="TABLE.pt", help="analytic-dpm's Gamma table (torch.save of "
+                   "gk.estimate_gamma's result); default with the embedded model: estimated on 256 of its training digits")
     s.add_argument("--adan-precision", choices=["float32", "float64"], default=None,
                    help="the fused kernels' ADAN loop (float64 follows the reference's fit exactly; default float32)")
     s.add_argument("--fd", action="store_true", help="report FD-digits of the samples at the end")
@@ -505,7 +558,6 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--input", nargs="+", required=True, help=".png/.jpg images or .npy arrays")
     e.add_argument("--t0", type=_t0_arg, default=0.5, help="start index (e.g. 400) or fraction of T (e.g. 0.4)")
     _add_sampler_args(e, 50, ["gms", "sn-ddpm", "ddpm", "ddpm-large", "ddim"])
-    e.add_argument("--eta", type=float, default=0.0, help="DDIM's eta")
     e.add_argument("--stroke", type=int, default=0, metavar="BLOCK",
                    help="make stroke guides from the inputs with this block size (0: inputs are the guides)")
     e.add_argument("--colors", type=int, default=6, help="colour levels per channel of --stroke guides")

@@ -190,6 +190,12 @@ def test_mistyped_sample_command_writes_nothing_and_the_corrected_one_runs(tmp_p
     ["sample", "--model", "no/such/file.pt", "--shape", "1", "8", "8"],
     ["sample", "--npz", "x.txt"],
     ["sdedit", "--model", "no/such/file.pt", "--input", "x.png"],
+    ["sample", "--solver", "ddpm", "--eta", "0.3"],  # (a flag of another solver is not ignored)
+    ["sample", "--solver", "ddpm", "--fit", "adan"],
+    ["sample", "--option", "eta"],
+    ["sample", "--solver", "ddim", "--eta", "0.3", "--option", "eta=0.1"],
+    ["sample", "--solver", "gms", "--option", "no_such_option=1"],
+    ["sample", "--solver", "analytic-dpm", "--gamma", "no/such/table.pt"],
 ])
 def test_user_errors_print_one_line_and_exit_2(argv, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -197,6 +203,42 @@ def test_user_errors_print_one_line_and_exit_2(argv, tmp_path, capsys):
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.count("\n") == 1 and err.startswith("gms-kernels ")
     assert not (tmp_path / "o").exists()
+
+
+def test_sample_passes_solver_options_and_estimates_analytic_dpms_gamma(tmp_path):
+    """--eta, --option KEY=VALUE (JSON values) and the GMS flags reach gk.sample (the manifest records what ran);
+    analytic-dpm on the embedded model gets Gamma estimated on 256 training digits at the trajectory's steps."""
+    from gms_kernels import cli
+    from gms_kernels.embedded import default_model
+
+    def options(*argv):
+        out = tmp_path / f"o{len(list(tmp_path.iterdir()))}"
+        assert main(["sample", "--num-samples", "2", "--steps", "2", "--out", str(out), "--quiet", *argv]) == 0
+        return json.loads((out / "manifest.json").read_text())["solver_options"]
+
+    assert options("--solver", "ddim", "--eta", "0.5")["eta"] == 0.5
+    got = options("--solver", "gms", "--fit", "adan", "--option", "var_floor=0.25", "--option", "adan_mean=\"batch\"")
+    assert got["fit"] == "adan" and got["var_floor"] == 0.25 and got["adan_mean"] == "batch"
+    assert options("--solver", "ggf", "--option", "eps_rel=0.5")["eps_rel"] == 0.5
+    model = default_model()
+    expected = gk.estimate_gamma(model, gk.data.digits("train")[0][:cli.GAMMA_DIGITS], model.schedule,
+                                 timesteps=gk.trajectory(model.schedule, 2, "even"),
+                                 generator=torch.Generator().manual_seed(0))
+    gamma = torch.tensor(options("--solver", "analytic-dpm")["gamma"], dtype=torch.float64)
+    torch.testing.assert_close(gamma, expected, rtol=1e-12, atol=0, equal_nan=True)
+    assert int((~gamma.isnan()).sum()) == len(gk.trajectory(model.schedule, 2, "even"))
+    table = tmp_path / "gamma.pt"
+    torch.save(torch.full((1000,), 0.3, dtype=torch.float64), table)
+    assert options("--solver", "analytic-dpm", "--gamma", str(table))["gamma"][500] == 0.3
+
+
+def test_analytic_dpm_with_a_checkpoint_asks_for_a_gamma_table():
+    import argparse
+
+    from gms_kernels.cli import UsageError, _analytic_gamma
+
+    with pytest.raises(UsageError, match=r"needs --gamma TABLE.pt with --model: save one with torch.save"):
+        _analytic_gamma(argparse.Namespace(gamma=None, model="net.pt", steps=10, trajectory="even", seed=0), None)
 
 
 def test_debug_shows_the_traceback(tmp_path):
