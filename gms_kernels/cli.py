@@ -452,6 +452,7 @@ def _add_sampler_args(p: argparse.ArgumentParser, steps: int, solvers: Sequence[
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
     from .backends import BACKENDS
+    from .reproduce import REPRODUCIBLE_SOLVERS
     from .schedule import TRAJECTORY_KINDS
     from .solvers import SOLVERS
 
@@ -508,7 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                "features [N, d] (the statistics must come from it)")
     r.add_argument("--steps", type=int, nargs="+", default=[10, 20, 25, 40, 50, 100, 200, 1000], help="the K values")
     r.add_argument("--solvers", nargs="+", default=["ddpm", "ddpm-large", "sn-ddpm", "gms"],
-                   choices=[name for name in SOLVERS if name != "exact"], help="the table's rows")
+                   choices=REPRODUCIBLE_SOLVERS, help="the table's rows")
     r.add_argument("--num-samples", type=int, default=50000, help="samples per (solver, K, seed)")
     r.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds (several: mean and 95%% interval)")
     r.add_argument("--shape", type=int, nargs=3, metavar=("C", "H", "W"),

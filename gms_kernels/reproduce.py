@@ -86,12 +86,20 @@ def _checkpoint_groups(checkpoints: Sequence[str | os.PathLike | Sequence[str | 
     return groups
 
 
+# the table's possible rows: every solver but the oracle's exact sampler and analytic-dpm (its Gamma table needs
+# training data)
+REPRODUCIBLE_SOLVERS = tuple(s for s in SOLVERS if s not in ("exact", "analytic-dpm"))
+
+
 def _check_request(solvers: Sequence[str], steps: Sequence[int], num_samples: int, seeds: Sequence[int],
                    shape: Sequence[int] | None) -> None:
-    unknown = [s for s in solvers if s not in SOLVERS or s == "exact"]
+    unknown = [s for s in solvers if s not in SOLVERS or s not in REPRODUCIBLE_SOLVERS]
+    if "analytic-dpm" in solvers:
+        raise ValueError("analytic-dpm needs a Gamma table per network, estimated on its training data, which "
+                         "reproduce does not take: sample it with gms-kernels sample --solver analytic-dpm --gamma "
+                         "TABLE.pt (or gk.sample(..., gamma=gk.estimate_gamma(...))) and score the samples with gk.metrics")
     if not solvers or unknown:
-        raise ValueError(f"unknown solver(s) {unknown or '(none given)'}; valid: "
-                         f"{', '.join(s for s in SOLVERS if s != 'exact')}")
+        raise ValueError(f"unknown solver(s) {unknown or '(none given)'}; valid: {', '.join(REPRODUCIBLE_SOLVERS)}")
     check_positive_ints(tuple(steps) or (0,), "steps (the K values)")
     check_positive_ints((num_samples,), "num_samples")
     if num_samples < 2:

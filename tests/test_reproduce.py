@@ -194,3 +194,11 @@ def test_reproduce_reads_an_inception_weights_file(fixtures, tmp_path):
     record = json.loads((tmp_path / "out" / "digits_net.pt" / "seed0" / "ddpm" / "K2" / "fid.json").read_text())
     assert record["extractor"] == "inception:" + hashlib.sha256(weights.read_bytes()).hexdigest()
     assert res.fids[("digits_net.pt", "ddpm", 2)] == [record["fid"]] and record["fid"] > 0
+
+
+def test_reproduce_refuses_analytic_dpm_before_sampling(fixtures, tmp_path):
+    """Its Gamma table needs each network's training data, which the protocol does not take: refused up front with
+    the way to run it, not after the other rows have sampled."""
+    with pytest.raises(ValueError, match=r"analytic-dpm needs a Gamma table per network.*--gamma TABLE.pt"):
+        run(fixtures, tmp_path / "api", steps=(2,), solvers=("ddpm", "analytic-dpm"), num_samples=5)
+    assert not (tmp_path / "api").exists()
