@@ -299,7 +299,7 @@ BASELINE_CASES = {
 @pytest.mark.parametrize("rng_name", list(MODE_RANGES))
 @pytest.mark.parametrize("t, s", [(999, 899), (500, 400), (20, 0), (30, DATA)])
 @pytest.mark.parametrize("case", list(BASELINE_CASES))
-def test_baseline_steps_match_reference(case, t, s, rng_name):
+def test_baseline_steps_match_reference(case, t, s, rng_name, x_dtype=torch.float32):
     """ddpm, ddpm-large, analytic-dpm (one variance for every element) and ddim, eta 0 or not: x_s as the
     float64 reference's to float32 rounding (the fp64 mean, plus sd z with z from the same Philox stream,
     rounded once), on odd sizes and non-contiguous float16 heads; mu1 = mu2 = M1 (DDIM: E[x0|x_t]) and s2
@@ -308,19 +308,27 @@ def test_baseline_steps_match_reference(case, t, s, rng_name):
     opts = dict(opts, denoise_final=False)  # (the step to the data in the solver's own mode, not DENOISE)
     data_range = MODE_RANGES[rng_name]
     x_t, out = make_inputs((3, 3, 5, 7), t, "mixed", seed=sum(map(ord, case)) + t)
-    x_t = x_t.float().to(DEVICE)
+    x_t = x_t.to(x_dtype).to(DEVICE)
     out = out[:, :3].transpose(2, 3).half().to(DEVICE).transpose(2, 3)  # (e1 only, not contiguous)
     cfg, x_s, p = run_kernel(x_t, out, t, s, solver, 77, data_range, **opts)
-    assert cfg.mode == mode
+    assert cfg.mode == mode and x_s.dtype == x_dtype
     ref, info = reference_step(x_t, out, t, s, solver, 77, data_range, **opts)
     z, _ = reference_noise(77, 3, x_t.shape[1:], t)
     xs, ref = x_s.double().cpu(), ref.double().cpu()
     sd = math.sqrt(cfg.fixed_var)
     mean = info["x0"] if mode == MODE_DDIM else info["m1"]
-    tol = 2 * _ulp(ref, torch.float32) + 16 * EPS32 * sd * (1 + z.abs()) + 8 * EPS64 * (ref.abs() + mean.abs())
+    tol = 2 * _ulp(ref, x_dtype) + 16 * EPS32 * sd * (1 + z.abs()) + 8 * EPS64 * (ref.abs() + mean.abs())
     assert torch.isfinite(xs).all() and ((xs - ref).abs() <= tol).all(), float(((xs - ref).abs() / tol).max())
     assert torch.equal(p.mu1.cpu(), mean.float()) and torch.equal(p.mu2, p.mu1)
     assert (p.s2 == torch.tensor(cfg.fixed_var).float()).all()
+
+
+@pytest.mark.parametrize("x_dtype", [torch.float16, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("case", ["ddpm", "ddim-eta0.7"])
+def test_baseline_steps_in_other_sample_dtypes(case, x_dtype):
+    """x_s comes back in x_t's dtype, rounded once from the fp64 result (float64: the fp64 result itself)."""
+    test_baseline_steps_match_reference(case, 500, 400, "range", x_dtype=x_dtype)
+    test_baseline_steps_match_reference(case, 20, 0, "none", x_dtype=x_dtype)
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # (the interpreter's numpy: the fp32
