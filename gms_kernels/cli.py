@@ -176,6 +176,8 @@ def _sample(args: argparse.Namespace) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = model.to(device)
     options = _solver_options(args)
+    if args.gamma and args.solver != "analytic-dpm":
+        raise UsageError(f"--gamma is analytic-dpm's table, but --solver is {args.solver}")
     if args.solver == "analytic-dpm" and "gamma" not in options:
         options["gamma"] = _analytic_gamma(args, model)
     paths = distributed.sample_shards(model, args.out, args.num_samples, shape, shard_size=args.shard_size,

@@ -196,6 +196,7 @@ def test_mistyped_sample_command_writes_nothing_and_the_corrected_one_runs(tmp_p
     ["sample", "--solver", "ddim", "--eta", "0.3", "--option", "eta=0.1"],
     ["sample", "--solver", "gms", "--option", "no_such_option=1"],
     ["sample", "--solver", "analytic-dpm", "--gamma", "no/such/table.pt"],
+    ["sample", "--solver", "ddpm", "--gamma", "table.pt"],
 ])
 def test_user_errors_print_one_line_and_exit_2(argv, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
