@@ -487,8 +487,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--batch-size", type=int, default=250, help="samples per network call")
     s.add_argument("--shard-size", type=int, default=1000, help="samples per shard file")
     _add_sampler_args(s, 10, [name for name in SOLVERS if name != "exact"])
-    s.add_argument("--gamma", metavar="TABLE.pt", help="analytic-dpm's Gamma table (torch.save of "
-                   "gk.estimate_gamma's result); default with the embedded model: estimated on 256 of its training digits")
+    s.add_argument("--gamma", metavar="TABLE.pt", help="analytic-dpm's Gamma table (torch.save of gk.estimate_gamma's "
+                   "result); default with the embedded model: estimated on 256 of its training digits")
     s.add_argument("--adan-precision", choices=["float32", "float64"], default=None,
                    help="the fused kernels' ADAN loop (float64 follows the reference's fit exactly; default float32)")
     s.add_argument("--fd", action="store_true", help="report FD-digits of the samples at the end")

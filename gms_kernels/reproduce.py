@@ -96,8 +96,9 @@ def _check_request(solvers: Sequence[str], steps: Sequence[int], num_samples: in
     unknown = [s for s in solvers if s not in SOLVERS or s not in REPRODUCIBLE_SOLVERS]
     if "analytic-dpm" in solvers:
         raise ValueError("analytic-dpm needs a Gamma table per network, estimated on its training data, which "
-                         "reproduce does not take: sample it with gms-kernels sample --solver analytic-dpm --gamma "
-                         "TABLE.pt (or gk.sample(..., gamma=gk.estimate_gamma(...))) and score the samples with gk.metrics")
+                         "reproduce does not take: sample it with gms-kernels sample --solver analytic-dpm "
+                         "--gamma TABLE.pt (or gk.sample(..., gamma=gk.estimate_gamma(...))) and score the "
+                         "samples with gk.metrics")
     if not solvers or unknown:
         raise ValueError(f"unknown solver(s) {unknown or '(none given)'}; valid: {', '.join(REPRODUCIBLE_SOLVERS)}")
     check_positive_ints(tuple(steps) or (0,), "steps (the K values)")

@@ -32,8 +32,8 @@ import pytest  # noqa: E402
 
 import gms_kernels as gk  # noqa: E402
 from gms_kernels import random as rng  # noqa: E402
-from gms_kernels.kernels import (MODE_ADAN, MODE_CLOSED, MODE_DDIM, MODE_DENOISE, MODE_FIXED, MODE_GAUSSIAN,  # noqa: E402
-                                 NonFiniteInput, make_config)
+from gms_kernels.kernels import (MODE_ADAN, MODE_CLOSED, MODE_DDIM, MODE_DENOISE,  # noqa: E402
+                                 MODE_FIXED, MODE_GAUSSIAN, NonFiniteInput, make_config)
 from gms_kernels.schedule import DATA  # noqa: E402
 from gms_kernels.solvers import SOLVERS, resolve_options  # noqa: E402
 
