@@ -32,6 +32,8 @@ echo "tests: exit $? after $((SECONDS - start)) s"; tail -30 "$out/gpu-tests.txt
 start=$SECONDS
 timeout 60 python3 -m pytest -q -s -p no:cacheprovider tests/test_cuda.py -k "samples or ggf" > "$out/gpu-cuda-apart.txt" 2>&1
 grep "apart" "$out/gpu-cuda-apart.txt"
+timeout 60 python3 benchmarks/gpu/find_syncs.py > "$out/gpu-syncs.txt" 2>&1  # where gk.sample still waits, if anywhere
+grep "==" "$out/gpu-syncs.txt"
 timeout 60 python3 -m pytest -q -rs -p no:cacheprovider tests/test_scheduler.py \
   -k "triton" > "$out/gpu-tests-scheduler.txt" 2>&1
 echo "scheduler tests: exit $? after $((SECONDS - start)) s"; tail -5 "$out/gpu-tests-scheduler.txt"
