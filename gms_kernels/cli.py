@@ -429,10 +429,11 @@ def _analytic_gamma(args: argparse.Namespace, model):
                          "torch.save(gk.estimate_gamma(model, x0, schedule, timesteps), 'TABLE.pt')")
     from .data import digits
     from .sampling import estimate_gamma
-    from .schedule import trajectory
+    from .schedule import schedule_for, trajectory
 
-    return estimate_gamma(model, digits("train")[0][:GAMMA_DIGITS], model.schedule,
-                          timesteps=trajectory(model.schedule, args.steps, args.trajectory),
+    schedule = schedule_for(model)  # (the one gk.sample uses)
+    return estimate_gamma(model, digits("train")[0][:GAMMA_DIGITS], schedule,
+                          timesteps=trajectory(schedule, args.steps, args.trajectory),
                           generator=torch.Generator().manual_seed(args.seed))
 
 

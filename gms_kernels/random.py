@@ -24,6 +24,10 @@ _KEY_A, _KEY_B = 0x9E3779B9, 0xBB67AE85
 _UNIFORM_SCALE = 4.6566127342e-10  # 2^-31, as Triton writes it
 _MIN_U1 = 1.0e-7  # Box-Muller's u1 is clamped here (tl.randn's bound): |z| <= 5.68
 _TWO_PI = 6.283185307179586
+# the two as float32 scalars that multiply a tensor on any device: 0-dim CPU tensors (a CUDA copy would cost a
+# host sync per draw, and the CPU keeps them off a non-CPU default device), made once
+_UNIFORM_SCALE_32 = torch.tensor(_UNIFORM_SCALE, dtype=torch.float32, device="cpu")
+_TWO_PI_32 = torch.tensor(_TWO_PI, dtype=torch.float32, device="cpu")
 _GROUP_SHIFT = 2  # normals come four to a Philox call (see ``normal``): index >> 2 picks the call
 # Bumped whenever the numbers drawn for a given (seed, stream, t, index) change, so that caches of
 # sampled results can tell (2: normals four to a Philox call; 1: one, tl.randn's).
@@ -78,17 +82,11 @@ def randint4x(seed: torch.Tensor, offset: torch.Tensor) -> tuple[torch.Tensor, .
                       seed & _MASK32, (seed >> 32) & _MASK32)
 
 
-def _scalar32(value: float) -> torch.Tensor:
-    """A float32 scalar that multiplies a tensor on any device: a 0-dim CPU tensor (a CUDA copy of it would
-    cost a host sync per use; the CPU also keeps it off a non-CPU default device)."""
-    return torch.tensor(value, dtype=torch.float32, device="cpu")
-
-
 def uint_to_uniform(x: torch.Tensor) -> torch.Tensor:
     """Triton's uint32 -> float32 in [0, 1): bitcast to int32, fold negatives, scale by 2^-31."""
     v = torch.where(x >= 2**31, x - 2**32, x)
     v = torch.where(v < 0, -v - 1, v)
-    return v.to(torch.float32) * _scalar32(_UNIFORM_SCALE)
+    return v.to(torch.float32) * _UNIFORM_SCALE_32
 
 
 def uniform(seed: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
@@ -122,7 +120,7 @@ def normal(seed: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
     w_u1 = torch.where(second_pair, words[2], words[0])
     w_u2 = torch.where(second_pair, words[3], words[1])
     u1 = uint_to_uniform(w_u1).clamp_min(_MIN_U1)
-    theta = _scalar32(_TWO_PI) * uint_to_uniform(w_u2)
+    theta = _TWO_PI_32 * uint_to_uniform(w_u2)
     radius = torch.sqrt(-2.0 * torch.log(u1))
     return radius * torch.where((offset & 1).bool(), torch.sin(theta), torch.cos(theta))
 

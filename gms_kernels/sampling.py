@@ -11,7 +11,7 @@ from .model_io import (adapt_model, call_model, check_inputs_finite, check_model
 from .moments import DataRange, check_data_range, transition_moments
 from .progress import progress_bar
 from .random import STREAM_INITIAL, GeneratorLike, SampleNoise
-from .schedule import DATA, Schedule, StepCoefficients, trajectory as make_trajectory
+from .schedule import DATA, Schedule, StepCoefficients, schedule_for, trajectory as make_trajectory
 from .backends import resolve_backend
 from .devices import generator_device, module_device
 from .sde import SAMPLERS, eps_function
@@ -99,9 +99,10 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
     does not depend on the batch it is drawn in (up to the network's rounding between batch sizes,
     which ``ggf``'s step decisions can amplify: :func:`gms_kernels.sde.sample_ggf`). ``callback``
     receives, after every step, a dict with the keys of :func:`callback_info` (step, t, s, sigma, x,
-    denoised: the same for every solver) and the step's fitted quantities. Solver options (e.g. fit, select, fit_iters, eta) go in
-    ``solver_options``. ``backend`` picks the fused GMS step as in :func:`step`. The samples are made on
-    ``device``: by default x_T's device, else the device of the model's weights, else the CPU.
+    denoised: the same for every solver) and the step's fitted quantities. Solver options (e.g. fit,
+    select, fit_iters, eta) go in ``solver_options``. ``backend`` picks the fused GMS step as in
+    :func:`step`. The samples are made on ``device``: by default x_T's device, else the device of the
+    model's weights, else the CPU.
     """
     with torch.no_grad():  # a block, not a decorator: mutmut skips decorated functions
         if model is None:  # the embedded digits model
@@ -186,7 +187,7 @@ def _plan(model: Model | None, steps: int, solver: str, schedule: Schedule | Non
         solver_options = dict(solver_options, oracle=model)
     resolve_options(spec, solver_options)
     data_range = check_data_range(data_range)
-    schedule = schedule if schedule is not None else getattr(model, "schedule", None) or Schedule.linear()
+    schedule = schedule_for(model, schedule)
     time_input = check_time_input(time_input or getattr(model, "time_input", "index"))
     ts = make_trajectory(schedule, steps, trajectory)
     return spec, solver_options, data_range, schedule, time_input, ts

@@ -201,6 +201,14 @@ class Schedule:
         return f"Schedule(T={self.T}, beta[0]={float(self.betas[0]):.3g}, beta[-1]={float(self.betas[-1]):.3g})"
 
 
+def schedule_for(model: object, schedule: Schedule | None = None) -> Schedule:
+    """The schedule a sampler or trainer uses: ``schedule`` if given, else the model's own (its ``schedule``
+    attribute, as the loaders set it), else the linear DDPM schedule."""
+    if schedule is not None:
+        return schedule
+    return getattr(model, "schedule", None) or Schedule.linear()
+
+
 def trajectory(schedule: Schedule | int, steps: int, kind: str | Sequence[int] = "even") -> list[int]:
     """Descending time indices visited by a sampler; the sampler then steps from the last one to data.
 

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from .moments import DataRange, check_data_range
 from .random import GeneratorLike, SampleNoise, fixed_seeds
 from .sampling import sample
-from .schedule import Schedule, trajectory as make_trajectory
+from .schedule import Schedule, schedule_for, trajectory as make_trajectory
 
 STREAM_SDEDIT = 3  # Philox stream of the noise that lifts the guide to t0 (0, 1, 2: see gms_kernels.random)
 
@@ -117,7 +117,7 @@ def sdedit(model: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], guide: t
     """
     _check_guide(guide)
     data_range = check_data_range(data_range)
-    schedule = schedule if schedule is not None else getattr(model, "schedule", None) or Schedule.linear()
+    schedule = schedule_for(model, schedule)
     t = resolve_t0(t0, schedule.T)
     ts = sdedit_trajectory(schedule, t, steps, trajectory)
     seeds = fixed_seeds(generator, draw_global=True)  # (the lift and the solver share the same keys)

@@ -32,7 +32,7 @@ from .files import save_atomically
 from .model_io import time_values
 from .optim import Adan
 from .progress import progress_bar
-from .schedule import Schedule
+from .schedule import Schedule, schedule_for
 
 CHECKPOINT_FORMAT = "gms_kernels.train/1"
 OPTIMIZERS = ("adan", "adam")
@@ -288,7 +288,7 @@ def train_backbone(model: nn.Module, data: torch.Tensor, schedule: Schedule | No
     ``gk.distributed.init_from_env()``; ``batch_size`` is the global batch, a multiple of N); the
     ``gms-kernels train-backbone`` command does this under torchrun.
     """
-    schedule = schedule or getattr(model, "schedule", None) or Schedule.linear()
+    schedule = schedule_for(model, schedule)
     time_input = time_input or getattr(model, "time_input", "index")
     C = data.shape[1]
     model.train()

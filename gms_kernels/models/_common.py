@@ -105,10 +105,10 @@ def _unreadable(path: str, size: int, e: Exception, hint: str | None = None) -> 
     detail = f"{type(e).__name__}: {first}" if first else type(e).__name__
     if size == 0:
         hint = "it is empty"
-    elif hint is None and _starts_like_zip(path) and not zipfile.is_zipfile(path):
-        hint = "it looks truncated (an incomplete download or an interrupted save)"
     elif hint is None:
-        hint = "it is truncated, corrupted or not a torch checkpoint"
+        truncated = _starts_like_zip(path) and not zipfile.is_zipfile(path)
+        hint = ("it looks truncated (an incomplete download or an interrupted save)" if truncated
+                else "it is truncated, corrupted or not a torch checkpoint")
     return ValueError(f"{path}: cannot read this file as a torch checkpoint ({size} bytes; {detail}): {hint}. "
                       "Download or save it again (torch.save), or pass the right file.")
 
