@@ -145,5 +145,9 @@ def check_inputs_finite(x_t: torch.Tensor | None, heads: list[torch.Tensor], whe
         raise ValueError(f"{x_name} {where}has non-finite values (NaN or inf)")
     for i, h in enumerate(heads):
         if not all_finite(h):
-            raise ValueError(f"model output {where}has non-finite values (NaN or inf) in head {HEAD_NAMES[i]}; "
-                             "check the network's weights, its dtype (fp16 overflow) and its time input")
+            raise nonfinite_output_error(where, i)
+
+
+def nonfinite_output_error(where: str, head: int) -> ValueError:
+    return ValueError(f"model output {where}has non-finite values (NaN or inf) in head {HEAD_NAMES[head]}; "
+                      "check the network's weights, its dtype (fp16 overflow) and its time input")

@@ -14,7 +14,7 @@ from .random import STREAM_INITIAL, GeneratorLike, SampleNoise
 from .schedule import DATA, Schedule, StepCoefficients, schedule_for, trajectory as make_trajectory
 from .backends import resolve_backend
 from .devices import generator_device, module_device
-from .sde import SAMPLERS, eps_function
+from .sde import SAMPLERS, EpsFunction
 from .solvers import StepRandomness, denoise_coefficients, get_solver, resolve_options, solver_step
 
 Model = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -137,9 +137,14 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
 
         backend = resolve_backend(backend, x.device, x.dtype)
         if spec.multi_call:  # EDM-SDE, SEEDS-2, GGF: their own loops (float64 torch on every backend)
-            e1 = eps_function(model, schedule.T, time_input, solver, x.dtype)
-            return SAMPLERS[solver](e1, x, ts, schedule, noise, data_range, resolve_options(spec, solver_options),
-                                    callback, progress)[0]
+            # off the CPU, the NaN check of each network call is read once at the end (a read per call would
+            # stall the host per call); not for GGF, whose step decisions read the device anyway
+            defer = x.device.type != "cpu" and callback is None and solver != "ggf"
+            e1 = EpsFunction(model, schedule.T, time_input, solver, x.dtype, defer)
+            x = SAMPLERS[solver](e1, x, ts, schedule, noise, data_range, resolve_options(spec, solver_options),
+                                 callback, progress)[0]
+            e1.raise_if_nonfinite()
+            return x
         defer_check = backend == "triton" and callback is None  # a callback sees x at once: check at once
         pending = None
         for i, t in enumerate(progress_bar(ts, progress, desc=f"{solver} K={steps}", leave=False)):

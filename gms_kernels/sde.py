@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .model_io import call_model, split_heads, time_values
+from .model_io import call_model, nonfinite_output_error, split_heads, time_values
 from .moments import DataRange
 from .progress import progress_bar
 from .random import (STREAM_ADAPTIVE, STREAM_BROWNIAN, STREAM_SECOND_NOISE, STREAM_STEP_NOISE, STREAM_THIRD_NOISE,
@@ -45,17 +45,44 @@ def network_calls(solver: str, points: int) -> int:
     return 2 * points - 1 if solver in ("edm-sde", "seeds-2") else points
 
 
-def eps_function(model: Callable, T: int, time_input: str, solver: str, dtype: torch.dtype) -> EpsFn:
+class EpsFunction:
     """e1(x, t): the model's eps head in float64 at index t (an int, or one index per sample), the model fed
-    ``dtype``."""
-    def e1(x: torch.Tensor, t: int | torch.Tensor) -> torch.Tensor:
-        x_in = x.to(dtype)
+    ``dtype``; :attr:`calls` counts the network calls.
+
+    Every output is checked for NaN/inf. With ``defer=True`` the check stays on the device (the first bad
+    call's number is kept there, no host read) until :meth:`raise_if_nonfinite`: an immediate check reads
+    the device once per network call, which on a GPU stalls the host until the queue has run."""
+
+    def __init__(self, model: Callable, T: int, time_input: str, solver: str, dtype: torch.dtype,
+                 defer: bool = False):
+        self.model, self.T, self.time_input, self.solver, self.dtype = model, T, time_input, solver, dtype
+        self.defer, self.calls = defer, 0
+        self._times: list[str] = []  # the time index of each call, to name the bad one
+        self._first_bad: torch.Tensor | None = None  # (on the device) the first bad call's number, else -1
+
+    def __call__(self, x: torch.Tensor, t: int | torch.Tensor) -> torch.Tensor:
+        x_in = x.to(self.dtype)
         if isinstance(t, int):
-            out = call_model(model, x_in, t, T, time_input)
+            out = call_model(self.model, x_in, t, self.T, self.time_input)
         else:
-            out = model(x_in, time_values(t.to(x.device), T, time_input))
-        return split_heads(out, x_in, 1, solver)[0].to(torch.float64)
-    return e1
+            out = self.model(x_in, time_values(t.to(x.device), self.T, self.time_input))
+        where = f"at network call {self.calls} (t={t if isinstance(t, int) else 'per sample'}) "
+        self.calls += 1
+        e1 = split_heads(out, x_in, 1, self.solver, where, check_finite=not self.defer)[0]
+        if self.defer:
+            self._times.append(where)
+            bad = torch.isfinite(e1).all().logical_not()
+            if self._first_bad is None:
+                self._first_bad = torch.full((), -1, dtype=torch.int64, device=e1.device)
+            self._first_bad = torch.where(bad & (self._first_bad < 0), self.calls - 1, self._first_bad)
+        return e1.to(torch.float64)
+
+    def raise_if_nonfinite(self) -> None:
+        """Raise the deferred check's error, naming the first network call whose output was not finite."""
+        if self._first_bad is not None:
+            first = int(self._first_bad)  # (the one host read)
+            if first >= 0:
+                raise nonfinite_output_error(self._times[first], 0)
 
 
 def _view(v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

@@ -169,3 +169,33 @@ def test_a_scheduler_loop_on_cuda_does_not_sync_the_host():
 
         syncs = _count_syncs(loop)
     assert syncs == _count_syncs(lambda: torch.ones(1, device="cuda").item())
+
+
+def test_the_multi_call_sde_loops_read_the_device_once():
+    """EDM-SDE and SEEDS-2/3 check every network output for NaN/inf on the device and read the result
+    once, at the end (sde.EpsFunction); a read per call would stall the host per network call."""
+    from test_triton_backend import _count_syncs
+
+    def model(x, t):
+        return x * 0.1
+
+    one_read = _count_syncs(lambda: torch.ones(1, device="cuda").item())
+    counts = {}
+    for solver in ("edm-sde", "seeds-2", "seeds-3"):
+        run = lambda: gk.sample(model, shape=(2, 3, 8, 8), steps=20, solver=solver, generator=3,  # noqa: E731
+                                progress=False, device="cuda")
+        run()  # (warm-up)
+        counts[solver] = _count_syncs(run)
+    assert counts == {s: one_read for s in counts}
+
+
+def test_a_deferred_nonfinite_output_on_cuda_names_its_call():
+    calls = []
+
+    def model(x, t):
+        calls.append(t)
+        return x * float("nan") if len(calls) == 4 else x * 0.1
+
+    with pytest.raises(ValueError, match=r"model output at network call 3 \(t=\d+\) has non-finite"):
+        gk.sample(model, shape=(2, 3, 8, 8), steps=5, solver="edm-sde", generator=3, progress=False, device="cuda")
+    assert len(calls) == 9  # (the loop ran to its end: the check was read once, there)

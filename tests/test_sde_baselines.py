@@ -14,7 +14,7 @@ from gms_kernels.random import (STREAM_ADAPTIVE, STREAM_SECOND_NOISE, STREAM_STE
                                 SampleNoise)
 from gms_kernels.scheduler import GMSScheduler
 from gms_kernels.schedule import _strictly_descending, karras_trajectory
-from gms_kernels.sde import BrownianTree, network_calls
+from gms_kernels.sde import SAMPLERS, BrownianTree, EpsFunction, network_calls
 
 SCHED = gk.Schedule.linear(1000)
 NEW = ["seeds-1", "seeds-2", "seeds-3", "edm-sde", "ggf"]
@@ -433,3 +433,38 @@ def test_karras_trajectory_takes_any_positive_rho_and_every_step_count_up_to_T()
     for bad in (21, 0, 2.0, True):
         with pytest.raises(ValueError, match=r"steps must be an integer in \[1, T = 20\]"):
             karras_trajectory(small, bad)
+
+
+@pytest.mark.parametrize("defer", [False, True])
+def test_a_nonfinite_network_output_is_reported_with_its_call(defer):
+    """The multi-call loops check every network output; deferred (as on a GPU, where a read per call
+    stalls the host) the error comes at the end and still names the first bad call."""
+    calls = []
+
+    def model(x, t):
+        calls.append(t)
+        return torch.full_like(x, float("nan")) if len(calls) in (3, 5) else 0.1 * x
+
+    e1 = EpsFunction(model, 1000, "index", "edm-sde", torch.float32, defer=defer)
+    noise = SampleNoise.create(0, 2)
+    run = lambda: SAMPLERS["edm-sde"](e1, torch.ones(2, 3), [999, 600, 300, 100], SCHED, noise,  # noqa: E731
+                                      (-1.0, 1.0), {"s_churn": 0.0, "s_tmin": 0.0, "s_tmax": float("inf"),
+                                                    "s_noise": 1.0})
+    message = r"model output at network call 2 \(t=600\) has non-finite values .* head e1"
+    if defer:
+        x, info = run()  # (runs to the end)
+        assert len(calls) == info["nfe"] == 7 == e1.calls
+        with pytest.raises(ValueError, match=message):
+            e1.raise_if_nonfinite()
+    else:
+        with pytest.raises(ValueError, match=message):
+            run()
+        assert len(calls) == 3
+
+
+def test_a_finite_run_passes_the_deferred_check():
+    e1 = EpsFunction(lambda x, t: 0.1 * x, 1000, "index", "seeds-2", torch.float32, defer=True)
+    x, info = SAMPLERS["seeds-2"](e1, torch.ones(2, 3), [999, 500], SCHED, SampleNoise.create(0, 2), (-1.0, 1.0),
+                                  {"r": 0.5, "prediction": "noise"})
+    e1.raise_if_nonfinite()
+    assert e1.calls == info["nfe"] == 3 and torch.isfinite(x).all()

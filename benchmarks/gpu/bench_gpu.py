@@ -253,6 +253,41 @@ def loop_overhead(env: Setup, nets, schedule: gk.Schedule, turns: int = 7) -> li
     return rows
 
 
+@torch.no_grad()
+def sde_loop(env: Setup, nets, schedule: gk.Schedule, turns: int = 5) -> list[str]:
+    """EDM-SDE (10 steps: 19 network calls) with the cifar10 backbone at batch 100 and 8: the NaN/inf check
+    of each network output read at once (a sync per call, as before sde.EpsFunction deferred it) against
+    read once at the end (gk.sample), and the model calls alone; medians of ``turns``, per network call."""
+    from gms_kernels.sampling import _plan
+    from gms_kernels.sde import SAMPLERS, EpsFunction
+    net, x, t = nets["cifar10-b100"]
+    rows = []
+    for batch in ((1,) if env.smoke else (100, 8)):
+        x_t = torch.randn((batch,) + x.shape[1:], device=env.device)
+        spec, options, data_range, _, time_input, ts = _plan(net, 1 if env.smoke else 10, "edm-sde", schedule,
+                                                             "even", (-1.0, 1.0), None, {})
+        calls = 2 * len(ts) - 1
+        t_in = t[:batch]
+
+        def run(defer: bool):
+            e1 = EpsFunction(net, schedule.T, time_input, "edm-sde", x_t.dtype, defer)
+            SAMPLERS["edm-sde"](e1, x_t, ts, schedule, SampleNoise.create(0, batch), data_range,
+                                resolve_options(spec, options))
+            e1.raise_if_nonfinite()
+
+        fns = {"alone": lambda: [net(x_t, t_in) for _ in range(calls)],
+               "read per call": lambda: run(False), "read at the end": lambda: run(True)}
+        times = {name: [] for name in fns}
+        for _ in range(1 if env.smoke else turns):
+            for name, fn in fns.items():
+                times[name].append(env.per_call_seconds(fn, calls=1, repeats=1) / calls)
+        base, per_call, deferred = (statistics.median(times[name]) for name in fns)
+        rows.append(f"| {batch} | {base * 1e3:.2f} ms | {per_call * 1e3:.2f} ms | {deferred * 1e3:.2f} ms "
+                    f"({100 * (per_call - deferred) / per_call:+.1f}% against read per call) |")
+        print(rows[-1], flush=True)
+    return rows
+
+
 def step_breakdown(env: Setup, schedule: gk.Schedule) -> list[str]:
     """Per-call time of the parts of gk.step at the CIFAR10 size, closed fit, calls back to back."""
     x_t, out = make_inputs(env.sizes["cifar10-b100"], env.device)
@@ -306,6 +341,7 @@ def main() -> None:
         print("\n".join(loop_overhead(env, models, schedule, turns=args.loop_only)))
         return
     loop = loop_overhead(env, models, schedule)
+    sde_rows = sde_loop(env, models, schedule)
     breakdown = step_breakdown(env, schedule)
     peaks = ceilings(env)
     print("ceilings:", peaks, flush=True)
@@ -389,6 +425,11 @@ def main() -> None:
              "| size | fit | model alone | model + gk.step (added, share) | model + gk.step, flag read a step later "
              "(added, share) | gk.sample (added, share) |",
              "|---|---|---|---|---|---|", *loop, "",
+             "## EDM-SDE's NaN/inf check: read per network call, or once at the end", "",
+             "`gk.sample(solver=\"edm-sde\")`'s loop, 10 steps (19 network calls), cifar10 backbone (fp32, random "
+             "weights); per network call, median of 5 turns.", "",
+             "| batch | model alone | read per call | read at the end (gk.sample) |", "|---|---|---|---|",
+             *sde_rows, "",
              "## Where gk.step's time goes (cifar10-b100, closed, calls back to back)", "",
              "| part | per call |", "|---|---|", *breakdown, "",
              "## Against the card's measured ceilings", "",

@@ -44,6 +44,9 @@ def main() -> None:
     triton_gms._device_tables.cache_clear()
     for name, fn in [("gk.sample, 70 steps", lambda: gk.sample(model, shape=shape, steps=70, schedule=schedule,
                                                                  generator=1, progress=False, device="cuda")),
+                     ("gk.sample edm-sde, 20 steps (one read: the deferred NaN check)",
+                      lambda: gk.sample(model, shape=shape, steps=20, solver="edm-sde", schedule=schedule, generator=3,
+                                        progress=False, device="cuda")),
                      ("gk.sample from x_T", lambda: gk.sample(model, x_T=torch.randn(shape, device="cuda"), steps=7,
                                                               schedule=schedule, generator=2, progress=False))]:
         found = stacks_of_syncs(fn)
