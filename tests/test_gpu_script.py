@@ -28,7 +28,8 @@ def test_gpu_benchmark_dry_run_writes_its_report(tmp_path):
             assert f"| {size} (" in text and f"| {fit} |" in text
     # every row has its timings and overhead columns filled in
     rows = [line for line in text.splitlines() if line.startswith("| cifar10") or line.startswith("| imagenet64")]
-    assert len(rows) == 6 + 4 + 6 + 4 + 2 and all("nan" not in r and "n/a" not in r for r in rows)
+    assert len(rows) == 6 + 4 + 6 + 4 + 2 + 1 and all("nan" not in r and "n/a" not in r for r in rows)
+    assert "## EDM-SDE's NaN/inf check" in text and "| cifar10 | 1 |" in text
     assert "## The baselines in the same kernel" in text and "| size | gms, closed | sn-ddpm | ddpm | ddim |" in text
 
 

@@ -255,14 +255,15 @@ def loop_overhead(env: Setup, nets, schedule: gk.Schedule, turns: int = 7) -> li
 
 @torch.no_grad()
 def sde_loop(env: Setup, nets, schedule: gk.Schedule, turns: int = 5) -> list[str]:
-    """EDM-SDE (10 steps: 19 network calls) with the cifar10 backbone at batch 100 and 8: the NaN/inf check
+    """EDM-SDE (10 steps: 19 network calls) with the backbones at batch 100 (cifar10 also at 8): the NaN/inf check
     of each network output read at once (a sync per call, as before sde.EpsFunction deferred it) against
     read once at the end (gk.sample), and the model calls alone; medians of ``turns``, per network call."""
     from gms_kernels.sampling import _plan
     from gms_kernels.sde import SAMPLERS, EpsFunction
-    net, x, t = nets["cifar10-b100"]
     rows = []
-    for batch in ((1,) if env.smoke else (100, 8)):
+    cases = [("cifar10-b100", 1)] if env.smoke else [("cifar10-b100", 100), ("cifar10-b100", 8), ("imagenet64-b100", 100)]
+    for size, batch in cases:
+        net, x, t = nets[size]
         x_t = torch.randn((batch,) + x.shape[1:], device=env.device)
         spec, options, data_range, _, time_input, ts = _plan(net, 1 if env.smoke else 10, "edm-sde", schedule,
                                                              "even", (-1.0, 1.0), None, {})
@@ -282,7 +283,7 @@ def sde_loop(env: Setup, nets, schedule: gk.Schedule, turns: int = 5) -> list[st
             for name, fn in fns.items():
                 times[name].append(env.per_call_seconds(fn, calls=1, repeats=1) / calls)
         base, per_call, deferred = (statistics.median(times[name]) for name in fns)
-        rows.append(f"| {batch} | {base * 1e3:.2f} ms | {per_call * 1e3:.2f} ms | {deferred * 1e3:.2f} ms "
+        rows.append(f"| {size.split('-')[0]} | {batch} | {base * 1e3:.2f} ms | {per_call * 1e3:.2f} ms | {deferred * 1e3:.2f} ms "
                     f"({100 * (per_call - deferred) / per_call:+.1f}% against read per call) |")
         print(rows[-1], flush=True)
     return rows
@@ -328,6 +329,8 @@ def main() -> None:
     p.add_argument("--smoke", action="store_true", help="tiny sizes, once each, CPU allowed: a dry run")
     p.add_argument("--loop-only", type=int, metavar="TURNS", default=0,
                    help="only the network calls and the sampling-loop table, with TURNS turns; printed, not written")
+    p.add_argument("--sde-only", type=int, metavar="TURNS", default=0,
+                   help="only the network calls and the EDM-SDE check table, with TURNS turns; printed, not written")
     args = p.parse_args()
     env = Setup(args.smoke)
     card = torch.cuda.get_device_name() if env.cuda else "cpu"
@@ -337,6 +340,9 @@ def main() -> None:
     models = networks(env)
     nets = network_call_seconds(env, models)
     print("network calls:", nets, flush=True)
+    if args.sde_only:
+        print("\n".join(sde_loop(env, models, schedule, turns=args.sde_only)))
+        return
     if args.loop_only:
         print("\n".join(loop_overhead(env, models, schedule, turns=args.loop_only)))
         return
@@ -426,9 +432,9 @@ def main() -> None:
              "(added, share) | gk.sample (added, share) |",
              "|---|---|---|---|---|---|", *loop, "",
              "## EDM-SDE's NaN/inf check: read per network call, or once at the end", "",
-             "`gk.sample(solver=\"edm-sde\")`'s loop, 10 steps (19 network calls), cifar10 backbone (fp32, random "
+             "`gk.sample(solver=\"edm-sde\")`'s loop, 10 steps (19 network calls), fp32 backbones (random "
              "weights); per network call, median of 5 turns.", "",
-             "| batch | model alone | read per call | read at the end (gk.sample) |", "|---|---|---|---|",
+             "| backbone | batch | model alone | read per call | read at the end (gk.sample) |", "|---|---|---|---|---|",
              *sde_rows, "",
              "## Where gk.step's time goes (cifar10-b100, closed, calls back to back)", "",
              "| part | per call |", "|---|---|", *breakdown, "",
