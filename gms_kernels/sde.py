@@ -49,16 +49,17 @@ class EpsFunction:
     """e1(x, t): the model's eps head in float64 at index t (an int, or one index per sample), the model fed
     ``dtype``; :attr:`calls` counts the network calls.
 
-    Every output is checked for NaN/inf. With ``defer=True`` the check stays on the device (the first bad
-    call's number is kept there, no host read) until :meth:`raise_if_nonfinite`: an immediate check reads
-    the device once per network call, which on a GPU stalls the host until the queue has run."""
+    Every output is checked for NaN/inf. With ``defer=True`` the check's verdicts stay on the device (one
+    reduction per call, as the immediate check makes) until :meth:`raise_if_nonfinite` reads them all at once: an
+    immediate check reads the device once per network call, which on a GPU stalls the host until the queue has
+    run."""
 
     def __init__(self, model: Callable, T: int, time_input: str, solver: str, dtype: torch.dtype,
                  defer: bool = False):
         self.model, self.T, self.time_input, self.solver, self.dtype = model, T, time_input, solver, dtype
         self.defer, self.calls = defer, 0
-        self._times: list[str] = []  # the time index of each call, to name the bad one
-        self._first_bad: torch.Tensor | None = None  # (on the device) the first bad call's number, else -1
+        self._finite: list[torch.Tensor] = []  # (deferred) per call, on the device: all of e1 finite
+        self._where: list[str] = []  # per call, to name the bad one
 
     def __call__(self, x: torch.Tensor, t: int | torch.Tensor) -> torch.Tensor:
         x_in = x.to(self.dtype)
@@ -70,19 +71,16 @@ class EpsFunction:
         self.calls += 1
         e1 = split_heads(out, x_in, 1, self.solver, where, check_finite=not self.defer)[0]
         if self.defer:
-            self._times.append(where)
-            bad = torch.isfinite(e1).all().logical_not()
-            if self._first_bad is None:
-                self._first_bad = torch.full((), -1, dtype=torch.int64, device=e1.device)
-            self._first_bad = torch.where(bad & (self._first_bad < 0), self.calls - 1, self._first_bad)
+            self._finite.append(torch.isfinite(e1).all())
+            self._where.append(where)
         return e1.to(torch.float64)
 
     def raise_if_nonfinite(self) -> None:
         """Raise the deferred check's error, naming the first network call whose output was not finite."""
-        if self._first_bad is not None:
-            first = int(self._first_bad)  # (the one host read)
-            if first >= 0:
-                raise nonfinite_output_error(self._times[first], 0)
+        if self._finite:
+            finite = torch.stack(self._finite).tolist()  # (the one host read)
+            if not all(finite):
+                raise nonfinite_output_error(self._where[finite.index(False)], 0)
 
 
 def _view(v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
