@@ -1,12 +1,19 @@
-"""The installed C++ kernels against those of an earlier commit, side by side in one process.
+"""The installed C++ kernels against those of an earlier commit, or against ablated builds of the
+working tree, side by side in one process.
 
     python benchmarks/compare_build.py --commit b623af6 [--rounds 8] [--threads 2]
+    python benchmarks/compare_build.py --ablate cbrt sqrt --target avx2 [--threads 1]
 
-Builds the earlier commit's csrc/ (with the flags setup.py used then: -march=native
+``--commit``: builds the earlier commit's csrc/ (with the flags setup.py used then: -march=native
 -mprefer-vector-width=512, renamed to the module ``_C_<commit>`` so that both load together) into a
 temporary directory, then times the kernel alone (closed, ADAN-25, sn-ddpm on 307,200 elements)
 with both extensions in turns: the current one on each target it runs, the earlier one as built.
 Prints a Markdown table (fastest / median call and the ratio to the earlier build).
+
+``--ablate``: where the closed step's time goes. Builds the working tree's csrc/ for one target
+(``--target``: avx2 or avx512, the flags of setup.py) once as it is and once per named part replaced
+by the identity (ABLATIONS: the results are wrong, only their time counts), and times them against
+each other, the first being the baseline. The installed extension is not used.
 """
 from __future__ import annotations
 
@@ -32,24 +39,62 @@ STEPS = {"closed": ("gms", {"fit": "closed"}), "adan-25": ("gms", {"fit": "adan"
          "sn-ddpm": ("sn-ddpm", {})}
 
 
-def build_previous(commit: str, out: Path) -> Path:
-    """The extension of `commit`, compiled as module _C_<commit> into out; its path."""
+# part: (text in csrc/step_target.cpp, its replacement by the identity)
+ABLATIONS = {
+    "cbrt": ("    cbrt_w<W>(t, delta);\n", "    GMS_EACH delta[j] = t[j];\n"),  # the closed fit's cube root
+    "sqrt": ("    GMS_EACH sq[j] = sqrt_pos(t[j]);", "    GMS_EACH sq[j] = t[j];"),  # the closed draw's sqrt
+}
+# one target's flags, as setup.py compiles it (X86_TARGETS), built as the single "baseline" target
+TARGET_FLAGS = {"avx512": (["-march=x86-64-v4", "-mprefer-vector-width=512"], 64), "avx2": (["-march=x86-64-v3"], 32)}
+COMMON = ["-O3", "-fno-math-errno", "-Wno-unknown-pragmas", "-fno-wrapv", "-fopenmp", "-fvisibility=hidden",
+          "-std=c++17", "-fPIC"]
+
+
+def _write_sources(files: dict[str, str], name: str, out: Path) -> Path:
+    """csrc files (path -> text) written under out, the module renamed to `name`; the csrc folder."""
+    for f, text in files.items():
+        (out / f).parent.mkdir(parents=True, exist_ok=True)
+        (out / f).write_text(text.replace("PYBIND11_MODULE(_C, m)", f"PYBIND11_MODULE({name}, m)"))
+    return out / "csrc"
+
+
+def _includes(src: Path) -> list[str]:
     import pybind11
 
+    return [f"-I{sysconfig.get_paths()['include']}", f"-I{pybind11.get_include()}", f"-I{src}"]
+
+
+def build_previous(commit: str, out: Path) -> Path:
+    """The extension of `commit`, compiled as module _C_<commit> into out; its path."""
     name = f"_C_{commit}"
-    src = out / "csrc"
-    src.mkdir(parents=True)
     files = subprocess.run(["git", "ls-tree", "--name-only", commit, "csrc/"], cwd=REPO, check=True,
                            capture_output=True, text=True).stdout.split()
-    for f in files:
-        text = subprocess.run(["git", "show", f"{commit}:{f}"], cwd=REPO, check=True, capture_output=True,
-                              text=True).stdout
-        (out / f).write_text(text.replace("PYBIND11_MODULE(_C, m)", f"PYBIND11_MODULE({name}, m)"))
+    src = _write_sources({f: subprocess.run(["git", "show", f"{commit}:{f}"], cwd=REPO, check=True,
+                                            capture_output=True, text=True).stdout for f in files}, name, out)
     so = out / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
     subprocess.run(["g++", "-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno", "-fno-wrapv",
-                    "-fopenmp", "-fvisibility=hidden", "-std=c++17", "-shared", "-fPIC",
-                    f"-I{sysconfig.get_paths()['include']}", f"-I{pybind11.get_include()}", f"-I{src}",
+                    "-fopenmp", "-fvisibility=hidden", "-std=c++17", "-shared", "-fPIC", *_includes(src),
                     str(src / "gms_step.cpp"), "-o", str(so)], check=True)
+    return so
+
+
+def build_ablated(part: str | None, target: str, out: Path) -> Path:
+    """The working tree's extension for one target, with `part` (a key of ABLATIONS) replaced by the
+    identity, or as it is (None), compiled as module _C_<part or 'as_is'> into out; its path."""
+    name = f"_C_{part or 'as_is'}"
+    files = {str(f.relative_to(REPO)): f.read_text() for f in (REPO / "csrc").iterdir()}
+    if part is not None:
+        old, new = ABLATIONS[part]
+        assert files["csrc/step_target.cpp"].count(old) == 1, f"the {part} line moved: update ABLATIONS"
+        files["csrc/step_target.cpp"] = files["csrc/step_target.cpp"].replace(old, new)
+    src = _write_sources(files, name, out / name)
+    flags, vbytes = TARGET_FLAGS[target]
+    obj = out / f"{name}-target.o"
+    subprocess.run(["g++", *COMMON, *flags, "-mtune=native", "-DGMS_TARGET_NS=baseline", f"-DGMS_VBYTES={vbytes}",
+                    f"-I{src}", "-c", str(src / "step_target.cpp"), "-o", str(obj)], check=True)
+    so = out / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
+    subprocess.run(["g++", *COMMON, "-shared", *_includes(src), str(src / "gms_step.cpp"), str(obj), "-o", str(so)],
+                   check=True)
     return so
 
 
@@ -76,18 +121,25 @@ class Earlier:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--commit", required=True)
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--commit")
+    what.add_argument("--ablate", nargs="+", choices=sorted(ABLATIONS))
+    p.add_argument("--target", choices=sorted(TARGET_FLAGS), default="avx2", help="(--ablate) the target built")
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     current = importlib.import_module("gms_kernels._C")
-    targets = current.cpu_info()["supported"]
     with tempfile.TemporaryDirectory() as tmp:
-        earlier = Earlier(load(build_previous(args.commit, Path(tmp))), extra_args=3)
+        if args.commit:
+            earlier = Earlier(load(build_previous(args.commit, Path(tmp))), extra_args=3)
+            builds = [(f"{args.commit} (as built)", earlier, None)] + [
+                (f"now, {t}", current, t) for t in current.cpu_info()["supported"]]
+        else:
+            builds = [(f"{args.target}, {part or 'as it is'}" + (" replaced by the identity" if part else ""),
+                       load(build_ablated(part, args.target, Path(tmp))), None) for part in [None, *args.ablate]]
     schedule = gk.Schedule.linear()
     x_t, out = make_inputs(SIZES["cifar10-b100"])
-    builds = [(f"{args.commit} (as built)", earlier, None)] + [(f"now, {t}", current, t) for t in targets]
     fns = {}
     for label, ext, target in builds:
         for step, (solver, options) in STEPS.items():
