@@ -90,6 +90,9 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
            device: torch.device | str | None = None, backend: str = "auto", **solver_options: Any) -> torch.Tensor:
     """Draw samples by solving the reverse process with ``solver`` in ``steps`` steps.
 
+    ``trajectory`` is a kind of :func:`gms_kernels.schedule.trajectory` (the time indices visited for ``steps``)
+    or an explicit descending list of indices, which then fixes the steps by itself (``steps`` is not used).
+
     Without a model, the embedded digits model is used (16 samples of 1x8x8 unless ``shape`` says).
 
     ``model(x_t, t)`` returns the heads [e1, e2, e3] concatenated along dim 1 in one forward pass
@@ -147,7 +150,8 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
             return x
         defer_check = backend == "triton" and callback is None  # a callback sees x at once: check at once
         pending = None
-        for i, t in enumerate(progress_bar(ts, progress, desc=f"{solver} K={steps}", leave=False)):
+        k_label = steps if isinstance(trajectory, str) else len(ts)  # (an explicit trajectory fixes the steps)
+        for i, t in enumerate(progress_bar(ts, progress, desc=f"{solver} K={k_label}", leave=False)):
             s = ts[i + 1] if i + 1 < len(ts) else DATA
             k = schedule.coefficients(t, s)
             heads, where = [], f"at step {i} (t={t}) "
