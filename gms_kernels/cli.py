@@ -215,6 +215,8 @@ def _key_values(pairs: Sequence[str] | None, flag: str = "--load-option") -> dic
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise UsageError(f"{flag} takes KEY=VALUE, got {pair!r}")
+        if key in options:  # (a repeated key is a typo or a conflict: not silently the last one)
+            raise UsageError(f"{flag} {key} given twice")
         try:
             options[key] = json.loads(value)
         except ValueError:

@@ -195,6 +195,7 @@ def test_mistyped_sample_command_writes_nothing_and_the_corrected_one_runs(tmp_p
     ["sample", "--option", "eta"],
     ["sample", "--solver", "ddim", "--eta", "0.3", "--option", "eta=0.1"],
     ["sample", "--solver", "gms", "--option", "no_such_option=1"],
+    ["sample", "--solver", "gms", "--option", "fit_iters=5", "--option", "fit_iters=70"],  # (not the last one)
     ["sample", "--solver", "analytic-dpm", "--gamma", "no/such/table.pt"],
     ["sample", "--solver", "ddpm", "--gamma", "table.pt"],
 ])
