@@ -186,3 +186,28 @@ def test_a_device_that_contradicts_x_T_is_refused(digits_model):
         gk.sample(digits_model, x_T=x_T, steps=2, device="meta", progress=False)
     same = gk.sample(digits_model, x_T=x_T, steps=2, device="cpu", generator=0, progress=False)
     assert torch.equal(same, gk.sample(digits_model, x_T=x_T, steps=2, generator=0, progress=False))
+
+
+def test_an_exported_diffusers_model_ignores_the_default_device(digits_model):
+    """GMSDiffusersModel.forward makes its timestep tensor where the sample is, whatever the default."""
+    from gms_kernels.models.diffusers_export import GMSDiffusersModel
+
+    pytest.importorskip("diffusers")
+    unet = GMSDiffusersModel.from_network(digits_model, sample_size=8)
+    x = torch.randn(SHAPE, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        _same_under_another_default(lambda: unet(x, 500).sample)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: gk.models.IDDPMUNet(in_channels=1, model_channels=32, out_channels=1, num_res_blocks=1,
+                                attention_resolutions=(), dropout=0.0, channel_mult=(1, 2), num_heads=2),
+    lambda: gk.models.PytorchDDPMUNet(T=50, ch=32, ch_mult=(1, 2), attn=(), num_res_blocks=1, in_channels=1),
+], ids=["improved-diffusion", "pytorch-ddpm"])
+def test_the_package_unets_take_an_int_timestep_whatever_the_default_device(make):
+    """forward(x, 17) makes the timestep tensor where x is."""
+    torch.manual_seed(0)
+    net = make().eval()
+    x = torch.randn(2, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        _same_under_another_default(lambda: net(x, 17))

@@ -1015,3 +1015,123 @@ def test_diffusers_load_failures_list_the_wrong_shapes_and_quote_diffusers(tmp_p
     with pytest.raises(ValueError, match=r"cut: diffusers could not load the UNet2DModel \(OSError: Unable to load "
                                          r"weights from checkpoint file"):
         gm.load(tmp_path / "cut")
+
+
+# -- eighth session: survivors of a full run at HEAD (benchmarks/results/mutation-models.md) -------------
+def test_read_weights_file_passes_map_location_to_torch_load(tmp_path):
+    """A torch file is read with the caller's map_location (here a function, which torch.load calls once
+    per storage), not with the default."""
+    torch.save({"w": torch.ones(3)}, tmp_path / "w.pt")
+    seen = []
+
+    def where(storage, location):
+        seen.append(location)
+        return storage
+
+    assert torch.equal(_common.read_weights_file(tmp_path / "w.pt", map_location=where)["w"], torch.ones(3))
+    assert seen == ["cpu"]
+
+
+def test_a_state_dict_mismatch_counts_the_keys_it_leaves_out():
+    """Past the first 8, the report says how many more keys are missing: 11 - 8 = 3."""
+    net = torch.nn.Sequential(*[torch.nn.Linear(1, 1, bias=False) for _ in range(11)])
+    text = str(_common.mismatch_message("net:", *_common.mismatch_report(net, {}), "fix it"))
+    assert "missing keys (11): 0.weight, 1.weight, 2.weight, 3.weight, 4.weight, 5.weight, 6.weight, 7.weight, " \
+           "... (3 more)" in text
+
+
+def test_a_heads_file_for_other_data_channels_is_refused_by_its_config(tmp_path):
+    """Heads saved for 1-channel data on a backbone of the same widths are refused as another configuration
+    (the data channels are compared), before their weights are."""
+    def iddpm(channels):
+        return gm.IDDPMUNet(in_channels=channels, model_channels=32, out_channels=channels, num_res_blocks=1,
+                            attention_resolutions=(), dropout=0.0, channel_mult=(1, 2), num_heads=2)
+
+    one, three = gm.MomentNet(iddpm(1)), gm.MomentNet(iddpm(3))
+    assert one.head_config["feature_channels"] == three.head_config["feature_channels"]
+    one.save_heads(tmp_path / "heads.pt")
+    with pytest.raises(ValueError, match=r"another configuration \(channels: this MomentNet has 3, the file 1\)"):
+        three.load_heads(tmp_path / "heads.pt")
+
+
+def test_save_refuses_a_backbone_without_a_family(tmp_path):
+    """A backbone class of the user's own (no ``family`` attribute) gets save()'s ValueError, which says to
+    save the heads alone, not an AttributeError."""
+    class Plain(torch.nn.Module):  # (the documented protocol of a backbone MomentNet reads features from)
+        feature_channels, temb_channels, eps_channels = 8, 16, 1
+
+        def forward_features(self, x, t):
+            return x.repeat(1, 8, 1, 1), torch.zeros(x.shape[0], 16), x
+
+    net = gm.MomentNet(Plain())
+    with pytest.raises(ValueError, match="save\\(\\) knows the backbone families .* not Plain: save the heads"):
+        net.save(tmp_path / "net.pt")
+
+
+@pytest.mark.parametrize("kind", ["ddim-complex", "iddpm-complex"])
+def test_official_heads_take_the_dropout_they_are_given(kind):
+    backbone = tiny_ddim(0) if kind.startswith("ddim") else tiny_iddpm()
+    head = gm.official_heads.build_official_head(kind, backbone, 3, 0.375)
+    assert sorted({m.p for m in head.modules() if isinstance(m, torch.nn.Dropout)}) == [0.375]
+
+
+def test_read_weights_file_reads_safetensors_with_safetensors(tmp_path, monkeypatch):
+    """A .safetensors file goes to safetensors' reader, never to torch.load: torch.load reads that format only
+    since torch 2.13 (where it hands the file to safetensors itself), and the package supports torch >= 2.1."""
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.arange(3.0)}, str(tmp_path / "w.safetensors"))
+
+    def no_torch_load(*args, **kwargs):
+        raise AssertionError("torch.load was called on a .safetensors file")
+
+    monkeypatch.setattr(torch, "load", no_torch_load)
+    assert torch.equal(_common.read_weights_file(tmp_path / "w.safetensors")["w"], torch.arange(3.0))
+
+
+def test_an_unreadable_file_whose_error_has_no_text_is_named_by_the_error_type(tmp_path):
+    path = tmp_path / "x.pt"
+    path.write_bytes(b"\x00" * 10)
+    assert "(10 bytes; EOFError)" in str(_common._unreadable(str(path), 10, EOFError()))
+
+
+@pytest.mark.parametrize("kind, expected", [("pytorch-ddpm", "expected a pytorch-ddpm checkpoint"),
+                                            ("improved-diffusion", "expected an improved-diffusion raw state dict")])
+def test_an_empty_state_dict_is_no_state_dict(tmp_path, kind, expected):
+    """An empty dict holds no weights: refused as not a state dict, not built into a network and then
+    reported key by key."""
+    torch.save({}, tmp_path / "empty.pt")
+    with pytest.raises(ValueError, match=expected):
+        gm.load(tmp_path / "empty.pt", kind=kind)
+
+
+def test_a_moment_net_file_without_a_dropout_entry_loads_without_dropout(tmp_path):
+    """A file whose heads config has no 'dropout' (written before it was stored) loads with dropout 0."""
+    gm.MomentNet(tiny_iddpm(), head="res_conv").save(tmp_path / "net.pt")
+    data = torch.load(tmp_path / "net.pt", weights_only=True)
+    del data["heads"]["dropout"]
+    torch.save(data, tmp_path / "old.pt")
+    net = gm.MomentNet.load(tmp_path / "old.pt")
+    assert net.dropout == 0.0 and net.heads["2"].res.dropout.p == 0.0
+
+
+def test_gk_load_puts_a_moment_net_where_map_location_says(tmp_path):
+    """gm.load hands map_location on to MomentNet.load (the meta device stands in for a GPU here)."""
+    gm.MomentNet(tiny_iddpm(), head="conv").save(tmp_path / "net.pt")
+    assert {p.device.type for p in gm.load(tmp_path / "net.pt", map_location="meta").parameters()} == {"meta"}
+    assert {p.device.type for p in gm.load(tmp_path / "net.pt").parameters()} == {"cpu"}
+
+
+def test_an_empty_checkpoint_file_is_called_empty(tmp_path):
+    (tmp_path / "empty.pt").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"empty\.pt: .*\(0 bytes; .*\): it is empty"):
+        _common.read_torch_file(tmp_path / "empty.pt")
+
+
+def test_a_raw_ddim_state_dict_with_a_missing_key_is_reported_under_its_path(tmp_path):
+    state = tiny_ddim(0).state_dict()
+    del state["conv_out.bias"]
+    torch.save(state, tmp_path / "raw.pt")
+    with pytest.raises(ValueError, match=r"^\S*raw\.pt: the weights do not match DDIMModel\(.*\):\n  missing keys \(1\): "
+                                         r"conv_out\.bias"):
+        gm.load(tmp_path / "raw.pt", kind="ddim", resolution=8)
