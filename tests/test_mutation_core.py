@@ -88,3 +88,25 @@ def test_mixture_weights_must_both_be_positive(weights):
 
     with pytest.raises(ValueError, match="weights must be positive and sum to 1"):
         check_weights(weights)
+
+
+def test_schedules_and_their_continuous_time_views_ignore_the_default_device():
+    """Kills, at a72eee7 (eighth session), schedule ``log_alpha_bar_at`` 10 and 13 (the knot at u = 0 made
+    on torch's default device: ``device=None`` or no device), ``karras_trajectory`` 30 and 33 (its levels on
+    the default device) and ``Schedule.linear`` 9 and 14 (the betas' linspace on the default device;
+    tests/test_default_device.py also kills these two, but it is outside mutmut's selection). Under a
+    *meta* default device such a tensor holds no data, so the result cannot be the CPU one (as in
+    tests/test_default_device.py)."""
+    u = torch.tensor([0.0, 0.3, 0.75, 1.0], dtype=torch.float64)
+
+    def views():
+        schedule = gk.Schedule.linear(1000)  # built inside: mutmut credits only calls made while a test runs
+        karras = torch.tensor(gk.karras_trajectory(schedule, 18), dtype=torch.float64, device="cpu")
+        return torch.cat([schedule.betas, schedule.log_alpha_bar_at(u), schedule.log_alpha_bar_at(0.3).reshape(1),
+                          schedule.beta_at(u), karras])
+
+    expected = views()
+    with torch.device("meta"):
+        got = views()
+    assert got.device.type == "cpu"
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
