@@ -422,7 +422,9 @@ def _analytic_gamma(args: argparse.Namespace, model):
     if args.gamma:
         if not os.path.isfile(args.gamma):
             raise UsageError(f"--gamma {args.gamma}: no such file")
-        gamma = torch.load(args.gamma, map_location="cpu", weights_only=True)
+        from .models._common import read_torch_file
+
+        gamma = read_torch_file(args.gamma)  # (weights_only, with an unreadable file as a ValueError)
         if not torch.is_tensor(gamma) or gamma.dim() != 1:
             raise UsageError(f"--gamma {args.gamma}: expected a 1-d tensor (torch.save of gk.estimate_gamma's table)")
         return gamma

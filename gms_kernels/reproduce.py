@@ -93,7 +93,7 @@ REPRODUCIBLE_SOLVERS = tuple(s for s in SOLVERS if s not in ("exact", "analytic-
 
 def _check_request(solvers: Sequence[str], steps: Sequence[int], num_samples: int, seeds: Sequence[int],
                    shape: Sequence[int] | None) -> None:
-    unknown = [s for s in solvers if s not in SOLVERS or s not in REPRODUCIBLE_SOLVERS]
+    unknown = [s for s in solvers if s not in REPRODUCIBLE_SOLVERS]
     if "analytic-dpm" in solvers:
         raise ValueError("analytic-dpm needs a Gamma table per network, estimated on its training data, which "
                          "reproduce does not take: sample it with gms-kernels sample --solver analytic-dpm "

@@ -325,3 +325,13 @@ def test_callbacks_get_the_same_keys_from_every_solver(paper_oracle, solver, opt
     e1 = paper_oracle(x_T, torch.full((64,), ts[0]))[:, :1].double()
     expected = ((x_T.double() - k.sigma_t * e1) / k.a_t).clamp(-1, 1)
     torch.testing.assert_close(seen[0]["denoised"].double(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_an_unreadable_gamma_table_is_one_line(tmp_path, capsys):
+    """--gamma with a file that is no torch checkpoint: the loader's one-line error, not torch.load's traceback."""
+    (tmp_path / "bad.pt").write_bytes(b"not a checkpoint at all, just bytes")
+    with pytest.raises(SystemExit) as exit_:
+        main(["sample", "--solver", "analytic-dpm", "--gamma", str(tmp_path / "bad.pt"), "--out", str(tmp_path / "o"),
+              "--quiet"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and "bad.pt: cannot read this file" in err

@@ -259,7 +259,7 @@ def sde_loop(env: Setup, nets, schedule: gk.Schedule, turns: int = 5) -> list[st
     of each network output read at once (a sync per call, as before sde.EpsFunction deferred it) against
     read once at the end (gk.sample), and the model calls alone; medians of ``turns``, per network call."""
     from gms_kernels.sampling import _plan
-    from gms_kernels.sde import SAMPLERS, EpsFunction
+    from gms_kernels.sde import SAMPLERS, EpsFunction, network_calls
     rows = []
     cases = ([("cifar10-b100", 1)] if env.smoke
              else [("cifar10-b100", 100), ("cifar10-b100", 8), ("imagenet64-b100", 100)])
@@ -268,7 +268,7 @@ def sde_loop(env: Setup, nets, schedule: gk.Schedule, turns: int = 5) -> list[st
         x_t = torch.randn((batch,) + x.shape[1:], device=env.device)
         spec, options, data_range, _, time_input, ts = _plan(net, 1 if env.smoke else 10, "edm-sde", schedule,
                                                              "even", (-1.0, 1.0), None, {})
-        calls = 2 * len(ts) - 1
+        calls = network_calls("edm-sde", len(ts))
         t_in = t[:batch]
 
         def run(defer: bool):
