@@ -1,8 +1,9 @@
 """GMS per-step cost on this CPU, every backend side by side in one run, as ratios to baseline (i).
 
     python benchmarks/run_cpu.py [--runs 3]   # writes benchmarks/results/cpu.md
-    python benchmarks/run_cpu.py --targets    # only the CPU targets side by side: writes
-                                              # benchmarks/results/cpu-targets.md and cpu-avx2.md
+    python benchmarks/run_cpu.py --targets [--out-tag TAG]  # only the CPU targets side by side: writes
+                                # benchmarks/results/cpu-targets[-TAG].md and cpu-avx2[-TAG].md
+    python benchmarks/run_cpu.py --adan-loop avx2   # one target's ADAN loop alone: time, instruction mix, bounds
 
 The C++ extension holds the kernels compiled for several CPU targets (x86-64: avx512, avx2, sse2)
 and runs the best one this CPU has; the targets section runs each one in turn on the same inputs
@@ -87,25 +88,35 @@ ROOFLINE_TAIL = (
     "The part of the step outside the fit (moments, normals, mixture draw; measured in the section above) "
     "is bound by the double-precision moments, Philox/Box-Muller and the first touch of the inputs in memory.")
 
-# How adan_loop_bench.cpp is compiled: as setup.py builds the extension's avx512 target on this machine.
-ADAN_LOOP_FLAGS = ["-O3", "-march=x86-64-v4", "-mprefer-vector-width=512", "-mtune=native", "-DGMS_TARGET_NS=avx512",
-                   "-DGMS_VBYTES=64", "-fno-math-errno", "-fno-wrapv", "-fopenmp"]
+# How adan_loop_bench.cpp is compiled for each vector target, as setup.py builds the extension's
+# target: (float32 lanes, register name, g++ flags).
+ADAN_LOOP_TARGETS = {
+    "avx512": (16, "zmm", ["-march=x86-64-v4", "-mprefer-vector-width=512", "-DGMS_TARGET_NS=avx512",
+                           "-DGMS_VBYTES=64"]),
+    "avx2": (8, "ymm", ["-march=x86-64-v3", "-DGMS_TARGET_NS=avx2", "-DGMS_VBYTES=32"]),
+}
+
+
+def adan_loop_flags(target: str) -> list[str]:
+    return ["-O3", *ADAN_LOOP_TARGETS[target][2], "-mtune=native", "-fno-math-errno", "-fno-wrapv", "-fopenmp"]
+
 
 # The mnemonics of the compiled ADAN loop by unit: square roots and divisions on the divider, the
 # other arithmetic on the FMA / FP-add units.
 DIVIDER = ("vsqrtps", "vdivps")
 
 
-def adan_loop_mix(flags: list[str]) -> dict[str, int] | None:
-    """Instructions per 16 lanes and iteration in the AVX-512 ADAN loop as g++ compiles it here
-    (adan_iteration<false> of csrc/gms_step.cpp, from the assembly of adan_loop_bench.cpp):
+def adan_loop_mix(target: str) -> dict[str, int] | None:
+    """Instructions per vector and iteration in the ADAN loop of one target as g++ compiles it here
+    (adan_iteration<false> of csrc/step_target.cpp, from the assembly of adan_loop_bench.cpp):
     {'vsqrtps': .., 'vdivps': .., 'fma-unit': .., 'memory': ..}; None without g++ or that loop."""
     if shutil.which("g++") is None:
         return None
+    lanes, reg, _ = ADAN_LOOP_TARGETS[target]
     src = Path(__file__).parent / "cpp" / "adan_loop_bench.cpp"
-    asm = subprocess.run(["g++", *flags, "-std=c++17", "-S", str(src), "-o", "-"], check=True,
+    asm = subprocess.run(["g++", *adan_loop_flags(target), "-std=c++17", "-S", str(src), "-o", "-"], check=True,
                          capture_output=True, text=True).stdout.splitlines()
-    name = "_ZN3gms6avx51214adan_iterationILb0EEEvRNS0_9AdanBlockIfEEiRKNS0_9AdanPacksIDv16_fEE:"
+    name = (f"_ZN3gms{len(target)}{target}14adan_iterationILb0EEEvRNS0_9AdanBlockIfEEiRKNS0_9AdanPacksIDv{lanes}_fEE:")
     if name not in asm:
         return None
     labels, body = {}, None
@@ -117,11 +128,11 @@ def adan_loop_mix(flags: list[str]) -> dict[str, int] | None:
             break
     if body is None:
         return None
-    vector = [op for op in body if op[0].startswith("v") and "zmm" in op[-1]]
+    vector = [op for op in body if op[0].startswith("v") and reg in op[-1]]
     mix = {d: sum(op[0] == d for op in vector) for d in DIVIDER}
     mix["memory"] = sum("(" in op[-1] for op in vector)
-    # (vmovaps / vmovups: register copies, loads and stores)
-    mix["fma-unit"] = sum(op[0] not in DIVIDER and op[0] not in ("vmovaps", "vmovups") for op in vector)
+    # (vmov*: register copies, loads and stores, whatever the element type g++ names them by)
+    mix["fma-unit"] = sum(op[0] not in DIVIDER and not op[0].startswith("vmov") for op in vector)
     return mix
 
 
@@ -130,19 +141,20 @@ def instruction_rates(ceilings: str) -> dict[str, float]:
     return {k: float(v) for k, v in re.findall(r"(v\w+ [xyz]mm) ([\d.]+)", ceilings)}
 
 
-def loop_bounds(ceilings: str, loop: str, mix: dict[str, int]) -> str:
-    """Sentences comparing the measured ADAN loop with its FMA-unit and divider bounds."""
+def loop_bounds(ceilings: str, loop: str, mix: dict[str, int], target: str) -> str:
+    """Sentences comparing the measured ADAN loop of one target with its FMA-unit and divider bounds."""
+    lanes, reg, _ = ADAN_LOOP_TARGETS[target]
     rate = instruction_rates(ceilings)
     ms = float(re.search(r"one thread: ([\d.]+) ms", loop).group(1))
     elements, iters = (int(v) for v in re.search(r"ADAN fit, (\d+) elements, (\d+) iterations", loop).groups())
-    loop_ns = ms * 1e6 / (elements / 16 * iters)
-    fma_ns = mix["fma-unit"] / rate["vfmadd zmm"]
-    div_ns = mix["vsqrtps"] / rate["vsqrtps zmm"] + mix["vdivps"] / rate["vdivps zmm"]
-    return (f"Per 16 lanes and iteration the compiled loop issues {mix['fma-unit']} arithmetic instructions on "
-            f"the FMA and FP-add units, {mix['vsqrtps']} square roots and {mix['vdivps']} divisions on the divider "
-            f"(which runs beside them; where there are no divisions they are reciprocal estimates plus a Newton "
-            f"step, FMA-unit work), and {mix['memory']} instructions with a memory operand (loads, stores and "
-            f"loads folded into arithmetic, all in L1). The loop takes "
+    loop_ns = ms * 1e6 / (elements / lanes * iters)
+    fma_ns = mix["fma-unit"] / rate[f"vfmadd {reg}"]
+    div_ns = mix["vsqrtps"] / rate[f"vsqrtps {reg}"] + mix["vdivps"] / rate[f"vdivps {reg}"]
+    return (f"Per {lanes} lanes ({target}) and iteration the compiled loop issues {mix['fma-unit']} arithmetic "
+            f"instructions on the FMA and FP-add units, {mix['vsqrtps']} square roots and {mix['vdivps']} divisions "
+            f"on the divider (which runs beside them; where there are no divisions they are reciprocal estimates "
+            f"plus a Newton step, FMA-unit work), and {mix['memory']} instructions with a memory operand (loads, "
+            f"stores and loads folded into arithmetic, all in L1). The loop takes "
             f"{loop_ns:.1f} ns; the FMA units need {fma_ns:.1f} ns at the measured FMA rate and the divider "
             f"{div_ns:.1f} ns, so the loop runs at {100 * max(fma_ns, div_ns) / loop_ns:.0f}% of its "
             "throughput bound.")
@@ -152,7 +164,7 @@ def fma_peak_gflops(ceilings: str, threads: int) -> float:
     """fp32 FMA peak in GFLOP/s: the better of the 512- and 256-bit FMA rates (instructions per ns),
     times their lanes, 2 flops per FMA and the threads."""
     rate = instruction_rates(ceilings)
-    return max(rate["vfmadd zmm"] * 16, rate["vfmadd ymm"] * 8) * 2 * threads
+    return max(rate.get("vfmadd zmm", 0.0) * 16, rate["vfmadd ymm"] * 8) * 2 * threads
 
 
 def nominal_ghz() -> float:
@@ -359,6 +371,14 @@ TARGET_VARIANTS = {  # name: (solver, options)
     "ddpm": ("ddpm", {}),
     "ddim": ("ddim", {}),
 }
+# The rows of issue 21's first table: whole `gk.step` calls (checks, dispatch, the chosen target) as a
+# user makes them. label: (backend, solver, options)
+API_STEPS = {
+    "`gk.step` gms, closed form, cpp": ("cpp", "gms", FITS["closed"]),
+    "`gk.step` gms, ADAN-25, cpp": ("cpp", "gms", FITS["adan-25"]),
+    "`gk.step` sn-ddpm, cpp": ("cpp", "sn-ddpm", {}),
+    "`gk.step` ddpm, auto backend": ("auto", "ddpm", {}),
+}
 TARGET_LANES = {"avx512": 16, "avx2": 8, "sse2": 4, "baseline": 4}  # float32 lanes per vector
 
 
@@ -371,6 +391,8 @@ def target_rooflines(ceilings: str | None, threads: int, ghz: float) -> dict[str
     rate = instruction_rates(ceilings)
     out = {}
     for target, lanes in TARGET_LANES.items():
+        if target == "avx512" and "vfmadd zmm" not in rate:  # vector_ceilings.cpp built without AVX-512
+            continue
         if target == "avx512":
             r, flops, what = rate["vfmadd zmm"], 2, "vfmadd zmm"
         elif target == "avx2":
@@ -385,9 +407,10 @@ def target_rooflines(ceilings: str | None, threads: int, ghz: float) -> dict[str
 
 
 def targets_side_by_side(schedule: gk.Schedule, rounds: int) -> tuple[dict, dict]:
-    """Kernel-alone times of every TARGET_VARIANTS step on every supported target, and of (i) at 25
-    and 70 iterations, in turns (rounds of 5 calls per variant and target, one call of (i)); returns
-    ({(target, variant): [seconds]}, {25: [...], 70: [...]})."""
+    """Kernel-alone times of every TARGET_VARIANTS step on every supported target, of the API_STEPS
+    (target chosen at import) and of (i) at 25 and 70 iterations, in turns (rounds of 5 calls per
+    variant and target, one call of (i)); returns ({(target or "gk.step", variant): [seconds]},
+    {25: [...], 70: [...]})."""
     from gms_kernels.kernels import cpu_info, set_cpu_target
 
     x_t, out = make_inputs(SIZES["cifar10-b100"])
@@ -397,6 +420,10 @@ def targets_side_by_side(schedule: gk.Schedule, rounds: int) -> tuple[dict, dict
             f = runner("cpp-kernel", name, x_t, out, schedule, options, solver)
             fns[(target, name)] = lambda f=f, target=target: (set_cpu_target(target), f())
             calls[(target, name)] = 5
+    for label, (backend, solver, options) in API_STEPS.items():
+        f = runner(backend, "closed", x_t, out, schedule, options, solver)
+        fns[("gk.step", label)] = lambda f=f: (set_cpu_target(None), f())
+        calls[("gk.step", label)] = 5
     for iters in (25, 70):
         fns[("(i)", iters)] = runner("reference-loop", "adan-25" if iters == 25 else "adan-70", x_t, out, schedule)
         calls[("(i)", iters)] = 1
@@ -432,6 +459,8 @@ def targets_report(schedule: gk.Schedule, rounds: int) -> tuple[list[str], list[
     for name in TARGET_VARIANTS:
         lines.append(f"| {name} | " + " | ".join(fmt(st[(t, name)]) for t in targets) + " |")
     lines.append(f"| (i) reference loop, 25 / 70 iterations | {fmt(rf[25])} / {fmt(rf[70])} |" + " |" * (len(targets) - 1))
+    lines += ["", f"Whole `gk.step` calls (target {info['best']}, chosen at import; same rounds): "
+              + "; ".join(f"{label} {fmt(st[('gk.step', label)])}" for label in API_STEPS) + "."]
     lines += ["", "Ratios (fastest call / median call):", "",
               "| ratio | " + " | ".join(targets) + " |", "|---|" + "---|" * len(targets)]
     ratio_rows = {
@@ -460,10 +489,14 @@ def targets_report(schedule: gk.Schedule, rounds: int) -> tuple[list[str], list[
     avx2 = []
     if "avx2" in targets:
         t = "avx2"
+        if "avx512" in gk.kernels.cpu_info()["supported"]:
+            how = ("run on this AVX-512 machine by forcing the target (`GMS_KERNELS_CPU_TARGET=avx2` / "
+                   "`gk.kernels.set_cpu_target('avx2')`): the code an AVX2 machine (without AVX-512) runs")
+        else:
+            how = "chosen at import on this machine, which has AVX2 and FMA but no AVX-512: the native AVX2 case"
         avx2 = ["# GMS per-step cost, the AVX2 target (C++ kernel alone, 307,200 elements)", "",
-                "The kernels compiled for AVX2 + FMA (x86-64-v3), run on this AVX-512 machine by forcing the target "
-                "(`GMS_KERNELS_CPU_TARGET=avx2` / `gk.kernels.set_cpu_target('avx2')`): the code an AVX2 machine "
-                "(without AVX-512) runs. Same run as the side-by-side table of cpu-targets.md.", "",
+                f"The kernels compiled for AVX2 + FMA (x86-64-v3), {how}. Same run as the side-by-side table of "
+                "the targets file.", "",
                 "| step | fastest call | median call |", "|---|---|---|"]
         avx2 += [f"| {name} | {st[(t, name)][0] * 1e3:.2f} ms | {st[(t, name)][1] * 1e3:.2f} ms |" for name in TARGET_VARIANTS]
         avx2 += [f"| (i) reference loop, 25 iterations | {rf[25][0] * 1e3:.1f} ms | {rf[25][1] * 1e3:.1f} ms |",
@@ -482,7 +515,32 @@ def targets_report(schedule: gk.Schedule, rounds: int) -> tuple[list[str], list[
             avx2.append(f"| adan-25, % of the AVX2 FMA roofline ({roofs[t][0]:.0f} GFLOP/s) | {pct[0]:.0f}% | {pct[1]:.0f}% | "
                         f">= 60%: {'met' if pct[0] >= 60 else 'NOT met'} (fastest) |")
             avx2 += ["", f"Roofline: {roofs[t][1]}."]
+        if info["best"] == t:
+            avx2 += ["", "Whole `gk.step` calls on this machine (the chosen target, with the API's checks and "
+                     "dispatch; issue 21's first table, same run):", "",
+                     "| step | fastest call | median call |", "|---|---|---|"]
+            avx2 += [f"| {label} | " + " | ".join(f"{v * 1e3:.2f} ms" for v in st[("gk.step", label)]) + " |"
+                     for label in API_STEPS]
+        avx2.append("")
+        if ceilings:
+            avx2 += adan_loop_view(t, ceilings)
     return lines, avx2
+
+
+def adan_loop_view(target: str, ceilings: str) -> list[str]:
+    """Markdown lines: the ADAN loop of one target timed alone on one thread, its instruction mix and
+    the bounds they imply; nothing for a target without such a loop or without g++."""
+    if target not in ADAN_LOOP_TARGETS:
+        return []
+    loop = run_cpp_bench("adan_loop_bench.cpp", adan_loop_flags(target), str(nominal_ghz()))
+    if not loop:
+        return []
+    lines = [f"Instruction-level view of the {target} ADAN loop, one thread, same run:", "",
+             f"- `benchmarks/cpp/vector_ceilings.cpp`: {ceilings}",
+             f"- `benchmarks/cpp/adan_loop_bench.cpp`: {loop}", ""]
+    if (mix := adan_loop_mix(target)):
+        lines += [loop_bounds(ceilings, loop, mix, target), ""]
+    return lines
 
 
 def summarise(times: dict) -> dict:
@@ -495,7 +553,15 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=3, help="independent passes over all sizes and fits")
     p.add_argument("--targets", action="store_true", help="only the CPU targets side by side (cpu-targets.md, cpu-avx2.md)")
     p.add_argument("--target-rounds", type=int, default=8, help="rounds of the targets section")
+    p.add_argument("--out-tag", default="", help="with --targets: write cpu-targets-TAG.md and cpu-avx2-TAG.md, "
+                   "keeping another machine's files")
+    p.add_argument("--adan-loop", metavar="TARGET", choices=sorted(ADAN_LOOP_TARGETS),
+                   help="only print the instruction-level view of one target's ADAN loop (one thread)")
     args = p.parse_args()
+    if args.adan_loop:
+        print(f"Command: `python benchmarks/run_cpu.py --adan-loop {args.adan_loop}`\n\n{machine_line()}\n")
+        print("\n".join(adan_loop_view(args.adan_loop, run_cpp_bench("vector_ceilings.cpp", ["-O2", "-march=native"]))))
+        return
     schedule = gk.Schedule.linear()
     if args.targets:
         write_targets(schedule, args)
@@ -568,8 +634,6 @@ def main() -> None:
         lines += [""] + parts + [""] + warm_up(schedule)
         lines += [""] + targets_report(schedule, args.target_rounds)[0]
         ceilings = run_cpp_bench("vector_ceilings.cpp", ["-O2", "-march=native"])
-        loop = run_cpp_bench("adan_loop_bench.cpp", ADAN_LOOP_FLAGS, str(nominal_ghz()))
-        mix = adan_loop_mix(ADAN_LOOP_FLAGS)
         threads = torch.get_num_threads()
         fma_peak = fma_peak_gflops(ceilings, threads) if ceilings else None
         peak, peak_name = (fma_peak, "FMA peak") if fma_peak else (gflops_peak, "sgemm ceiling")
@@ -598,12 +662,8 @@ def main() -> None:
                   "estimates.", ""]
         cifar = stats[("cifar10-b100", "adan-25")]["reference-loop"]
         lines += [flop_floor(x_numel("cifar10-b100"), flops_per_element("adan-25"), peak, peak_name, list(cifar)), ""]
-        if ceilings and loop:
-            lines += ["Instruction-level view of the ADAN loop, one thread, same run:", "",
-                      f"- `benchmarks/cpp/vector_ceilings.cpp`: {ceilings}",
-                      f"- `benchmarks/cpp/adan_loop_bench.cpp`: {loop}", ""]
-            if mix:
-                lines += [loop_bounds(ceilings, loop, mix), ""]
+        if ceilings:
+            lines += adan_loop_view(gk.kernels.cpu_info()["best"], ceilings)  # the loop this machine runs
         lines += ["What else was tried on the ADAN loop, by machine:", ""]
         lines += [f"- {machine}: {notes}" for machine, notes in ROOFLINE_NOTES.items()]
         lines += ["", ROOFLINE_TAIL]
@@ -614,30 +674,35 @@ def main() -> None:
 
 
 def machine_line() -> str:
-    return (f"Machine: {cpu_name()} (model {cpu_model()}), {torch.get_num_threads()} threads, torch {torch.__version__}, "
+    return (f"Machine: {cpu_name()} ({cpu_model()}), {torch.get_num_threads()} threads, torch {torch.__version__}, "
             f"Python {platform.python_version()}, {datetime.date.today().isoformat()}; load average before the run: "
             f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}.")
 
 
 def cpu_model() -> str:
+    """'family F model M' from /proc/cpuinfo: the model name of a cloud VM often omits the generation."""
     try:
-        m = re.search(r"^model\s*:\s*(\d+)", Path("/proc/cpuinfo").read_text(), re.M)
-        return m.group(1) if m else "?"
+        text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return "?"
+        return "family ? model ?"
+    found = [re.search(rf"^{key}\s*:\s*(\d+)", text, re.M) for key in ("cpu family", "model")]
+    return "family {} model {}".format(*(m.group(1) if m else "?" for m in found))
 
 
 def write_targets(schedule: gk.Schedule, args) -> None:
     head = machine_line()
     lines, avx2 = targets_report(schedule, args.target_rounds)
     results = Path(__file__).parent / "results"
-    cmd = f"Command: `python benchmarks/run_cpu.py --targets --target-rounds {args.target_rounds}`"
-    (results / "cpu-targets.md").write_text("\n".join(["# GMS per-step cost on CPU: every target", "", cmd, "", head, ""]
+    tag = f"-{args.out_tag}" if args.out_tag else ""
+    cmd = (f"Command: `python benchmarks/run_cpu.py --targets --target-rounds {args.target_rounds}"
+           + (f" --out-tag {args.out_tag}`" if tag else "`"))
+    (results / f"cpu-targets{tag}.md").write_text("\n".join(["# GMS per-step cost on CPU: every target", "", cmd, "",
+                                                            head, ""]
                                                      + lines) + "\n")
-    print(f"wrote {results / 'cpu-targets.md'}")
+    print(f"wrote {results / f'cpu-targets{tag}.md'}")
     if avx2:
-        (results / "cpu-avx2.md").write_text("\n".join(avx2[:2] + [cmd, "", head, ""] + avx2[2:]) + "\n")
-        print(f"wrote {results / 'cpu-avx2.md'}")
+        (results / f"cpu-avx2{tag}.md").write_text("\n".join(avx2[:2] + [cmd, "", head, ""] + avx2[2:]) + "\n")
+        print(f"wrote {results / f'cpu-avx2{tag}.md'}")
 
 
 def x_numel(size: str) -> int:

@@ -1,6 +1,6 @@
 // Cost of the C++ extension's ADAN fit (csrc/step_target.cpp: adan_fit over blocks, as the fused
 // step runs it) on one thread, for 307,200 elements of plausible moments and 25 iterations:
-// milliseconds, and cycles at the nominal clock per 16 elements per iteration. Best of 20 rounds
+// milliseconds, and cycles at the nominal clock per vector of elements per iteration. Best of 20 rounds
 // (this is a shared VM: single runs swing by 30%). Compiled for one target as setup.py compiles it:
 //
 //   g++ -O3 -march=x86-64-v4 -mprefer-vector-width=512 -DGMS_TARGET_NS=avx512 -DGMS_VBYTES=64 \
@@ -47,9 +47,10 @@ int main(int argc, char** argv) {
     }
     double checksum = 0.0;
     for (int i = 0; i < total; i += 997) checksum += P1[i] + P2[i] + PS[i];
-    const double cycles = best * ghz * 1e9 / (static_cast<double>(total) / 16 * iters);
-    std::printf("ADAN fit, %d elements, %d iterations, one thread: %.2f ms, %.1f cycles per 16 elements per "
+    const int lanes = GMS_VBYTES / 4;  // float32 lanes per vector
+    const double cycles = best * ghz * 1e9 / (static_cast<double>(total) / lanes * iters);
+    std::printf("ADAN fit, %d elements, %d iterations, one thread: %.2f ms, %.1f cycles per %d elements per "
                 "iteration at %.2f GHz (checksum %.9g)\n",
-                total, iters, best * 1e3, cycles, ghz, checksum);
+                total, iters, best * 1e3, cycles, lanes, ghz, checksum);
     return 0;
 }
