@@ -562,7 +562,9 @@ def test_a_diffusers_weights_or_config_file_loads_its_folder(tmp_path, name):
     unet.save_pretrained(tmp_path / "unet")
     x, t = torch.randn(1, 3, 8, 8), torch.tensor([21])
     with torch.no_grad():
-        assert torch.equal(gm.load(tmp_path / "unet" / name)(x, t), unet(x, t).sample)
+        # not bit-equal: the same weights read from a .safetensors file can differ from the in-memory ones in the
+        # last bits of a convolution's output (seen with torch 2.13 on AMD EPYC: 8e-7 with plain from_pretrained too)
+        torch.testing.assert_close(gm.load(tmp_path / "unet" / name)(x, t), unet(x, t).sample, rtol=0, atol=1e-5)
 
 
 def test_loader_hints_for_an_edited_file_and_an_unbuildable_config(tmp_path):
@@ -656,7 +658,7 @@ def test_diffusers_variant_weights_are_read_when_asked(tmp_path):
     assert not (tmp_path / "diffusion_pytorch_model.safetensors").exists()
     x, t = torch.randn(1, 3, 8, 8), torch.tensor([13])
     with torch.no_grad():
-        assert torch.equal(gm.load(tmp_path, variant="ema")(x, t), unet(x, t).sample)
+        torch.testing.assert_close(gm.load(tmp_path, variant="ema")(x, t), unet(x, t).sample, rtol=0, atol=1e-5)
 
 
 def test_pytorch_ddpm_sinusoid_table_is_frozen():
