@@ -83,6 +83,14 @@ ROOFLINE_NOTES = {
         "287 / 406 ms), while the fused loop takes about the same time per element (10.1-12.0 against "
         "11.2 ms on one thread): the ratio to (i) is that much lower here. Even at its throughput bound "
         "(the sentence above) the loop would leave ADAN-25 short of 50x on this machine."),
+    "AMD EPYC (Zen 3, family 25 model 1: AVX2 and FMA, no AVX-512), 2026-11-28": (
+        "The avx2 target runs natively. Its divider is fast (0.94 vdivps ymm and 0.59 vsqrtps ymm per ns, "
+        "against 5.7-5.9 vfmadd ymm), and the loop's 57 FP instructions per 8 lanes would take 9.9 ns on the "
+        "two FMA pipes (less, since two FP-add pipes take the adds), but the loop takes 15.6-17.7 ns "
+        "(`--adan-loop avx2`, three runs): 56-63% of that bound. One vector's iteration is a dependent chain "
+        "of FMAs, a square root and a division, and the 116-instruction loop body lets the out-of-order "
+        "window hold about two of them: most likely the loop is bound by that latency, not by a unit (an "
+        "inference; the VM has no counters). No variant was tried on this machine (cpu-avx2-amd-epyc-zen3.md)."),
 }
 ROOFLINE_TAIL = (
     "The part of the step outside the fit (moments, normals, mixture draw; measured in the section above) "
@@ -489,7 +497,7 @@ def targets_report(schedule: gk.Schedule, rounds: int) -> tuple[list[str], list[
     avx2 = []
     if "avx2" in targets:
         t = "avx2"
-        if "avx512" in gk.kernels.cpu_info()["supported"]:
+        if "avx512" in info["supported"]:
             how = ("run on this AVX-512 machine by forcing the target (`GMS_KERNELS_CPU_TARGET=avx2` / "
                    "`gk.kernels.set_cpu_target('avx2')`): the code an AVX2 machine (without AVX-512) runs")
         else:
