@@ -1,0 +1,65 @@
+"""Tests written for mutants of gms_kernels/models/*.py that survived the ninth session's run of chunks 43-50
+of the seed-3 shuffle (issue 25 item 7, benchmarks/results/mutation-models.md): a saved MomentNet keeps
+its head targets and loads with map_location=None, an unrecognised checkpoint names its keys, and two
+defaults (the official improved-diffusion head's dropout, an affine-free GroupNorm32)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import gms_kernels.models as gm
+from gms_kernels.models._common import GroupNorm32
+from gms_kernels.models.official_heads import IDDPMHead
+
+
+def tiny_ddpm():
+    torch.manual_seed(0)
+    return gm.PytorchDDPMUNet(T=50, ch=32, ch_mult=(1, 2), attn=(1,), num_res_blocks=1).eval()
+
+
+def test_a_saved_moment_net_keeps_central_targets(tmp_path):
+    """MomentNet.load rebuilds the heads' targets from the file: a central MomentNet read back as raw
+    would return e2 = c2 instead of e1^2 + c2 (the heads start at zero, so e2 would be 0 here)."""
+    net = gm.MomentNet(tiny_ddpm(), targets="central").eval()
+    net.save(tmp_path / "net.pt")
+    loaded = gm.MomentNet.load(tmp_path / "net.pt")
+    assert loaded.targets == "central"
+    x, t = torch.randn(2, 3, 8, 8), torch.tensor([3, 40])
+    with torch.no_grad():
+        out, expected = loaded(x, t), net(x, t)
+    assert torch.equal(out, expected)
+    e1, e2 = out[:, :3], out[:, 3:6]
+    assert torch.allclose(e2, e1 * e1) and e2.abs().max() > 0  # zero-initialised central heads: c2 = 0
+
+
+def test_a_moment_net_file_loads_with_map_location_none(tmp_path):
+    """map_location=None means the CPU (the backbone is built on the meta device, then materialised)."""
+    net = gm.MomentNet(tiny_ddpm()).eval()
+    net.save(tmp_path / "net.pt")
+    loaded = gm.MomentNet.load(tmp_path / "net.pt", map_location=None)
+    assert all(p.device.type == "cpu" for p in loaded.parameters())
+    x, t = torch.randn(1, 3, 8, 8), torch.tensor([7])
+    with torch.no_grad():
+        assert torch.equal(loaded(x, t), net(x, t))
+
+
+def test_an_unrecognised_checkpoint_names_its_top_level_keys(tmp_path):
+    torch.save({"alpha": torch.zeros(1), "beta": torch.zeros(2)}, tmp_path / "odd.pt")
+    with pytest.raises(ValueError, match=r"top-level keys: \['alpha', 'beta'\]"):
+        gm.load(tmp_path / "odd.pt")
+
+
+def test_the_official_improved_diffusion_head_defaults_to_no_dropout():
+    head = IDDPMHead("complex", 32, 128, 3)
+    dropouts = [m for m in head.modules() if isinstance(m, nn.Dropout)]
+    assert dropouts and all(m.p == 0.0 for m in dropouts)
+
+
+def test_an_affine_free_group_norm32_normalises_without_weights():
+    """GroupNorm32 without affine parameters: plain group normalisation, computed in float32."""
+    norm = GroupNorm32(2, 4, affine=False)
+    x = torch.randn(3, 4, 5, 5, dtype=torch.float16)
+    y = norm(x)
+    expected = nn.functional.group_norm(x.float(), 2, eps=norm.eps).to(torch.float16)
+    assert y.dtype == torch.float16 and torch.equal(y, expected)
