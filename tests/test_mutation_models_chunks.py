@@ -1,7 +1,9 @@
 """Tests written for mutants of gms_kernels/models/*.py that survived the ninth session's run of chunks 43-50
 of the seed-3 shuffle (issue 25 item 7, benchmarks/results/mutation-models.md): a saved MomentNet keeps
-its head targets and loads with map_location=None, an unrecognised checkpoint names its keys, and two
-defaults (the official improved-diffusion head's dropout, an affine-free GroupNorm32)."""
+its head targets and loads with map_location=None, an unrecognised checkpoint names its keys, two
+defaults (the official improved-diffusion head's dropout, an affine-free GroupNorm32), the DDIM encoder's
+downsample input and bfloat16 time embedding, a one-channel improved-diffusion config and an exported
+description of an unknown type."""
 from __future__ import annotations
 
 import pytest
@@ -63,3 +65,41 @@ def test_an_affine_free_group_norm32_normalises_without_weights():
     y = norm(x)
     expected = nn.functional.group_norm(x.float(), 2, eps=norm.eps).to(torch.float16)
     assert y.dtype == torch.float16 and torch.equal(y, expected)
+
+
+def test_a_ddim_level_downsamples_its_last_block_output():
+    """With two res blocks per level the skip list holds three entries before the downsample: it must take
+    the last one (the level's output), as the DDIM repository's Model does."""
+    torch.manual_seed(0)
+    model = gm.DDIMModel(ch=32, out_ch=3, ch_mult=(1, 2), num_res_blocks=2, attn_resolutions=(), resolution=8).eval()
+    seen = {}
+    model.down[0].block[-1].register_forward_hook(lambda m, args, out: seen.setdefault("last_block", out))
+    model.down[0].downsample.register_forward_pre_hook(lambda m, args: seen.setdefault("downsampled", args[0]))
+    with torch.no_grad():
+        model(torch.randn(2, 3, 8, 8), torch.tensor([5, 17]))
+    assert seen["downsampled"] is seen["last_block"]
+
+
+def test_a_bfloat16_ddim_model_embeds_time_in_its_own_dtype():
+    torch.manual_seed(0)
+    model = gm.DDIMModel(ch=32, out_ch=3, ch_mult=(1, 2), num_res_blocks=1, attn_resolutions=(), resolution=8)
+    model = model.to(torch.bfloat16).eval()
+    with torch.no_grad():
+        out = model(torch.randn(1, 3, 8, 8, dtype=torch.bfloat16), torch.tensor([9]))
+    assert out.dtype == torch.bfloat16 and out.shape == (1, 3, 8, 8)
+
+
+def test_iddpm_infer_config_reads_the_input_channels_of_a_one_channel_model():
+    """(the input conv's weight is [model_channels, in_channels, 3, 3]: for RGB its kernel size is 3 too)"""
+    state = gm.IDDPMUNet(in_channels=1, model_channels=32, out_channels=2, num_res_blocks=1, attention_resolutions=(),
+                         channel_mult=(1, 2), num_heads=1).state_dict()
+    assert gm.IDDPMUNet.infer_config(state)["in_channels"] == 1
+
+
+def test_an_exported_network_description_of_an_unknown_type_is_refused():
+    from gms_kernels.models.diffusers_export import build_network, network_spec
+
+    spec = network_spec(gm.MomentNet(tiny_ddpm()))
+    assert build_network(spec) is not None
+    with pytest.raises(ValueError, match="not a gms_kernels network description"):
+        build_network({**spec, "type": "something-else"})
