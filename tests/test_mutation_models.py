@@ -1137,3 +1137,298 @@ def test_a_raw_ddim_state_dict_with_a_missing_key_is_reported_under_its_path(tmp
     with pytest.raises(ValueError, match=r"^\S*raw\.pt: the weights do not match DDIMModel\(.*\):\n  missing keys \(1\): "
                                          r"conv_out\.bias"):
         gm.load(tmp_path / "raw.pt", kind="ddim", resolution=8)
+
+
+# -- survivors of the fifth run (seed-3 shuffle, chunks 03 on, ninth session) ------------------------------
+def test_a_heads_file_loads_on_the_backbone_of_a_moment_net_passed_as_backbone(tmp_path):
+    """gm.load(heads file, backbone=<a MomentNet>) puts the heads on that MomentNet's backbone (not on the
+    MomentNet itself, and not on nothing)."""
+    backbone = tiny_iddpm()
+    gm.MomentNet(backbone).save_heads(tmp_path / "heads.pt")
+    loaded = gm.load(tmp_path / "heads.pt", backbone=gm.MomentNet(backbone, head="res_conv"))
+    assert isinstance(loaded, gm.MomentNet) and loaded.backbone is backbone and loaded.head == "conv"
+
+
+def test_an_exported_model_takes_a_whole_number_float_timestep():
+    """A float timestep with whole values (7.0) is the integer index 7, not refused; 7.5 is refused."""
+    exported = gm.GMSDiffusersModel.from_network(gm.MomentNet(tiny_iddpm(), head="conv"), sample_size=8).eval()
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(exported(x, torch.tensor([7.0, 7.0])).sample, exported(x, torch.tensor([7, 7])).sample)
+        with pytest.raises(ValueError, match="integer training index"):
+            exported(x, torch.tensor([7.5, 7.0]))
+
+
+def test_read_torch_file_silences_only_the_pickle_protocol_note(tmp_path, monkeypatch):
+    """The one UserWarning read_torch_file hides is torch's 'Detected pickle protocol' note; any other warning
+    torch.load gives reaches the caller."""
+    torch.save({"w": torch.ones(2)}, tmp_path / "w.pt")
+    real_load = torch.load
+
+    def noisy_load(*args, **kwargs):
+        warnings.warn("Detected pickle protocol 2 in the checkpoint", UserWarning)
+        warnings.warn("another note from torch.load", UserWarning)
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", noisy_load)
+    with pytest.warns(UserWarning, match="another note from torch.load") as seen:
+        assert torch.equal(_common.read_torch_file(tmp_path / "w.pt")["w"], torch.ones(2))
+    assert [str(w.message) for w in seen] == ["another note from torch.load"]
+
+
+def test_ddim_model_defaults_are_the_ddim_repositorys():
+    """DDIMModel(ch, out_ch) alone: ch_mult (1, 2, 4, 8), two res blocks per level, attention at 16, no dropout,
+    conv resampling, 3 input channels, 32 x 32 (built on the meta device: no memory)."""
+    with torch.device("meta"):
+        model = gm.DDIMModel(ch=32, out_ch=3)
+    assert model.config == {"ch": 32, "out_ch": 3, "ch_mult": [1, 2, 4, 8], "num_res_blocks": 2,
+                            "attn_resolutions": [16], "dropout": 0.0, "resamp_with_conv": True, "in_channels": 3,
+                            "resolution": 32}
+    assert len(model.down[0].block) == 2 and len(model.up[0].block) == 3
+
+
+def test_a_two_entry_list_of_state_dicts_reads_its_second_as_ema(tmp_path):
+    """[model, ema] (two entries, both state dicts): the EMA is the last entry, as in the five-entry list."""
+    model, ema = tiny_ddim(0), tiny_ddim(1)
+    torch.save([model.state_dict(), ema.state_dict()], tmp_path / "pair.pth")
+    x, t = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(4)), torch.tensor([11])
+    with torch.no_grad():
+        assert torch.equal(gm.load(tmp_path / "pair.pth", resolution=8)(x, t), ema(x, t))
+        assert torch.equal(gm.load(tmp_path / "pair.pth", resolution=8, use_ema=False)(x, t), model(x, t))
+
+
+def test_ddim_time_embedding_of_width_4_is_the_smallest_allowed():
+    """Width 4 (two rates, 1 and 1e-4) is allowed and gives [sin t, sin t/1e4, cos t, cos t/1e4]; 3 is refused."""
+    from gms_kernels.models.ddim_model import timestep_embedding
+
+    t = torch.tensor([0.0, 3.0, 250.0])
+    expected = torch.stack([t.sin(), (t * 1e-4).sin(), t.cos(), (t * 1e-4).cos()], dim=1)
+    torch.testing.assert_close(timestep_embedding(t, 4), expected, rtol=1e-6, atol=1e-7)
+    with pytest.raises(ValueError, match="at least 4"):
+        timestep_embedding(t, 3)
+
+
+def test_a_moment_net_file_refuses_loader_options(tmp_path):
+    """A MomentNet file takes no options: one given is a ValueError that names it."""
+    gm.MomentNet(tiny_iddpm(), head="conv").save(tmp_path / "net.pt")
+    with pytest.raises(ValueError, match=r"unknown option\(s\) for kind 'moment-net': colour; valid: none$"):
+        gm.load(tmp_path / "net.pt", colour=1)
+
+
+def test_a_ddim_file_loaded_with_a_wrong_width_is_told_the_ddim_kind_and_width_that_fit(tmp_path):
+    """The hint for DDIM weights loaded with a wrong option names kind='ddim' and the width the weights have."""
+    torch.save(tiny_ddim(0).state_dict(), tmp_path / "raw.pt")
+    with pytest.raises(ValueError, match=re.escape("load with gk.models.load(path, kind='ddim', ch=32) or leave")):
+        gm.load(tmp_path / "raw.pt", kind="ddim", resolution=8, ch=64)
+
+
+def test_a_heads_file_with_other_targets_is_refused(tmp_path):
+    """Heads trained for central moments do not load into a MomentNet that reads them as raw moments."""
+    backbone = tiny_iddpm()
+    gm.MomentNet(backbone, targets="central").save_heads(tmp_path / "heads.pt")
+    with pytest.raises(ValueError, match=r"targets: this MomentNet has 'raw', the file 'central'"):
+        gm.MomentNet(backbone).load_heads(tmp_path / "heads.pt")
+
+
+def test_first_difference_reports_a_shape_difference_as_the_two_shapes():
+    from gms_kernels.models.official_gms import first_difference
+
+    assert first_difference({"w": torch.zeros(2, 3)}, {"w": torch.zeros(3, 2)}, 0.0) == ("w", "shape [3, 2] vs [2, 3]")
+
+
+@pytest.mark.parametrize("options", [{"ch_mult": ()}, {"num_res_blocks": 0}], ids=["no-levels", "no-blocks"])
+def test_ddim_model_refuses_no_levels_or_no_blocks_each_alone(options):
+    with pytest.raises(ValueError, match=r"ch_mult must be non-empty and num_res_blocks >= 1"):
+        gm.DDIMModel(ch=32, out_ch=3, **{"ch_mult": (1, 2), "num_res_blocks": 1, "resolution": 8, **options})
+
+
+def test_head_res_block_adds_the_projected_time_embedding():
+    """HeadResBlock = h + conv2(drop(SiLU(GN2(conv1(SiLU(GN1(h))) + W SiLU(temb))))), with a non-zero conv2
+    (a trained head) so that the residual shows."""
+    from gms_kernels.models.moment_net import HeadResBlock
+
+    torch.manual_seed(0)
+    block = HeadResBlock(64, 5).eval()  # (32 groups of 2 channels: with one channel a group, GroupNorm would erase
+    torch.nn.init.normal_(block.conv2.weight, std=0.1)  # the per-channel time shift)
+    h, temb = torch.randn(2, 64, 4, 4), torch.randn(2, 5)
+    F = torch.nn.functional
+    with torch.no_grad():
+        r = block.conv1(F.silu(block.norm1(h))) + block.temb_proj(F.silu(temb))[:, :, None, None]
+        expected = h + block.conv2(F.silu(block.norm2(r)))
+        torch.testing.assert_close(block(h, temb), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_diffusers_folder_loads_with_kind_diffusers_named(tmp_path):
+    unet = tiny_unet(3)
+    unet.save_pretrained(tmp_path / "unet")
+    loaded = gm.load(tmp_path / "unet", kind="diffusers")
+    assert isinstance(loaded, gm.DiffusersUNet)
+    x, t = torch.randn(1, 3, 8, 8), torch.tensor([21])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x, t), unet(x, t).sample, rtol=0, atol=1e-5)
+
+
+def test_a_state_dict_of_one_tensor_is_a_state_dict():
+    from gms_kernels.models.loading import _is_state_dict
+
+    assert _is_state_dict({"w": torch.zeros(2)})
+    assert not _is_state_dict({}) and not _is_state_dict({"w": 1.0})
+
+
+def test_official_ddim_files_without_an_image_size_name_the_eps_file():
+    """build_backbone hands the file's name to build_ddim: the error for a missing resolution starts with it."""
+    paths, cfg = official_fixtures("ddpm")
+    cfg = {k: v for k, v in cfg.items() if k not in ("resolution", "attn_resolutions")}
+    with pytest.raises(ValueError, match=r"^\S*ddpm/eps1\.pt \[ema_model\]: "):
+        gm.load(paths, kind="gms-official", **cfg)
+
+
+def test_separate_official_networks_all_carry_the_schedule_given():
+    """shared_backbone=False: the eps network and every head network's backbone carry the schedule= passed."""
+    paths, cfg = official_fixtures("ddpm")
+    schedule = gk.Schedule.linear(T=500, beta_end=0.03)
+    net = gm.load(paths, kind="gms-official", shared_backbone=False, schedule=schedule, **cfg)
+    assert [m.schedule is schedule for m in [net.eps_net, *(h.backbone for h in net.head_nets)]] == [True] * 3
+
+
+def test_a_pytorch_ddpm_unet_built_under_a_default_device_has_its_time_table_there():
+    """The frozen sinusoid table is made on the CPU, then moved to the ambient default device with the rest."""
+    with torch.device("meta"):
+        net = gm.PytorchDDPMUNet(T=50, ch=32, ch_mult=(1, 2), attn=(1,), num_res_blocks=1)
+    assert net.time_embedding.timembedding[0].weight.device.type == "meta"
+    assert {p.device.type for p in net.parameters()} == {"meta"}
+
+
+def test_load_official_called_directly_reads_to_the_cpu():
+    from gms_kernels.models.official_gms import load_official
+
+    paths, cfg = official_fixtures("ddpm")
+    net = load_official(paths[:1], **cfg)
+    assert {p.device.type for p in net.parameters()} == {"cpu"}
+
+
+def test_kind_diffusers_for_a_file_says_it_needs_the_folder(tmp_path):
+    torch.save(tiny_ddpm_state(), tmp_path / "ddpm.pt")
+    with pytest.raises(ValueError, match=r"ddpm\.pt is a file; kind='diffusers' needs the model directory"):
+        gm.load(tmp_path / "ddpm.pt", kind="diffusers")
+
+
+def test_a_saved_moment_net_on_a_diffusers_backbone_keeps_no_private_config_entries(tmp_path):
+    """MomentNet.save writes the UNet2DModel config without its private entries (the folder it was read from,
+    diffusers' bookkeeping), _class_name excepted."""
+    tiny_unet(3).save_pretrained(tmp_path / "unet")
+    gm.MomentNet(gm.load(tmp_path / "unet"), head="conv").save(tmp_path / "net.pt")
+    config = json.loads(torch.load(tmp_path / "net.pt", weights_only=True)["backbone"]["config"])
+    assert config["_class_name"] == "UNet2DModel" and config["block_out_channels"] == [8, 16]
+    assert [k for k in config if k.startswith("_")] == ["_class_name"]
+
+
+def test_a_ddim_file_loaded_with_a_wrong_ch_mult_is_told_the_integer_multipliers(tmp_path):
+    torch.save(tiny_ddim(0).state_dict(), tmp_path / "raw.pt")
+    with pytest.raises(ValueError, match=r"load with gk\.models\.load\(path, kind='ddim', ch_mult=[\[(]1, 2[\])]\) or leave"):
+        gm.load(tmp_path / "raw.pt", kind="ddim", resolution=8, ch_mult=[1, 2, 2])
+
+
+def test_resolve_resolution_pairs_the_largest_attention_size_with_the_first_level():
+    """Attention at encoder levels 1 and 2 of a 32 x 32 network works at 16 and 8: given (8, 16) in any order,
+    the image size is 32."""
+    from gms_kernels.models.ddim_model import resolve_resolution
+
+    assert resolve_resolution([1, 2], None, [8, 16]) == {"resolution": 32, "attn_resolutions": [8, 16]}
+    assert resolve_resolution([1, 2], None, [16, 8]) == {"resolution": 32, "attn_resolutions": [8, 16]}
+
+
+def test_an_iddpm_unet_in_float64_casts_its_time_embedding():
+    """The sinusoidal embedding (float32) is cast to the time MLP's dtype: a float64 network runs."""
+    net = tiny_iddpm().double()
+    x = torch.randn(1, 3, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert net(x, torch.tensor([5])).dtype == torch.float64
+
+
+def test_an_undetectable_list_file_is_described_by_its_type(tmp_path):
+    torch.save([1, 2, 3], tmp_path / "numbers.pt")
+    with pytest.raises(ValueError, match=r"numbers\.pt: cannot tell which network this file holds \(top-level keys: "
+                                         r"list\)"):
+        gm.load(tmp_path / "numbers.pt")
+
+
+def test_a_safetensors_ddim_file_is_never_handed_to_torch_load(tmp_path, monkeypatch):
+    """kind='ddim' reads a .safetensors file once, with safetensors (torch.load reads that format only since
+    torch 2.13): the data read is passed on, not read again with torch.load."""
+    from safetensors.torch import save_file
+
+    model = tiny_ddim(0)
+    save_file(model.state_dict(), str(tmp_path / "ddim.safetensors"))
+
+    def no_torch_load(*args, **kwargs):
+        raise AssertionError("torch.load was called on a .safetensors file")
+
+    monkeypatch.setattr(torch, "load", no_torch_load)
+    loaded = gm.load(tmp_path / "ddim.safetensors", kind="ddim", resolution=8)
+    x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert torch.equal(loaded(x, torch.tensor([9])), model(x, torch.tensor([9])))
+
+
+def test_an_exported_model_returns_a_tuple_when_asked():
+    exported = gm.GMSDiffusersModel.from_network(gm.MomentNet(tiny_iddpm(), head="conv"), sample_size=8).eval()
+    x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out = exported(x, 7, return_dict=False)
+        assert isinstance(out, tuple) and len(out) == 1 and torch.equal(out[0], exported(x, 7).sample)
+
+
+def test_a_heads_file_for_a_backbone_of_other_feature_channels_names_them(tmp_path):
+    narrow = gm.PytorchDDPMUNet(T=50, ch=32, ch_mult=(1, 2), attn=(1,), num_res_blocks=1).eval()
+    wide = gm.PytorchDDPMUNet(T=50, ch=64, ch_mult=(1, 2), attn=(1,), num_res_blocks=1).eval()
+    gm.MomentNet(narrow).save_heads(tmp_path / "heads.pt")
+    with pytest.raises(ValueError, match=rf"feature_channels: this MomentNet has {wide.feature_channels}, the file "
+                                         rf"{narrow.feature_channels}"):
+        gm.MomentNet(wide).load_heads(tmp_path / "heads.pt")
+
+
+def test_a_saved_moment_net_keeps_its_orders(tmp_path):
+    """A MomentNet with orders (2,) (SN-DDPM) saved whole loads back with orders (2,)."""
+    net = gm.MomentNet(tiny_iddpm(), orders=(2,), head="conv")
+    net.save(tmp_path / "net.pt")
+    assert gm.MomentNet.load(tmp_path / "net.pt").orders == (2,)
+
+
+def test_a_ddim_model_takes_an_int_timestep_whatever_the_default_device():
+    """DDIMModel.forward(x, 17) makes the timestep tensor where x is, not on torch's default device."""
+    model = tiny_ddim(0)
+    x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        expected = model(x, 17)
+        with torch.device("meta"):
+            got = model(x, 17)
+    assert got.device.type == "cpu" and torch.equal(got, expected)
+
+
+def test_official_ddim_head_keys_that_match_no_mode_are_listed_without_a_prefix():
+    from gms_kernels.models.official_gms import detect_mode
+
+    head = {f"k{i:02d}.weight": torch.zeros(1) for i in range(12)}
+    shown = ", ".join(f"k{i:02d}.weight" for i in range(10))
+    with pytest.raises(ValueError, match=re.escape(f"w: the head keys match no official ddim head mode "
+                                                   f"(simple, complex); found 12: {shown}") + "$"):
+        detect_mode("ddim", head, tiny_ddim(0), "w")
+
+
+def test_a_central_moment_net_returns_raw_moments_unless_asked_for_its_head_outputs():
+    """targets='central': forward() turns the heads' central moments into raw ones (raw_from_central);
+    head_outputs=True (not the default) returns the heads' own outputs. Weights perturbed (a trained net)."""
+    from gms_kernels.models.moment_net import raw_from_central
+
+    torch.manual_seed(0)
+    net = gm.MomentNet(tiny_iddpm(), targets="central").eval()
+    x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        for p in net.parameters():  # (improved-diffusion zero-inits its output conv: eps would be 0)
+            p.add_(torch.randn(p.shape) * 0.05)
+        out, heads = net(x, 5), net(x, 5, head_outputs=True)
+        eps = heads[:, :3]
+        expected = torch.cat([eps, *raw_from_central(eps, [heads[:, 3:6], heads[:, 6:9]])], dim=1)
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-7)
+    assert (out[:, 3:] - heads[:, 3:]).abs().max() > 1e-3
