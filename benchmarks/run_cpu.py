@@ -229,6 +229,11 @@ CALLS = {"reference-loop": 1, "torch": 1, "cpp": 5, "cpp-kernel": 5}  # calls pe
 STATS = (("fastest call", min), ("median call", statistics.median))
 
 
+def vector_ceilings() -> str | None:
+    """benchmarks/cpp/vector_ceilings.cpp's line for this CPU (None without g++)."""
+    return run_cpp_bench("vector_ceilings.cpp", ["-O2", "-march=native"])
+
+
 def run_cpp_bench(source: str, flags: list[str], *args: str) -> str | None:
     """Compiles benchmarks/cpp/<source> with g++ and returns its output line (None without g++)."""
     if shutil.which("g++") is None:
@@ -442,15 +447,16 @@ def targets_side_by_side(schedule: gk.Schedule, rounds: int) -> tuple[dict, dict
     return ({k: v for k, v in times.items() if k[0] != "(i)"}, {k[1]: v for k, v in times.items() if k[0] == "(i)"})
 
 
-def targets_report(schedule: gk.Schedule, rounds: int) -> tuple[list[str], list[str]]:
-    """Markdown lines of the targets section (all targets) and of the AVX2 target alone."""
+def targets_report(schedule: gk.Schedule, rounds: int) -> tuple[list[str], list[str], str | None]:
+    """Markdown lines of the targets section (all targets) and of the AVX2 target alone, and the
+    vector_ceilings.cpp line measured for them."""
     from gms_kernels.kernels import cpu_info
 
     info = cpu_info()
     times, ref = targets_side_by_side(schedule, rounds)
     threads = torch.get_num_threads()
     ghz = nominal_ghz()
-    ceilings = run_cpp_bench("vector_ceilings.cpp", ["-O2", "-march=native"])
+    ceilings = vector_ceilings()
     roofs = target_rooflines(ceilings, threads, ghz)
     targets = info["supported"]
     n = x_numel("cifar10-b100")
@@ -530,9 +536,7 @@ def targets_report(schedule: gk.Schedule, rounds: int) -> tuple[list[str], list[
             avx2 += [f"| {label} | " + " | ".join(f"{v * 1e3:.2f} ms" for v in st[("gk.step", label)]) + " |"
                      for label in API_STEPS]
         avx2.append("")
-        if ceilings:
-            avx2 += adan_loop_view(t, ceilings)
-    return lines, avx2
+    return lines, avx2, ceilings
 
 
 def adan_loop_view(target: str, ceilings: str) -> list[str]:
@@ -568,7 +572,7 @@ def main() -> None:
     args = p.parse_args()
     if args.adan_loop:
         print(f"Command: `python benchmarks/run_cpu.py --adan-loop {args.adan_loop}`\n\n{machine_line()}\n")
-        print("\n".join(adan_loop_view(args.adan_loop, run_cpp_bench("vector_ceilings.cpp", ["-O2", "-march=native"]))))
+        print("\n".join(adan_loop_view(args.adan_loop, vector_ceilings())))
         return
     schedule = gk.Schedule.linear()
     if args.targets:
@@ -640,8 +644,8 @@ def main() -> None:
                                enumerate(STATS)) + ". The tables above put (i) and (ii) between the bursts; the "
                   "warm-up table below shows what that does to the first calls of a burst."]
         lines += [""] + parts + [""] + warm_up(schedule)
-        lines += [""] + targets_report(schedule, args.target_rounds)[0]
-        ceilings = run_cpp_bench("vector_ceilings.cpp", ["-O2", "-march=native"])
+        target_lines, _, ceilings = targets_report(schedule, args.target_rounds)
+        lines += [""] + target_lines
         threads = torch.get_num_threads()
         fma_peak = fma_peak_gflops(ceilings, threads) if ceilings else None
         peak, peak_name = (fma_peak, "FMA peak") if fma_peak else (gflops_peak, "sgemm ceiling")
@@ -699,7 +703,9 @@ def cpu_model() -> str:
 
 def write_targets(schedule: gk.Schedule, args) -> None:
     head = machine_line()
-    lines, avx2 = targets_report(schedule, args.target_rounds)
+    lines, avx2, ceilings = targets_report(schedule, args.target_rounds)
+    if avx2 and ceilings:
+        avx2 += adan_loop_view("avx2", ceilings)
     results = Path(__file__).parent / "results"
     tag = f"-{args.out_tag}" if args.out_tag else ""
     cmd = (f"Command: `python benchmarks/run_cpu.py --targets --target-rounds {args.target_rounds}"
