@@ -1432,3 +1432,24 @@ def test_a_central_moment_net_returns_raw_moments_unless_asked_for_its_head_outp
         expected = torch.cat([eps, *raw_from_central(eps, [heads[:, 3:6], heads[:, 6:9]])], dim=1)
     torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-7)
     assert (out[:, 3:] - heads[:, 3:]).abs().max() > 1e-3
+
+
+# -- survivors of chunks 14-28 of the seed-3 shuffle (tenth session, helper A) ----------------------------
+def test_pytorch_ddpm_width_is_read_from_the_time_embedding_when_every_other_width_entry_is_gone(tmp_path):
+    """infer_config's last source of ch is the time embedding's width (4 ch): a file without the sinusoid
+    table, the first time-embedding linear and the head conv is still compared with its own architecture;
+    without that entry too, the architecture is unreadable and the loader says so (no TypeError)."""
+    sd = tiny_ddpm_state()
+    gone = ["time_embedding.timembedding.0.weight", "time_embedding.timembedding.1.weight", "head.weight", "head.bias"]
+    part = {k: v for k, v in sd.items() if k not in gone}
+    assert gm.PytorchDDPMUNet.infer_config(part)["ch"] == 32
+    torch.save(part, tmp_path / "part.pt")
+    with pytest.raises(ValueError) as err:
+        gm.load(tmp_path / "part.pt")
+    msg = str(err.value)
+    assert "missing keys (4)" in msg and "resembles PytorchDDPMUNet(" in msg and "ch=32" in msg
+    del part["time_embedding.timembedding.3.weight"]
+    assert gm.PytorchDDPMUNet.infer_config(part) is None
+    torch.save(part, tmp_path / "less.pt")
+    with pytest.raises(ValueError, match="do not look like a pytorch-ddpm PytorchDDPMUNet state dict"):
+        gm.load(tmp_path / "less.pt", kind="pytorch-ddpm")
