@@ -103,3 +103,103 @@ def test_an_exported_network_description_of_an_unknown_type_is_refused():
     assert build_network(spec) is not None
     with pytest.raises(ValueError, match="not a gms_kernels network description"):
         build_network({**spec, "type": "something-else"})
+
+
+# -- survivors of chunks 29-42 of the seed-3 shuffle (tenth session, helper B) ----------------------------------
+def test_ddim_infer_config_reads_resampling_without_convolutions():
+    """resamp_with_conv is read from the first downsample's conv: a two-level model built without it
+    (average-pool down, nearest up) must be rebuilt the same way, else its state dict does not fit."""
+    from gms_kernels.models.ddim_model import DDIMModel
+
+    for conv in (False, True):
+        state = DDIMModel(ch=32, out_ch=3, ch_mult=(1, 2), num_res_blocks=1, attn_resolutions=(),
+                          resamp_with_conv=conv, resolution=8).state_dict()
+        assert DDIMModel.infer_config(state)["resamp_with_conv"] is conv
+    one_level = DDIMModel(ch=32, out_ch=3, ch_mult=(1,), num_res_blocks=1, attn_resolutions=(), resolution=8)
+    assert DDIMModel.infer_config(one_level.state_dict())["resamp_with_conv"] is True  # (nothing to resample)
+
+
+def test_the_exported_diffusers_model_puts_an_integer_timestep_on_the_samples_device():
+    """GMSDiffusersModel(sample, 17): the timestep tensor is made where the sample is, whatever torch's
+    default device (under a meta default a forgotten device makes a meta tensor, which fails)."""
+    from gms_kernels.models.diffusers_export import GMSDiffusersModel
+
+    model = GMSDiffusersModel.from_network(gm.MomentNet(tiny_ddpm()), sample_size=8).eval()
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        expected = model(x, 17).sample
+        with torch.device("meta"):
+            got = model(x, 17).sample
+    assert got.device.type == "cpu" and torch.equal(got, expected)
+
+
+def test_iddpm_timestep_embedding_ignores_the_default_device_and_dtype():
+    """Its frequencies are made on t's device and in float32 (improved-diffusion's th.arange(..., float32)),
+    whatever torch's default device or dtype."""
+    from gms_kernels.models.iddpm import timestep_embedding
+
+    t = torch.tensor([0, 7, 999])
+    expected = timestep_embedding(t, 9)
+    assert expected.dtype == torch.float32
+    with torch.device("meta"):
+        got = timestep_embedding(t, 9)
+    assert got.device.type == "cpu" and torch.equal(got, expected)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        got = timestep_embedding(t, 9)
+    finally:
+        torch.set_default_dtype(previous)
+    assert got.dtype == torch.float32 and torch.equal(got, expected)
+
+
+def test_moment_net_from_heads_uses_the_data_it_is_given(tmp_path):
+    """from_heads(backbone, path, data): the heads file already read is not read again (path only names it
+    in messages), so it works with the file gone."""
+    net = gm.MomentNet(tiny_ddpm(), targets="central")
+    with torch.no_grad():
+        for p in net.heads.parameters():
+            p.normal_(0, 0.1)
+    net.save_heads(tmp_path / "heads.pt")
+    data = torch.load(tmp_path / "heads.pt", weights_only=True)
+    (tmp_path / "heads.pt").unlink()
+    loaded = gm.MomentNet.from_heads(tiny_ddpm(), tmp_path / "heads.pt", data)
+    assert loaded.targets == "central"
+    for k, v in net.heads.state_dict().items():
+        assert torch.equal(loaded.heads.state_dict()[k], v), k
+
+
+def test_official_read_state_honours_map_location(tmp_path):
+    from gms_kernels.models.official_gms import read_state
+
+    torch.save({"ema_model": {"w": torch.ones(2)}, "net_model": {"w": torch.zeros(2)}}, tmp_path / "o.pt")
+    state, where = read_state(tmp_path / "o.pt", map_location="meta")
+    assert state["w"].device.type == "meta" and where.endswith("[ema_model]")
+    state, _ = read_state(tmp_path / "o.pt", use_ema=False)
+    assert state["w"].device.type == "cpu" and torch.equal(state["w"], torch.zeros(2))
+
+
+@pytest.mark.parametrize("family", ["iddpm", "ddpm"])
+def test_official_heads_take_the_backbones_dropout(family):
+    """The official heads (UNetModel4Pretrained.out2 / Model4Pretrained's before_out) are built with the
+    network's dropout (0.1 in the fixtures' config), as the official classes do: it matters when training."""
+    import json
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "official_gms" / family
+    if not folder.is_dir():
+        folder = Path("/work/shared/fixtures/official_gms") / family
+    config = json.loads((folder / "config.json").read_text())
+    assert config["dropout"] == 0.1
+    net = gm.load([folder / f"eps{i}.pt" for i in (1, 2, 3)], kind="gms-official", **config)
+    rates = [m.p for m in net.heads.modules() if isinstance(m, nn.Dropout)]
+    assert len(rates) == 2 and all(p == 0.1 for p in rates)
+
+
+def test_the_official_improved_diffusion_head_defaults_to_no_scale_shift():
+    """improved-diffusion's UNetModel defaults to use_scale_shift_norm=False: the head's res block then
+    projects the embedding to `channels` numbers, not 2 * channels."""
+    default = IDDPMHead("complex", 32, 128, 3)
+    plain = IDDPMHead("complex", 32, 128, 3, use_scale_shift_norm=False)
+    assert {k: v.shape for k, v in default.state_dict().items()} == {k: v.shape for k, v in plain.state_dict().items()}
+    assert default[0].emb_layers[1].out_features == 32
