@@ -203,3 +203,24 @@ def test_the_official_improved_diffusion_head_defaults_to_no_scale_shift():
     plain = IDDPMHead("complex", 32, 128, 3, use_scale_shift_norm=False)
     assert {k: v.shape for k, v in default.state_dict().items()} == {k: v.shape for k, v in plain.state_dict().items()}
     assert default[0].emb_layers[1].out_features == 32
+
+
+def test_pytorch_ddpm_infer_config_falls_back_to_the_time_embedding_width_for_ch(tmp_path):
+    """With the sinusoid table, the first time-embedding linear and the input conv all gone, ch is read as a
+    quarter of the time-embedding width (an int), so the damaged file is still compared with its own
+    architecture and its missing keys named."""
+    net = gm.PytorchDDPMUNet(T=1000, ch=32, ch_mult=(1, 2, 2), attn=(1,), num_res_blocks=2)
+    state = net.state_dict()
+    removed = ["time_embedding.timembedding.0.weight", "time_embedding.timembedding.1.weight", "head.weight",
+               "head.bias"]
+    for key in removed:
+        del state[key]
+    found = gm.PytorchDDPMUNet.infer_config(state)
+    assert found == {"ch": 32, "in_channels": 3, "ch_mult": [1, 2, 2], "attn": [1], "num_res_blocks": 2}
+    assert type(found["ch"]) is int and all(type(m) is int for m in found["ch_mult"])
+    torch.save(state, tmp_path / "partial.pt")
+    with pytest.raises(ValueError) as err:
+        gm.load(tmp_path / "partial.pt")
+    text = str(err.value)
+    assert "missing keys (4)" in text and all(k in text for k in removed)
+    assert "PytorchDDPMUNet(ch=32, in_channels=3, ch_mult=[1, 2, 2]" in text
