@@ -1453,3 +1453,41 @@ def test_pytorch_ddpm_width_is_read_from_the_time_embedding_when_every_other_wid
     torch.save(part, tmp_path / "less.pt")
     with pytest.raises(ValueError, match="do not look like a pytorch-ddpm PytorchDDPMUNet state dict"):
         gm.load(tmp_path / "less.pt", kind="pytorch-ddpm")
+
+
+def test_first_difference_accepts_a_difference_of_exactly_rtol_times_the_largest_value():
+    """first_difference: entries differ when |difference| exceeds rtol * max|reference entry| (not at equality),
+    the tolerance scaling with the reference's largest value (4 here, not 1)."""
+    from gms_kernels.models.official_gms import first_difference
+
+    ref = {"w": torch.tensor([4.0, 1.0])}
+    assert first_difference(ref, {"w": torch.tensor([4.0, 1.5])}, 0.125) is None      # 0.5 = 0.125 * 4
+    assert first_difference(ref, {"w": torch.tensor([4.0, 1.375])}, 0.1) is None       # 0.375 < 0.1 * 4
+    key, what = first_difference(ref, {"w": torch.tensor([4.0, 1.625])}, 0.125)        # 0.625 > 0.5
+    assert key == "w" and what.startswith("max |difference| 0.625")
+
+
+def test_separate_official_networks_are_frozen_and_a_bad_second_file_is_named(tmp_path):
+    """shared_backbone=False: SeparateNets holds no trainable parameter; a damaged backbone in the second
+    file is reported under that file's name."""
+    paths, cfg = official_fixtures("ddpm")
+    net = gm.load(paths[:2], kind="gms-official", shared_backbone=False, **cfg)
+    assert sum(1 for _ in net.parameters()) > 0 and not any(p.requires_grad for p in net.parameters())
+    data = torch.load(paths[1], weights_only=True)
+    data = {**data, "ema_model": {k: v for k, v in data["ema_model"].items() if k != "conv_in.bias"}}
+    torch.save(data, tmp_path / "eps2.pt")
+    with pytest.raises(ValueError, match=r"^\S*eps2\.pt \[ema_model\]: the weights do not match DDIMModel\("):
+        gm.load([paths[0], tmp_path / "eps2.pt"], kind="gms-official", shared_backbone=False, **cfg)
+
+
+def test_pytorch_ddpm_input_channels_are_read_from_the_output_conv_weight_when_the_head_and_bias_are_gone(tmp_path):
+    """in_channels: from head.weight, else tail.2.weight, else tail.2.bias; without the first and the last,
+    the second still gives the architecture the file is compared with."""
+    sd = tiny_ddpm_state()
+    part = {k: v for k, v in sd.items() if k not in ("head.weight", "tail.2.bias")}
+    assert gm.PytorchDDPMUNet.infer_config(part)["in_channels"] == 3
+    torch.save(part, tmp_path / "part.pt")
+    with pytest.raises(ValueError) as err:
+        gm.load(tmp_path / "part.pt")
+    msg = str(err.value)
+    assert "missing keys (2)" in msg and "resembles PytorchDDPMUNet(" in msg and "in_channels=3" in msg
