@@ -1799,3 +1799,36 @@ def test_a_fused_adan_step_averages_its_loss_over_the_whole_batch():
     for name in ("mu1", "mu2", "s2"):
         torch.testing.assert_close(fused[name].double(), ref[name], rtol=0, atol=1e-5)
     torch.testing.assert_close(x_fused.double(), x_ref, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("a, b, same", [
+    ("cpu", "cpu", True), ("cpu:0", "cpu", True), ("cuda", "cuda:1", True), ("cuda:1", "cuda:1", True),
+    ("cuda:0", "cuda:1", False), ("cpu", "cuda", False), ("cpu", "meta", False),
+])
+def test_a_device_named_without_an_index_matches_any_index_of_its_type(a, b, same):
+    """gk.sample refuses a device= that contradicts x_T's device through this comparison: "cuda" names
+    whichever CUDA device x_T is on, "cuda:0" and "cuda:1" are different devices (checked both ways round;
+    torch.device needs no GPU to name one)."""
+    from gms_kernels.sampling import _same_device
+
+    assert _same_device(a, b) is same
+    assert _same_device(b, a) is same
+
+
+def test_check_sample_args_resolves_the_backend_where_the_samples_will_be_made():
+    """check_sample_args refuses what gk.sample would: the C++ backend for samples made off the CPU, whether
+    device= puts them there or, without device=, the model's weights do (a model on the meta device stands
+    for one on a GPU); device= wins over the model's device."""
+    import copy
+
+    from gms_kernels.embedded import default_model
+    from gms_kernels.sampling import check_sample_args
+
+    model = default_model()
+    on_meta = copy.deepcopy(model).to("meta")
+    check_sample_args(model, backend="cpp")
+    check_sample_args(on_meta, backend="cpp", device="cpu")
+    with pytest.raises(ValueError, match="runs on CPU tensors"):
+        check_sample_args(model, backend="cpp", device="meta")
+    with pytest.raises(ValueError, match="runs on CPU tensors"):
+        check_sample_args(on_meta, backend="cpp")
