@@ -224,3 +224,64 @@ def test_pytorch_ddpm_infer_config_falls_back_to_the_time_embedding_width_for_ch
     text = str(err.value)
     assert "missing keys (4)" in text and all(k in text for k in removed)
     assert "PytorchDDPMUNet(ch=32, in_channels=3, ch_mult=[1, 2, 2]" in text
+
+
+def test_a_scheduler_config_that_is_not_a_json_object_is_not_returned(tmp_path):
+    """scheduler_config_near gives a dict or None: a scheduler_config.json holding a list is not a config
+    (its caller would call .get on it)."""
+    from gms_kernels.models.diffusers_unet import scheduler_config_near
+
+    unet_dir = tmp_path / "unet"
+    unet_dir.mkdir()
+    (unet_dir / "scheduler_config.json").write_text("[1000, \"linear\"]")
+    assert scheduler_config_near(str(unet_dir), None) is None
+    (unet_dir / "scheduler_config.json").write_text('{"variance_type": "fixed_small"}')
+    assert scheduler_config_near(str(unet_dir), None) == {"variance_type": "fixed_small"}
+
+
+def test_a_moment_net_runs_on_images_smaller_than_its_channel_count():
+    """The check on the backbone's output counts channels (dim 1), not rows: 2x2 RGB images are fine."""
+    torch.manual_seed(0)
+    backbone = gm.PytorchDDPMUNet(T=50, ch=32, ch_mult=(1,), attn=(), num_res_blocks=1).eval()
+    net = gm.MomentNet(backbone).eval()
+    x, t = torch.randn(2, 3, 2, 2), torch.tensor([3, 40])
+    with torch.no_grad():
+        out = net(x, t)
+        assert out.shape == (2, 9, 2, 2) and torch.equal(out[:, :3], backbone(x, t))
+
+
+def test_loading_a_heads_file_reads_it_once(tmp_path, monkeypatch):
+    """gk.models.load detects the kind from the data it read and hands that data on: the heads file is
+    not read a second time."""
+    net = gm.MomentNet(tiny_ddpm())
+    net.save_heads(tmp_path / "heads.pt")
+    reads = []
+    real_load = torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **k: reads.append(a[0]) or real_load(*a, **k))
+    loaded = gm.load(tmp_path / "heads.pt", backbone=tiny_ddpm())
+    assert isinstance(loaded, gm.MomentNet) and len(reads) == 1
+
+
+def test_a_damaged_official_head_is_named_by_its_file(tmp_path):
+    """A head whose keys fit a mode but whose shapes do not: the error names the file (and entry) it came from."""
+    import json
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "official_gms" / "iddpm"
+    if not folder.is_dir():
+        folder = Path("/work/shared/fixtures/official_gms/iddpm")
+    config = json.loads((folder / "config.json").read_text())
+    state = torch.load(folder / "eps2.pt", weights_only=True)["ema_model"]
+    state["out2.3.weight"] = torch.zeros(3, 32, 1, 1)
+    torch.save({"ema_model": state, "net_model": state, "step": 1}, tmp_path / "e2.pt")
+    with pytest.raises(ValueError, match=r"e2\.pt \[ema_model\]: the weights do not match the official head"):
+        gm.load([folder / "eps1.pt", tmp_path / "e2.pt"], kind="gms-official", **config)
+
+
+def test_an_unreadable_files_detail_is_the_first_sentence_of_the_error():
+    from gms_kernels.models._common import _unreadable
+
+    err = RuntimeError("PytorchStreamReader failed reading zip archive. failed finding central directory")
+    text = str(_unreadable("x.pt", 10, err))
+    assert "(10 bytes; RuntimeError: PytorchStreamReader failed reading zip archive):" in text
+    assert "central directory" not in text
