@@ -1491,3 +1491,12 @@ def test_pytorch_ddpm_input_channels_are_read_from_the_output_conv_weight_when_t
         gm.load(tmp_path / "part.pt")
     msg = str(err.value)
     assert "missing keys (2)" in msg and "resembles PytorchDDPMUNet(" in msg and "in_channels=3" in msg
+
+
+def test_official_heads_are_materialised_on_their_backbones_device():
+    """load_head puts each official head where its backbone is: with map_location='meta' (shapes only, no data)
+    every parameter of the separate networks, heads included, is on the meta device."""
+    paths, cfg = official_fixtures("ddpm")
+    net = gm.load(paths[:2], kind="gms-official", shared_backbone=False, map_location="meta", **cfg)
+    assert {p.device.type for p in net.head_nets[0].heads.parameters()} == {"meta"}
+    assert {p.device.type for p in net.parameters()} == {"meta"}
