@@ -285,3 +285,43 @@ def test_an_unreadable_files_detail_is_the_first_sentence_of_the_error():
     text = str(_unreadable("x.pt", 10, err))
     assert "(10 bytes; RuntimeError: PytorchStreamReader failed reading zip archive):" in text
     assert "central directory" not in text
+
+
+def test_iddpm_infer_config_reads_resampling_without_convolutions():
+    """conv_resample is True only when every downsample holds a strided conv: a model built with average
+    pooling must be read back as conv_resample=False (else its rebuilt network expects conv weights)."""
+    for conv in (False, True):
+        state = gm.IDDPMUNet(in_channels=3, model_channels=32, out_channels=3, num_res_blocks=1,
+                             attention_resolutions=(), channel_mult=(1, 2, 2), conv_resample=conv).state_dict()
+        assert gm.IDDPMUNet.infer_config(state)["conv_resample"] is conv
+
+
+def _official_folder(family):
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "official_gms" / family
+    return folder if folder.is_dir() else Path("/work/shared/fixtures/official_gms") / family
+
+
+def test_separately_run_official_networks_all_take_the_time_input(tmp_path):
+    """shared_backbone=False with time_input="index+1": the eps network and every head network's own
+    backbone are fed index + 1 (as the merged network's one backbone)."""
+    import json
+
+    folder = _official_folder("iddpm")
+    config = json.loads((folder / "config.json").read_text())
+    paths = [folder / f"eps{i}.pt" for i in (1, 2, 3)]
+    separate = gm.load(paths, kind="gms-official", shared_backbone=False, time_input="index+1", **config)
+    assert [m.time_input for m in [separate.eps_net, *(h.backbone for h in separate.head_nets)]] == ["index+1"] * 3
+
+
+def test_an_official_head_of_no_known_mode_is_named_by_its_file(tmp_path):
+    import json
+
+    folder = _official_folder("iddpm")
+    config = json.loads((folder / "config.json").read_text())
+    state = torch.load(folder / "eps2.pt", weights_only=True)["ema_model"]
+    del state["out2.1.weight"]
+    torch.save({"ema_model": state, "net_model": state, "step": 1}, tmp_path / "e2.pt")
+    with pytest.raises(ValueError, match=r"e2\.pt \[ema_model\]: the head keys match no official"):
+        gm.load([folder / "eps1.pt", tmp_path / "e2.pt"], kind="gms-official", **config)
