@@ -1500,3 +1500,32 @@ def test_official_heads_are_materialised_on_their_backbones_device():
     net = gm.load(paths[:2], kind="gms-official", shared_backbone=False, map_location="meta", **cfg)
     assert {p.device.type for p in net.head_nets[0].heads.parameters()} == {"meta"}
     assert {p.device.type for p in net.parameters()} == {"meta"}
+
+
+def test_iddpm_time_embedding_of_odd_width_is_padded_with_one_zero_column():
+    """improved-diffusion's timestep_embedding for an odd width: cos and sin halves, then one zero column."""
+    from gms_kernels.models.iddpm import timestep_embedding
+
+    t = torch.tensor([0.0, 3.0])
+    odd, even = timestep_embedding(t, 7), timestep_embedding(t, 6)
+    assert odd.shape == (2, 7) and torch.equal(odd[:, :6], even) and torch.equal(odd[:, 6], torch.zeros(2))
+
+
+def test_a_ddim_file_with_only_ema_weights_loads_them(tmp_path):
+    """read_state takes a {'ema_model': ...} checkpoint without 'net_model' as the EMA weights (not a raw state)."""
+    ema = tiny_ddim(0)
+    torch.save({"ema_model": ema.state_dict(), "step": 3}, tmp_path / "ema.pt")
+    loaded = gm.load(tmp_path / "ema.pt", kind="ddim", resolution=8)
+    x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert torch.equal(loaded(x, 17), ema(x, 17))
+
+
+def test_official_networks_keep_the_dropout_of_their_config():
+    """load_official builds the official heads (and the MomentNet) with the eps network's dropout (0.1 in the
+    fixtures' config), so heads trained further drop out as the official ones did."""
+    paths, cfg = official_fixtures("ddpm")
+    assert cfg["dropout"] == 0.1
+    net = gm.load(paths, kind="gms-official", **cfg)
+    drops = [m.p for m in net.heads.modules() if isinstance(m, torch.nn.Dropout)]
+    assert net.dropout == 0.1 and net.head_config["dropout"] == 0.1 and drops and set(drops) == {0.1}
