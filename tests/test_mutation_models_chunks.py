@@ -325,3 +325,41 @@ def test_an_official_head_of_no_known_mode_is_named_by_its_file(tmp_path):
     torch.save({"ema_model": state, "net_model": state, "step": 1}, tmp_path / "e2.pt")
     with pytest.raises(ValueError, match=r"e2\.pt \[ema_model\]: the head keys match no official"):
         gm.load([folder / "eps1.pt", tmp_path / "e2.pt"], kind="gms-official", **config)
+
+
+def test_the_exported_models_sample_size_is_a_list_of_ints():
+    """A (height, width) given as a tuple of numpy ints is stored as a JSON-ready list of Python ints, the
+    form config.json gives back after a save."""
+    import numpy as np
+    from gms_kernels.models.diffusers_export import GMSDiffusersModel
+
+    model = GMSDiffusersModel.from_network(gm.MomentNet(tiny_ddpm()), sample_size=(np.int64(8), np.int64(12)))
+    size = model.config.sample_size
+    assert size == [8, 12] and all(type(s) is int for s in size)
+    assert GMSDiffusersModel.from_network(gm.MomentNet(tiny_ddpm()), sample_size=16).config.sample_size == 16
+
+
+def test_official_backbone_comparison_with_rtol_1():
+    """first_difference: rtol = 0 asks for bit-equal entries; any other rtol, 1 included, accepts an entry
+    within rtol times its largest |value|."""
+    from gms_kernels.models.official_gms import first_difference
+
+    ref, near = {"w": torch.tensor([1.0, -2.0])}, {"w": torch.tensor([1.5, -2.0])}
+    assert first_difference(ref, near, 1.0) is None
+    assert first_difference(ref, near, 0.25) is None
+    assert first_difference(ref, near, 0.2)[0] == "w"
+    assert first_difference(ref, near, 0.0)[0] == "w"
+
+
+def test_loading_one_official_file_by_kind_reads_it_once(monkeypatch):
+    """kind="gms-official" with one path goes straight to the official loader, which reads the file once
+    (the generic path would read it first to detect its kind, then the official loader again)."""
+    import json
+
+    folder = _official_folder("iddpm")
+    config = json.loads((folder / "config.json").read_text())
+    reads = []
+    real_load = torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **k: reads.append(a[0]) or real_load(*a, **k))
+    eps = gm.load(folder / "eps1.pt", kind="gms-official", **config)
+    assert isinstance(eps, gm.IDDPMUNet) and len(reads) == 1
