@@ -363,3 +363,10 @@ def test_loading_one_official_file_by_kind_reads_it_once(monkeypatch):
     monkeypatch.setattr(torch, "load", lambda *a, **k: reads.append(a[0]) or real_load(*a, **k))
     eps = gm.load(folder / "eps1.pt", kind="gms-official", **config)
     assert isinstance(eps, gm.IDDPMUNet) and len(reads) == 1
+
+
+def test_an_unreadable_files_detail_is_cut_at_200_characters():
+    from gms_kernels.models._common import _unreadable
+
+    text = str(_unreadable("x.pt", 10, RuntimeError("y" * 300)))
+    assert f"(10 bytes; RuntimeError: {'y' * 200}):" in text
