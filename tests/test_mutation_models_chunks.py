@@ -370,3 +370,31 @@ def test_an_unreadable_files_detail_is_cut_at_200_characters():
 
     text = str(_unreadable("x.pt", 10, RuntimeError("y" * 300)))
     assert f"(10 bytes; RuntimeError: {'y' * 200}):" in text
+
+
+def test_ddim_model_refuses_a_resolution_it_cannot_halve_once_per_level():
+    """Three levels halve twice: 6 is even but not divisible by 4."""
+    with pytest.raises(ValueError, match="resolution 6 cannot be halved 2 times"):
+        gm.DDIMModel(ch=32, out_ch=3, ch_mult=(1, 2, 2), num_res_blocks=1, attn_resolutions=(), resolution=6)
+    gm.DDIMModel(ch=32, out_ch=3, ch_mult=(1, 2, 2), num_res_blocks=1, attn_resolutions=(), resolution=12)
+
+
+def test_iddpm_unet_defaults_to_one_attention_head():
+    """improved-diffusion's UNetModel defaults to num_heads=1 (and num_heads_upsample=-1: the same)."""
+    from gms_kernels.models.iddpm import _Attention
+
+    model = gm.IDDPMUNet(in_channels=3, model_channels=32, out_channels=3, num_res_blocks=1,
+                         attention_resolutions=(2,), channel_mult=(1, 2))
+    heads = [m.num_heads for m in model.modules() if isinstance(m, _Attention)]
+    assert model.num_heads == 1 and heads and all(h == 1 for h in heads)
+
+
+@pytest.mark.parametrize("backbone", ["not a dict", {"family": "no-such-family", "config": {}}])
+def test_a_moment_net_file_with_an_invalid_backbone_entry_is_refused_plainly(tmp_path, backbone):
+    net = gm.MomentNet(tiny_ddpm())
+    net.save(tmp_path / "net.pt")
+    data = torch.load(tmp_path / "net.pt", weights_only=True)
+    data["backbone"] = backbone
+    torch.save(data, tmp_path / "bad.pt")
+    with pytest.raises(ValueError, match="lacks a valid 'backbone'"):
+        gm.MomentNet.load(tmp_path / "bad.pt")
