@@ -398,3 +398,13 @@ def test_a_moment_net_file_with_an_invalid_backbone_entry_is_refused_plainly(tmp
     torch.save(data, tmp_path / "bad.pt")
     with pytest.raises(ValueError, match="lacks a valid 'backbone'"):
         gm.MomentNet.load(tmp_path / "bad.pt")
+
+
+def test_a_wrong_config_is_answered_with_a_call_that_fixes_it(tmp_path):
+    """Two options that contradict the weights: the suggested gk.models.load call lists both corrections,
+    comma-separated, ready to paste."""
+    torch.save(tiny_ddpm().state_dict(), tmp_path / "d.pt")
+    with pytest.raises(ValueError) as err:
+        gm.load(tmp_path / "d.pt", kind="pytorch-ddpm", ch=64, ch_mult=[1, 2, 2])
+    assert "load with gk.models.load(path, kind='pytorch-ddpm', ch=32, ch_mult=[1, 2]) or leave these options out" \
+        in str(err.value)
