@@ -1832,3 +1832,37 @@ def test_check_sample_args_resolves_the_backend_where_the_samples_will_be_made()
         check_sample_args(model, backend="cpp", device="meta")
     with pytest.raises(ValueError, match="runs on CPU tensors"):
         check_sample_args(on_meta, backend="cpp")
+
+
+@pytest.mark.parametrize("solver", ["edm-sde", "seeds-2"])
+def test_a_multi_call_cpu_run_stops_at_the_first_nonfinite_network_output(solver):
+    """On the CPU gk.sample checks each network call of the multi-call loops at once (a deferred check,
+    made only off the CPU, would run every remaining call before raising)."""
+    calls = []
+
+    def model(x, t):
+        calls.append(t)
+        return torch.full_like(x, float("nan")) if len(calls) == 3 else 0.1 * x
+
+    with pytest.raises(ValueError, match=r"network call 2 \(t=799\) has non-finite values"):
+        gk.sample(model, steps=5, solver=solver, shape=(2, 1, 4, 4), schedule=gk.Schedule.linear(1000),
+                  generator=0, progress=False)
+    assert len(calls) == 3
+
+
+def test_the_progress_bar_of_an_explicit_trajectory_counts_its_steps(monkeypatch):
+    """An explicit trajectory fixes K (its length, whatever ``steps`` says), and the bar's label says so."""
+    from gms_kernels import sampling
+
+    labels = []
+    real_bar = sampling.progress_bar
+
+    def bar(iterable, progress, **kwargs):
+        labels.append(kwargs["desc"])
+        return real_bar(iterable, False, **kwargs)
+
+    monkeypatch.setattr(sampling, "progress_bar", bar)
+    model = lambda x, t: torch.zeros_like(x)  # noqa: E731
+    gk.sample(model, shape=(1, 1, 2, 2), solver="ddim", schedule=gk.Schedule.linear(100), trajectory=[99, 50, 10],
+              generator=0)
+    assert labels == ["ddim K=3"]
