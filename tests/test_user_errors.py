@@ -153,6 +153,32 @@ def test_cuda_map_location_without_cuda_says_so(tmp_path):
         gk.models.load(tmp_path / "w.pt", map_location="cuda")
 
 
+def test_a_safetensors_file_read_onto_a_missing_cuda_device_says_so(tmp_path):
+    """The same message for a .safetensors file (it said "truncated, corrupted or not a torch checkpoint")."""
+    from safetensors.torch import save_file
+
+    from gms_kernels.models._common import read_weights_file
+
+    save_file({"w": torch.zeros(2)}, str(tmp_path / "w.safetensors"))
+    if torch.cuda.is_available():
+        pytest.fail("this check needs a machine without CUDA")
+    for device in ("cuda", "cuda:0", torch.device("cuda:1")):
+        with pytest.raises(ValueError, match="asks for a CUDA device, but this machine has none"):
+            read_weights_file(tmp_path / "w.safetensors", map_location=device)
+    assert torch.equal(read_weights_file(tmp_path / "w.safetensors")["w"], torch.zeros(2))
+
+
+def test_a_scheduler_config_that_is_not_a_json_object_is_ignored(tmp_path):
+    """A diffusers UNet folder whose scheduler_config.json holds valid JSON of another kind (a list) loads
+    without a schedule from it, as a missing or unreadable file does (it raised AttributeError)."""
+    from gms_kernels.models.loading import _diffusers_schedule
+
+    (tmp_path / "scheduler_config.json").write_text("[1, 2]")
+    assert _diffusers_schedule(str(tmp_path), "unet") is None
+    (tmp_path / "scheduler_config.json").write_text('{"num_train_timesteps": 20}')
+    assert _diffusers_schedule(str(tmp_path), "unet").T == 20
+
+
 def test_pytorch_ddpm_state_dict_with_keys_removed_is_compared_with_its_own_architecture(tmp_path):
     net = PytorchDDPMUNet(T=1000, ch=32, ch_mult=(1, 2, 2), attn=(1,), num_res_blocks=2)
     state = net.state_dict()

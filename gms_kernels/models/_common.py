@@ -90,11 +90,15 @@ def read_torch_file(path: PathLike, map_location: Any = "cpu") -> Any:
                           "does not read: save it with torch.save" if plain_pickle else None) from None
     except RuntimeError as e:
         if "on a CUDA device but torch.cuda.is_available() is False" in str(e):
-            raise ValueError(f"{path}: map_location={map_location!r} asks for a CUDA device, but this machine has "
-                             "none (torch.cuda.is_available() is False): pass map_location='cpu'") from None
+            raise _no_cuda(path, map_location) from None
         raise _unreadable(path, size, e) from None
     except Exception as e:  # truncated zip, garbage bytes, EOF, ...
         raise _unreadable(path, size, e) from None
+
+
+def _no_cuda(path: str, map_location: Any) -> ValueError:
+    return ValueError(f"{path}: map_location={map_location!r} asks for a CUDA device, but this machine has none "
+                      "(torch.cuda.is_available() is False): pass map_location='cpu'")
 
 
 def _unreadable(path: str, size: int, e: Exception, hint: str | None = None) -> ValueError:
@@ -135,8 +139,11 @@ def read_weights_file(path: PathLike, map_location: Any = "cpu") -> Any:
             from safetensors.torch import load_file
         except ImportError as e:  # pragma: no cover - safetensors ships with the test env
             raise ValueError(f"{path}: reading .safetensors needs the 'safetensors' package") from e
+        device = str(map_location) if map_location is not None else "cpu"
+        if device.split(":")[0] == "cuda" and not torch.cuda.is_available():  # (else "corrupted", below)
+            raise _no_cuda(path, map_location)
         try:
-            return load_file(path, device=str(map_location) if map_location is not None else "cpu")
+            return load_file(path, device=device)
         except Exception as e:
             raise _unreadable(path, os.path.getsize(path), e) from None
     return read_torch_file(path, map_location)

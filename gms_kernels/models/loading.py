@@ -357,6 +357,8 @@ def _diffusers_schedule(path: str, subfolder: str | None) -> Schedule | None:
             cfg = json.loads(Path(file).read_text())
         except (OSError, ValueError):
             return None
+        if not isinstance(cfg, dict):  # (valid JSON, but no config: ignored, as scheduler_config_near does)
+            return None
         T = int(cfg.get("num_train_timesteps", 1000))
         kind = cfg.get("beta_schedule", "linear")
         start, end = float(cfg.get("beta_start", 1e-4)), float(cfg.get("beta_end", 0.02))
