@@ -1529,3 +1529,44 @@ def test_official_networks_keep_the_dropout_of_their_config():
     net = gm.load(paths, kind="gms-official", **cfg)
     drops = [m.p for m in net.heads.modules() if isinstance(m, torch.nn.Dropout)]
     assert net.dropout == 0.1 and net.head_config["dropout"] == 0.1 and drops and set(drops) == {0.1}
+
+
+def test_a_saved_heads_file_records_its_format_version(tmp_path):
+    """save_heads writes {format, version, config, state_dict}: the version is stored (a reader of a later
+    format must not take a version-1 file for its own)."""
+    from gms_kernels.models.moment_net import FORMAT_VERSION, HEADS_FORMAT
+
+    gm.MomentNet(tiny_iddpm(), head="conv").save_heads(tmp_path / "heads.pt")
+    data = torch.load(tmp_path / "heads.pt", weights_only=True)
+    assert sorted(data) == ["config", "format", "state_dict", "version"]
+    assert data["format"] == HEADS_FORMAT and data["version"] == FORMAT_VERSION == 1
+
+
+def test_a_scaled_linear_diffusers_schedule_is_made_on_the_cpu_whatever_the_default_device(tmp_path):
+    """_diffusers_schedule builds scaled_linear betas on the CPU also under another default device."""
+    write_config(tmp_path / "pipe" / "scheduler", {"beta_schedule": "scaled_linear", "beta_start": 0.00085,
+                                                   "beta_end": 0.012, "num_train_timesteps": 50})
+    with torch.device("meta"):
+        s = _diffusers_schedule(str(tmp_path / "pipe"), "unet")
+    assert s.betas.device.type == "cpu"
+    np.testing.assert_allclose(s.betas.numpy(), np.linspace(0.00085 ** 0.5, 0.012 ** 0.5, 50) ** 2, rtol=1e-12, atol=0)
+
+
+def test_an_official_eps_file_detected_by_content_takes_the_options_given():
+    """gk.models.load(one official GMS file) with kind left to detection passes the options on to
+    load_official: the dropout is the one given, and an unknown option is refused."""
+    paths, cfg = official_fixtures("iddpm")
+    net = gm.load(paths[0], **{**cfg, "dropout": 0.2, "num_heads": 2})
+    assert isinstance(net, gm.IDDPMUNet) and net.dropout == 0.2 and net.num_heads == 2
+    with pytest.raises(ValueError, match="unknown option\\(s\\) for kind 'gms-official': colour"):
+        gm.load(paths[0], colour=1)
+
+
+def test_improved_diffusion_heads_on_another_backbone_use_no_scale_shift():
+    """An official improved-diffusion head on a backbone without use_scale_shift_norm (a pytorch-ddpm UNet)
+    is built without scale-shift: its ResBlock's time projection gives one shift per channel."""
+    torch.manual_seed(0)
+    backbone = gm.PytorchDDPMUNet(T=50, ch=32, ch_mult=(1, 2), attn=(1,), num_res_blocks=1).eval()
+    net = gm.MomentNet(backbone, orders=(2,), head="iddpm-complex")
+    res = net.heads["2"][0]
+    assert res.scale_shift is False and res.emb_layers[1].out_features == backbone.feature_channels == 32
