@@ -140,10 +140,8 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
 
         backend = resolve_backend(backend, x.device, x.dtype)
         if spec.multi_call:  # EDM-SDE, SEEDS-2, GGF: their own loops (float64 torch on every backend)
-            # off the CPU, the NaN check of each network call is read once at the end (a read per call would
-            # stall the host per call); not for GGF, whose step decisions read the device anyway
-            defer = x.device.type != "cpu" and callback is None and solver != "ggf"
-            e1 = EpsFunction(model, schedule.T, time_input, solver, x.dtype, defer)
+            e1 = EpsFunction(model, schedule.T, time_input, solver, x.dtype,
+                             defer=_multi_call_defers_finite_check(x.device, callback, solver))
             x = SAMPLERS[solver](e1, x, ts, schedule, noise, data_range, resolve_options(spec, solver_options),
                                  callback, progress)[0]
             e1.raise_if_nonfinite()
@@ -232,6 +230,13 @@ def _sample_device(model: Model, device: torch.device | str | None) -> torch.dev
     if device is not None:
         return torch.device(device)
     return module_device(model) or torch.device("cpu")
+
+
+def _multi_call_defers_finite_check(device: torch.device, callback: Callable | None, solver: str) -> bool:
+    """Whether a multi-call sampler (EDM-SDE, SEEDS-2/3, GGF) reads its per-call NaN/inf verdicts once, at the end.
+    Off the CPU a read per network call would stall the host per call; not with a callback, which sees x at once,
+    nor for GGF, whose step-size decisions read the device anyway."""
+    return device.type != "cpu" and callback is None and solver != "ggf"
 
 
 class DeferredFiniteCheck:

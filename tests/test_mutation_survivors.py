@@ -1866,3 +1866,36 @@ def test_the_progress_bar_of_an_explicit_trajectory_counts_its_steps(monkeypatch
     gk.sample(model, shape=(1, 1, 2, 2), solver="ddim", schedule=gk.Schedule.linear(100), trajectory=[99, 50, 10],
               generator=0)
     assert labels == ["ddim K=3"]
+
+
+@pytest.mark.parametrize("device, with_callback, solver, defers", [
+    ("cuda", False, "edm-sde", True), ("cuda:1", False, "seeds-3", True), ("meta", False, "seeds-2", True),
+    ("cpu", False, "edm-sde", False), ("cpu", False, "seeds-2", False),
+    ("cuda", True, "edm-sde", False),   # a callback sees x at once
+    ("cuda", False, "ggf", False),      # GGF's step-size decisions read the device anyway
+])
+def test_which_multi_call_runs_defer_their_finite_check(device, with_callback, solver, defers):
+    from gms_kernels.sampling import _multi_call_defers_finite_check
+
+    callback = (lambda info: None) if with_callback else None
+    assert _multi_call_defers_finite_check(torch.device(device), callback, solver) is defers
+
+
+def test_gk_sample_hands_the_deferral_decision_to_the_multi_call_loop(monkeypatch):
+    """The decision is made from x's device, the callback and the solver, and a deferring loop runs every call
+    before it reports the first non-finite one (here forced on the CPU)."""
+    from gms_kernels import sampling
+
+    asked, calls = [], []
+    monkeypatch.setattr(sampling, "_multi_call_defers_finite_check", lambda *args: asked.append(args) or True)
+
+    def model(x, t):
+        calls.append(t)
+        return torch.full_like(x, float("nan")) if len(calls) == 3 else 0.1 * x
+
+    with pytest.raises(ValueError, match=r"network call 2 \(t=799\) has non-finite values"):
+        gk.sample(model, steps=5, solver="edm-sde", shape=(2, 1, 4, 4), schedule=gk.Schedule.linear(1000),
+                  generator=0, progress=False)
+    assert asked == [(torch.device("cpu"), None, "edm-sde")]
+    from gms_kernels.sde import network_calls  # the loop ran to its end before it reported the bad call
+    assert len(calls) == network_calls("edm-sde", len(gk.trajectory(gk.Schedule.linear(1000), 5, "even")))
