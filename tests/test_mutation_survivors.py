@@ -1899,3 +1899,9 @@ def test_gk_sample_hands_the_deferral_decision_to_the_multi_call_loop(monkeypatc
     assert asked == [(torch.device("cpu"), None, "edm-sde")]
     from gms_kernels.sde import network_calls  # the loop ran to its end before it reported the bad call
     assert len(calls) == network_calls("edm-sde", len(gk.trajectory(gk.Schedule.linear(1000), 5, "even")))
+
+    asked.clear()
+    callback = lambda info: None  # noqa: E731
+    gk.sample(lambda x, t: 0.1 * x, steps=3, solver="seeds-2", shape=(1, 1, 2, 2), generator=0, progress=False,
+              callback=callback)
+    assert asked == [(torch.device("cpu"), callback, "seeds-2")]
