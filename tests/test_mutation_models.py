@@ -1570,3 +1570,69 @@ def test_improved_diffusion_heads_on_another_backbone_use_no_scale_shift():
     net = gm.MomentNet(backbone, orders=(2,), head="iddpm-complex")
     res = net.heads["2"][0]
     assert res.scale_shift is False and res.emb_layers[1].out_features == backbone.feature_channels == 32
+
+
+# -- eleventh session, helper A: chunks 19-21 of the seed-3 shuffle -----------------------------------
+def test_an_empty_file_is_reported_with_the_error_torch_load_raised(tmp_path):
+    """read_torch_file's last branch (errors other than unpickling and RuntimeError: an empty file's
+    EOFError) names the exception torch.load raised, not a placeholder."""
+    (tmp_path / "empty.pt").write_bytes(b"")
+    with pytest.raises(ValueError) as err:
+        _common.read_torch_file(tmp_path / "empty.pt")
+    msg = str(err.value)
+    assert re.search(r"\(0 bytes; EOFError[:)]", msg) and "NoneType" not in msg, msg
+
+
+def test_improved_diffusion_heads_record_their_mode():
+    """IDDPMHead keeps the mode it was built in (as DDIMHead does), for every official mode."""
+    from gms_kernels.models.official_heads import IDDPMHead
+
+    for mode in ("simple", "complex", "complex2"):
+        assert IDDPMHead(mode, 32, 64, 3).mode == mode
+
+
+def test_the_ddim_time_embedding_is_float32_whatever_the_default_dtype():
+    """The DDIM Model's frequencies are float32 (as the DDIM repository's), also under a float64 default dtype:
+    the same embedding, in float32."""
+    from gms_kernels.models.ddim_model import timestep_embedding
+
+    t = torch.tensor([0, 7, 999])
+    expected = timestep_embedding(t, 10)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        got = timestep_embedding(t, 10)
+    finally:
+        torch.set_default_dtype(previous)
+    assert expected.dtype == got.dtype == torch.float32 and torch.equal(got, expected)
+
+
+def test_an_improved_diffusion_file_loaded_with_a_wrong_width_is_told_the_kind_and_width_that_fit(tmp_path):
+    """The fix suggested for an improved-diffusion file loaded with a wrong option names kind='improved-diffusion'
+    (the call it advises works)."""
+    torch.save(tiny_iddpm().state_dict(), tmp_path / "iddpm.pt")
+    with pytest.raises(ValueError, match=r"load with gk\.models\.load\(path, kind='improved-diffusion', "
+                                         r"model_channels=32\) or leave these options out"):
+        gm.load(tmp_path / "iddpm.pt", num_heads=2, model_channels=64)
+
+
+def test_a_diffusers_folder_with_a_missing_subfolder_is_not_a_model_directory(tmp_path):
+    """subfolder= naming a folder that does not exist (or a file) gives the "not a diffusers model directory"
+    ValueError, not an OSError from listing it."""
+    tiny_unet(3).save_pretrained(tmp_path / "pipe" / "unet")
+    (tmp_path / "pipe" / "notes").write_text("x")
+    for sub in ("vae", "notes"):
+        with pytest.raises(ValueError, match=rf"pipe.{sub}: not a diffusers model directory: .*found \[\]"):
+            gm.load(tmp_path / "pipe", subfolder=sub)
+
+
+def test_a_reshaped_official_head_is_reported_under_its_files_name(tmp_path):
+    """An official eps^2 file whose head has the keys of a known mode but a reshaped weight: the shared-backbone
+    loader names that file (and its entry) in the error."""
+    paths, cfg = official_fixtures("ddpm")
+    data = torch.load(paths[1], weights_only=True)
+    data = {**data, "ema_model": {**data["ema_model"], "conv_out2.bias": torch.zeros(4)}}
+    torch.save(data, tmp_path / "eps2.pt")
+    with pytest.raises(ValueError, match=r"^\S*eps2\.pt \[ema_model\]: the weights do not match the official "
+                                         r"head 'ddim-complex'"):
+        gm.load([paths[0], tmp_path / "eps2.pt"], kind="gms-official", **cfg)
