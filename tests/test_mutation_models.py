@@ -1636,3 +1636,62 @@ def test_a_reshaped_official_head_is_reported_under_its_files_name(tmp_path):
     with pytest.raises(ValueError, match=r"^\S*eps2\.pt \[ema_model\]: the weights do not match the official "
                                          r"head 'ddim-complex'"):
         gm.load([paths[0], tmp_path / "eps2.pt"], kind="gms-official", **cfg)
+
+
+# -- chunk22 ------------------------------------------------------------------------------------------
+def test_read_weights_file_hands_map_location_to_safetensors(tmp_path, monkeypatch):
+    """A .safetensors file is read onto the device map_location names (here 'meta', recorded by a stand-in for
+    safetensors' load_file), not always onto the CPU."""
+    import safetensors.torch
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.arange(3.0)}, str(tmp_path / "w.safetensors"))
+    seen = []
+    real = safetensors.torch.load_file
+
+    def recording_load_file(path, device="cpu"):
+        seen.append(str(device))
+        return real(path, device="cpu")
+
+    monkeypatch.setattr(safetensors.torch, "load_file", recording_load_file)
+    _common.read_weights_file(tmp_path / "w.safetensors", map_location="meta")
+    _common.read_weights_file(tmp_path / "w.safetensors", map_location=torch.device("meta"))
+    assert seen == ["meta", "meta"]
+
+
+def test_an_exported_network_loads_with_the_schedule_it_is_given(tmp_path):
+    """load_exported(dir, schedule=s) (and gk.models.load) puts s on the network, replacing the stored betas."""
+    from gms_kernels.models.diffusers_export import load_exported
+
+    gm.GMSDiffusersModel.from_network(gm.MomentNet(tiny_iddpm(), head="conv"), sample_size=8).save_pretrained(tmp_path)
+    schedule = gk.Schedule.cosine(20)
+    assert load_exported(tmp_path, schedule=schedule).schedule is schedule
+    assert gm.load(tmp_path, schedule=schedule).schedule is schedule
+
+
+def test_a_folder_with_a_config_and_other_safetensors_is_not_a_diffusers_model_directory(tmp_path):
+    """config.json beside a weights file not named diffusion_pytorch_model.* is refused by the loader's own check
+    (which lists what the folder holds), not handed to diffusers."""
+    from safetensors.torch import save_file
+
+    (tmp_path / "config.json").write_text('{"_class_name": "UNet2DModel"}')
+    save_file({"w": torch.zeros(1)}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "diffusion_pytorch_model.txt").write_text("notes")
+    with pytest.raises(ValueError, match=r"not a diffusers model directory: expected config\.json and .*found "
+                                         r"\['config\.json', 'diffusion_pytorch_model\.txt', 'model\.safetensors'\]"):
+        gm.load(tmp_path)
+
+
+def test_raw_from_central_of_one_central_moment_gives_e2_alone():
+    """raw_from_central(e1, [c2]) (a MomentNet of orders (2,)) is [e1^2 + c2]; a central MomentNet of order 2
+    runs and returns [e1, e2]."""
+    from gms_kernels.models.moment_net import raw_from_central
+
+    e1, c2 = torch.tensor([1.0, -2.0]), torch.tensor([0.5, 0.25])
+    (e2,) = raw_from_central(e1, [c2])
+    assert torch.equal(e2, torch.tensor([1.5, 4.25]))
+    torch.manual_seed(0)
+    net = gm.MomentNet(gm.PytorchDDPMUNet(T=50, ch=32, ch_mult=(1, 2), attn=(1,), num_res_blocks=1).eval(),
+                       orders=(2,), targets="central").eval()
+    with torch.no_grad():
+        assert net(torch.randn(2, 3, 8, 8), torch.tensor([3, 4])).shape == (2, 6, 8, 8)
