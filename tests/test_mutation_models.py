@@ -1695,3 +1695,37 @@ def test_raw_from_central_of_one_central_moment_gives_e2_alone():
                        orders=(2,), targets="central").eval()
     with torch.no_grad():
         assert net(torch.randn(2, 3, 8, 8), torch.tensor([3, 4])).shape == (2, 6, 8, 8)
+
+
+# -- chunk23 ------------------------------------------------------------------------------------------
+def test_a_truncated_file_is_reported_with_its_size(tmp_path):
+    """The RuntimeError branch of read_torch_file (a truncated torch zip) states the file's size in bytes."""
+    torch.save({"w": torch.ones(64)}, tmp_path / "full.pt")
+    data = (tmp_path / "full.pt").read_bytes()
+    (tmp_path / "cut.pt").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=rf"cut\.pt: cannot read this file as a torch checkpoint \({len(data) // 2} "
+                                         r"bytes; RuntimeError: "):
+        _common.read_torch_file(tmp_path / "cut.pt")
+
+
+def test_an_exported_central_moment_net_keeps_its_targets(tmp_path):
+    """The exported description records targets='central', and the network loaded back has it."""
+    from gms_kernels.models.diffusers_export import build_network, network_spec
+
+    net = gm.MomentNet(tiny_iddpm(), head="conv", targets="central")
+    spec = network_spec(net)
+    assert spec["heads"]["targets"] == "central"
+    assert build_network(spec).targets == "central"
+
+
+def test_pytorch_ddpm_input_channels_are_read_from_the_input_conv_when_the_output_conv_is_gone(tmp_path):
+    """in_channels from head.weight (axis 1) when tail.2.weight and tail.2.bias are both missing: the file is
+    still compared with its own architecture."""
+    sd = tiny_ddpm_state()
+    part = {k: v for k, v in sd.items() if k not in ("tail.2.weight", "tail.2.bias")}
+    assert gm.PytorchDDPMUNet.infer_config(part)["in_channels"] == 3
+    torch.save(part, tmp_path / "part.pt")
+    with pytest.raises(ValueError) as err:
+        gm.load(tmp_path / "part.pt")
+    msg = str(err.value)
+    assert "missing keys (2)" in msg and "resembles PytorchDDPMUNet(" in msg and "in_channels=3" in msg
