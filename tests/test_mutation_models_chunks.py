@@ -408,3 +408,79 @@ def test_a_wrong_config_is_answered_with_a_call_that_fixes_it(tmp_path):
         gm.load(tmp_path / "d.pt", kind="pytorch-ddpm", ch=64, ch_mult=[1, 2, 2])
     assert "load with gk.models.load(path, kind='pytorch-ddpm', ch=32, ch_mult=[1, 2]) or leave these options out" \
         in str(err.value)
+
+
+# -- survivors of chunks 29-35 of the seed-3 shuffle (eleventh session, helper B) ---------------------------------
+def test_loading_a_ddim_file_reads_it_once(tmp_path, monkeypatch):
+    """gk.models.load detects a DDIM file from the data it read and hands that data to the DDIM loader: the
+    file is not read a second time (with the kind detected or given)."""
+    torch.manual_seed(0)
+    model = gm.DDIMModel(ch=32, out_ch=3, ch_mult=(1, 2), num_res_blocks=1, attn_resolutions=(), resolution=8)
+    torch.save(model.state_dict(), tmp_path / "ddim.pt")
+    reads = []
+    real_load = torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **k: reads.append(a[0]) or real_load(*a, **k))
+    for kind in ("auto", "ddim"):
+        reads.clear()
+        loaded = gm.load(tmp_path / "ddim.pt", kind=kind, resolution=8)
+        assert isinstance(loaded, gm.DDIMModel) and len(reads) == 1
+
+
+def test_loading_a_moment_net_file_draws_no_random_numbers(tmp_path):
+    """MomentNet.load builds the heads with the backbone on the meta device (no initialisation, every weight
+    comes from the file): loading does not advance torch's random stream, so a seed set before the load
+    gives the same samples as without it."""
+    net = gm.MomentNet(tiny_ddpm(), head="res_conv")
+    net.save(tmp_path / "net.pt")
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    loaded = gm.MomentNet.load(tmp_path / "net.pt")
+    assert torch.equal(torch.get_rng_state(), before)
+    assert all(p.device.type == "cpu" for p in loaded.parameters())
+
+
+def test_ddim_model_refuses_a_base_width_that_is_not_a_multiple_of_32():
+    """ch itself is a width (conv_in's output, the first block's GroupNorm), even when no level keeps it."""
+    with pytest.raises(ValueError, match=r"must be a multiple of 32 \(GroupNorm\(32\)\); got \[48, 96\]"):
+        gm.DDIMModel(ch=48, out_ch=3, ch_mult=(2,), num_res_blocks=1, attn_resolutions=(), resolution=8)
+
+
+def test_an_official_checkpoint_without_the_asked_entry_names_the_other_one():
+    """use_ema=False on a file that holds only 'ema_model' points at use_ema=True and 'ema_model' (and the
+    other way round)."""
+    from gms_kernels.models.official_gms import read_state
+
+    state = {"w": torch.zeros(2)}
+    with pytest.raises(ValueError, match=r"has no 'net_model' .*; pass use_ema=True to load 'ema_model'$"):
+        read_state("f.pt", {"ema_model": state}, use_ema=False)
+    with pytest.raises(ValueError, match=r"has no 'ema_model' .*; pass use_ema=False to load 'net_model'$"):
+        read_state("f.pt", {"net_model": state}, use_ema=True)
+
+
+def test_a_checkpoint_saved_on_a_gpu_loads_onto_map_location(tmp_path):
+    """gk.models.load reads the file with the map_location it is given (default "cpu"): a state dict saved
+    from CUDA tensors (storage location tag "cuda:0", written here without a GPU) loads on this machine."""
+    from unittest import mock
+
+    import torch.serialization
+
+    model = tiny_ddpm()
+    with mock.patch.object(torch.serialization, "location_tag", lambda storage: "cuda:0"):
+        torch.save(model.state_dict(), tmp_path / "from_gpu.pt")
+    for kwargs in ({}, {"map_location": torch.device("cpu")}):
+        loaded = gm.load(tmp_path / "from_gpu.pt", **kwargs)
+        assert isinstance(loaded, gm.PytorchDDPMUNet)
+        assert all(p.device.type == "cpu" for p in loaded.parameters())
+        assert torch.equal(loaded.state_dict()["head.weight"], model.state_dict()["head.weight"])
+
+
+def test_one_official_file_found_by_detection_loads_onto_map_location():
+    """An official GMS eps file passed alone with kind="auto" is detected and handed to the official loader
+    with the map_location it was given (here "meta": shapes only)."""
+    import json
+
+    folder = _official_folder("iddpm")
+    config = json.loads((folder / "config.json").read_text())
+    for device in ("meta", torch.device("meta")):
+        eps = gm.load(folder / "eps1.pt", map_location=device, **config)
+        assert isinstance(eps, gm.IDDPMUNet) and {p.device.type for p in eps.parameters()} == {"meta"}
