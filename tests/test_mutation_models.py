@@ -1729,3 +1729,59 @@ def test_pytorch_ddpm_input_channels_are_read_from_the_input_conv_when_the_outpu
         gm.load(tmp_path / "part.pt")
     msg = str(err.value)
     assert "missing keys (2)" in msg and "resembles PytorchDDPMUNet(" in msg and "in_channels=3" in msg
+
+
+# -- chunk24 ------------------------------------------------------------------------------------------
+def _convs_to(net, dtype):
+    for m in net.modules():
+        if isinstance(m, (torch.nn.Conv1d, torch.nn.Conv2d)):
+            m.to(dtype)
+    return net
+
+
+def test_networks_with_low_precision_convolutions_and_float32_time_layers_run():
+    """improved-diffusion's convert_to_fp16 casts the convolutions alone; the time embedding's linear layers stay
+    float32, so each residual block casts its projected embedding to the feature's dtype. An IDDPMUNet and a
+    DDIMModel so converted (bfloat16 here) run and return bfloat16."""
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    t = torch.tensor([3, 4])
+    iddpm = _convs_to(tiny_iddpm(), torch.bfloat16)
+    torch.manual_seed(0)
+    ddim = _convs_to(gm.DDIMModel(ch=32, out_ch=3, ch_mult=(1, 2), num_res_blocks=1, attn_resolutions=(4,),
+                                  resolution=8).eval(), torch.bfloat16)
+    with torch.no_grad():
+        assert iddpm(x, t).dtype == torch.bfloat16
+        out = ddim(x, t)
+    assert out.dtype == torch.bfloat16 and out.shape == (2, 3, 8, 8) and torch.isfinite(out.float()).all()
+
+
+def test_a_res_conv_head_has_no_dropout_by_default():
+    """gm.ResConvHead(channels, temb_channels, out_channels) drops nothing unless a dropout is given."""
+    drops = [m.p for m in gm.ResConvHead(32, 64, 3).modules() if isinstance(m, torch.nn.Dropout)]
+    assert drops == [0.0]
+    assert [m.p for m in gm.ResConvHead(32, 64, 3, 0.25).modules() if isinstance(m, torch.nn.Dropout)] == [0.25]
+
+
+def test_read_state_reads_the_ema_weights_by_default():
+    """official_gms.read_state(path): the file's ema_model entry unless use_ema=False."""
+    from gms_kernels.models.official_gms import read_state
+
+    paths, _ = official_fixtures("ddpm")
+    data = torch.load(paths[0], weights_only=True)
+    state, where = read_state(paths[0])
+    assert where.endswith("eps1.pt [ema_model]") and state.keys() == data["ema_model"].keys()
+    assert all(torch.equal(state[k], data["ema_model"][k]) for k in state)
+    assert read_state(paths[0], use_ema=False)[1].endswith("[net_model]")
+
+
+def test_pytorch_ddpm_block_width_is_read_from_its_second_norm_when_the_other_entries_are_gone(tmp_path):
+    """A down block's width: from block1.2.weight, block1.2.bias, temb_proj.1.weight, block2.3.weight, else
+    block2.0.weight (the second GroupNorm): a file without the first four still gets its architecture."""
+    sd = tiny_ddpm_state()
+    gone = [f"downblocks.0.{k}" for k in ("block1.2.weight", "block1.2.bias", "temb_proj.1.weight", "block2.3.weight")]
+    part = {k: v for k, v in sd.items() if k not in gone}
+    assert gm.PytorchDDPMUNet.infer_config(part) == gm.PytorchDDPMUNet.infer_config(sd)
+    torch.save(part, tmp_path / "part.pt")
+    with pytest.raises(ValueError) as err:
+        gm.load(tmp_path / "part.pt")
+    assert "missing keys (4)" in str(err.value) and "resembles PytorchDDPMUNet(" in str(err.value)
