@@ -484,3 +484,16 @@ def test_one_official_file_found_by_detection_loads_onto_map_location():
     for device in ("meta", torch.device("meta")):
         eps = gm.load(folder / "eps1.pt", map_location=device, **config)
         assert isinstance(eps, gm.IDDPMUNet) and {p.device.type for p in eps.parameters()} == {"meta"}
+
+
+def test_a_heads_file_from_before_targets_is_read_as_raw(tmp_path):
+    """A heads file whose config has no 'targets' (written before targets existed) holds raw-moment heads:
+    a raw MomentNet loads it, a central one refuses it and names the difference."""
+    raw = gm.MomentNet(tiny_ddpm())
+    raw.save_heads(tmp_path / "heads.pt")
+    data = torch.load(tmp_path / "heads.pt", weights_only=True)
+    del data["config"]["targets"]
+    torch.save(data, tmp_path / "old.pt")
+    gm.MomentNet(tiny_ddpm()).load_heads(tmp_path / "old.pt")
+    with pytest.raises(ValueError, match=r"targets: this MomentNet has 'central', the file 'raw'.*targets='raw'"):
+        gm.MomentNet(tiny_ddpm(), targets="central").load_heads(tmp_path / "old.pt")
