@@ -1785,3 +1785,21 @@ def test_pytorch_ddpm_block_width_is_read_from_its_second_norm_when_the_other_en
     with pytest.raises(ValueError) as err:
         gm.load(tmp_path / "part.pt")
     assert "missing keys (4)" in str(err.value) and "resembles PytorchDDPMUNet(" in str(err.value)
+
+
+def test_an_ema_only_official_file_read_without_ema_names_the_entry_that_loads(tmp_path):
+    """read_state(use_ema=False) on a file holding only ema_model advises use_ema=True to load 'ema_model'."""
+    from gms_kernels.models.official_gms import read_state
+
+    paths, _ = official_fixtures("ddpm")
+    data = torch.load(paths[0], weights_only=True)
+    torch.save({"ema_model": data["ema_model"]}, tmp_path / "ema_only.pt")
+    with pytest.raises(ValueError, match=r"ema_only\.pt: the checkpoint has no 'net_model' .*; pass use_ema=True to "
+                                         r"load 'ema_model'$"):
+        read_state(tmp_path / "ema_only.pt", use_ema=False)
+
+
+def test_a_pytorch_ddpm_file_with_an_unknown_option_names_its_kind(tmp_path):
+    torch.save(tiny_ddpm_state(), tmp_path / "ddpm.pt")
+    with pytest.raises(ValueError, match=r"unknown option\(s\) for kind 'pytorch-ddpm': colour; valid: T, ch, "):
+        gm.load(tmp_path / "ddpm.pt", colour=1)
