@@ -497,3 +497,20 @@ def test_a_heads_file_from_before_targets_is_read_as_raw(tmp_path):
     gm.MomentNet(tiny_ddpm()).load_heads(tmp_path / "old.pt")
     with pytest.raises(ValueError, match=r"targets: this MomentNet has 'central', the file 'raw'.*targets='raw'"):
         gm.MomentNet(tiny_ddpm(), targets="central").load_heads(tmp_path / "old.pt")
+
+
+def test_moment_net_load_uses_the_data_it_is_given(tmp_path, monkeypatch):
+    """MomentNet.load(path, data): the file already read is not read again (path only names it in messages),
+    so gk.models.load reads a MomentNet file once and MomentNet.load works with the file gone."""
+    net = gm.MomentNet(tiny_ddpm(), targets="central")
+    net.save(tmp_path / "net.pt")
+    reads = []
+    real_load = torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **k: reads.append(a[0]) or real_load(*a, **k))
+    assert isinstance(gm.load(tmp_path / "net.pt"), gm.MomentNet) and len(reads) == 1
+    data = real_load(tmp_path / "net.pt", weights_only=True)
+    (tmp_path / "net.pt").unlink()
+    loaded = gm.MomentNet.load(tmp_path / "net.pt", data)
+    assert loaded.targets == "central"
+    for k, v in net.state_dict().items():
+        assert torch.equal(loaded.state_dict()[k], v), k
