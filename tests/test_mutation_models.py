@@ -1803,3 +1803,25 @@ def test_a_pytorch_ddpm_file_with_an_unknown_option_names_its_kind(tmp_path):
     torch.save(tiny_ddpm_state(), tmp_path / "ddpm.pt")
     with pytest.raises(ValueError, match=r"unknown option\(s\) for kind 'pytorch-ddpm': colour; valid: T, ch, "):
         gm.load(tmp_path / "ddpm.pt", colour=1)
+
+
+# -- chunk25 ------------------------------------------------------------------------------------------
+def test_the_heads_hint_of_a_diffusers_unet_names_the_folder_it_came_from():
+    """A DiffusersUNet with a source (the folder gk.models.load read) names it in heads_hint, first as the model
+    and then in the train-heads command."""
+    hint = gm.DiffusersUNet(tiny_unet(3), source="/data/unet-dir").heads_hint
+    assert hint.startswith("the diffusers UNet2DModel at /data/unet-dir: it gives 1 head(s) (3 output channels). ")
+    assert "--model /data/unet-dir" in hint
+
+
+def test_pytorch_ddpm_width_is_read_from_the_sinusoid_table_when_the_time_layers_and_head_are_gone(tmp_path):
+    """ch from the sinusoid table (time_embedding.timembedding.0.weight, [T, ch]) alone: without the time MLP's
+    weights and the input conv the file is still compared with its own architecture."""
+    sd = tiny_ddpm_state()
+    gone = ("time_embedding.timembedding.1.weight", "time_embedding.timembedding.3.weight", "head.weight", "head.bias")
+    part = {k: v for k, v in sd.items() if k not in gone}
+    assert gm.PytorchDDPMUNet.infer_config(part)["ch"] == 32
+    torch.save(part, tmp_path / "part.pt")
+    with pytest.raises(ValueError) as err:
+        gm.load(tmp_path / "part.pt")
+    assert "missing keys (4)" in str(err.value) and "resembles PytorchDDPMUNet(" in str(err.value)
