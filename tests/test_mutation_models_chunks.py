@@ -514,3 +514,14 @@ def test_moment_net_load_uses_the_data_it_is_given(tmp_path, monkeypatch):
     assert loaded.targets == "central"
     for k, v in net.state_dict().items():
         assert torch.equal(loaded.state_dict()[k], v), k
+
+
+def test_an_improved_diffusion_file_with_a_wrong_option_is_answered_with_its_kind(tmp_path):
+    """The suggested call names kind='improved-diffusion' (a pasteable gk.models.load call)."""
+    model = gm.IDDPMUNet(in_channels=3, model_channels=32, out_channels=3, num_res_blocks=1,
+                         attention_resolutions=(2,), channel_mult=(1, 2))
+    torch.save(model.state_dict(), tmp_path / "i.pt")
+    with pytest.raises(ValueError) as err:
+        gm.load(tmp_path / "i.pt", model_channels=64)
+    assert "load with gk.models.load(path, kind='improved-diffusion', model_channels=32) or leave these options out" \
+        in str(err.value)
