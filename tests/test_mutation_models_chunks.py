@@ -525,3 +525,15 @@ def test_an_improved_diffusion_file_with_a_wrong_option_is_answered_with_its_kin
         gm.load(tmp_path / "i.pt", model_channels=64)
     assert "load with gk.models.load(path, kind='improved-diffusion', model_channels=32) or leave these options out" \
         in str(err.value)
+
+
+def test_iddpm_unet_defaults_to_no_scale_shift_norm():
+    """improved-diffusion's UNetModel defaults to use_scale_shift_norm=False: each res block's embedding
+    projection gives out_ch values (a shift), not 2 * out_ch (scale and shift)."""
+    from gms_kernels.models.iddpm import _ResBlock
+
+    model = gm.IDDPMUNet(in_channels=3, model_channels=32, out_channels=3, num_res_blocks=1,
+                         attention_resolutions=(), channel_mult=(1, 2))
+    blocks = [m for m in model.modules() if isinstance(m, _ResBlock)]
+    assert model.use_scale_shift_norm is False and model.config["use_scale_shift_norm"] is False
+    assert blocks and all(b.emb_layers[1].out_features == b.out_layers[-1].out_channels for b in blocks)
