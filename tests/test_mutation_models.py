@@ -1825,3 +1825,14 @@ def test_pytorch_ddpm_width_is_read_from_the_sinusoid_table_when_the_time_layers
     with pytest.raises(ValueError) as err:
         gm.load(tmp_path / "part.pt")
     assert "missing keys (4)" in str(err.value) and "resembles PytorchDDPMUNet(" in str(err.value)
+
+
+# -- chunk26 ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("backbone", [{"family": "no-such-family"}, None, ["pytorch-ddpm"]])
+def test_a_network_description_with_an_unknown_or_malformed_backbone_is_refused(backbone):
+    """build_network refuses a description whose backbone is not a dict of a known family with its ValueError
+    (not a KeyError or AttributeError from reading it)."""
+    from gms_kernels.models.diffusers_export import build_network
+
+    with pytest.raises(ValueError, match="not a gms_kernels network description: .*export it again"):
+        build_network({"type": "backbone", "backbone": backbone})
