@@ -2,6 +2,7 @@
 anything runs or is written, by every backend alike, and the CLI reports it in one line."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -149,7 +150,8 @@ def test_cuda_map_location_without_cuda_says_so(tmp_path):
     torch.save({"w": torch.zeros(2)}, tmp_path / "w.pt")
     if torch.cuda.is_available():
         pytest.fail("this check needs a machine without CUDA")  # (the GPU suite does not run this file)
-    with pytest.raises(ValueError, match="asks for a CUDA device, but this machine has none"):
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'w.pt'}: map_location='cuda' asks for a CUDA device, "
+                                                   "but this machine has none")):
         gk.models.load(tmp_path / "w.pt", map_location="cuda")
 
 
@@ -163,7 +165,8 @@ def test_a_safetensors_file_read_onto_a_missing_cuda_device_says_so(tmp_path):
     if torch.cuda.is_available():
         pytest.fail("this check needs a machine without CUDA")
     for device in ("cuda", "cuda:0", torch.device("cuda:1")):
-        with pytest.raises(ValueError, match="asks for a CUDA device, but this machine has none"):
+        with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'w.safetensors'}: map_location={device!r} asks "
+                                                       "for a CUDA device, but this machine has none")):
             read_weights_file(tmp_path / "w.safetensors", map_location=device)
     assert torch.equal(read_weights_file(tmp_path / "w.safetensors")["w"], torch.zeros(2))
 
