@@ -171,6 +171,18 @@ def test_a_safetensors_file_read_onto_a_missing_cuda_device_says_so(tmp_path):
     assert torch.equal(read_weights_file(tmp_path / "w.safetensors")["w"], torch.zeros(2))
 
 
+def test_a_safetensors_file_read_onto_meta_gives_meta_tensors(tmp_path):
+    """As torch files do (it said "truncated, corrupted or not a torch checkpoint": safetensors has no meta device)."""
+    from safetensors.torch import save_file
+
+    from gms_kernels.models._common import read_weights_file
+
+    save_file({"w": torch.zeros(2, 3, dtype=torch.float16)}, str(tmp_path / "w.safetensors"))
+    for device in ("meta", torch.device("meta")):
+        w = read_weights_file(tmp_path / "w.safetensors", map_location=device)["w"]
+        assert (w.device.type, w.shape, w.dtype) == ("meta", (2, 3), torch.float16)
+
+
 def test_a_scheduler_config_that_is_not_a_json_object_is_ignored(tmp_path):
     """A diffusers UNet folder whose scheduler_config.json holds valid JSON of another kind (a list) loads
     without a schedule from it, as a missing or unreadable file does (it raised AttributeError)."""

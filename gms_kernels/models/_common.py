@@ -143,6 +143,8 @@ def read_weights_file(path: PathLike, map_location: Any = "cpu") -> Any:
         if device.split(":")[0] == "cuda" and not torch.cuda.is_available():  # (else "corrupted", below)
             raise _no_cuda(path, map_location)
         try:
+            if device == "meta":  # (safetensors cannot load onto meta; torch.load can, and the loaders use it)
+                return {name: t.to("meta") for name, t in load_file(path, device="cpu").items()}
             return load_file(path, device=device)
         except Exception as e:
             raise _unreadable(path, os.path.getsize(path), e) from None
