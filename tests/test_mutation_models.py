@@ -1836,3 +1836,15 @@ def test_a_network_description_with_an_unknown_or_malformed_backbone_is_refused(
 
     with pytest.raises(ValueError, match="not a gms_kernels network description: .*export it again"):
         build_network({"type": "backbone", "backbone": backbone})
+
+
+# -- chunk27 ------------------------------------------------------------------------------------------
+def test_an_iddpm_unet_built_with_eps_only_returns_eps_alone():
+    """IDDPMUNet(..., eps_only=True) with a learned sigma (out_channels = 2 C) returns the C eps channels."""
+    torch.manual_seed(0)
+    kw = dict(in_channels=3, model_channels=32, out_channels=6, num_res_blocks=1, attention_resolutions=(2,),
+              channel_mult=(1, 2), num_heads=2)
+    net = gm.IDDPMUNet(**kw, eps_only=True).eval()
+    assert net.eps_only is True and gm.IDDPMUNet(**kw).eps_only is False
+    with torch.no_grad():
+        assert net(torch.randn(1, 3, 8, 8), torch.tensor([3])).shape == (1, 3, 8, 8)
