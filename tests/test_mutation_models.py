@@ -1640,8 +1640,8 @@ def test_a_reshaped_official_head_is_reported_under_its_files_name(tmp_path):
 
 # -- chunk22 ------------------------------------------------------------------------------------------
 def test_read_weights_file_hands_map_location_to_safetensors(tmp_path, monkeypatch):
-    """A .safetensors file is read onto the device map_location names (here 'meta', recorded by a stand-in for
-    safetensors' load_file), not always onto the CPU."""
+    """A .safetensors file is read onto the device map_location names (here 'cuda:1', recorded by a stand-in for
+    safetensors' load_file, with CUDA reported available), not always onto the CPU."""
     import safetensors.torch
     from safetensors.torch import save_file
 
@@ -1654,9 +1654,10 @@ def test_read_weights_file_hands_map_location_to_safetensors(tmp_path, monkeypat
         return real(path, device="cpu")
 
     monkeypatch.setattr(safetensors.torch, "load_file", recording_load_file)
-    _common.read_weights_file(tmp_path / "w.safetensors", map_location="meta")
-    _common.read_weights_file(tmp_path / "w.safetensors", map_location=torch.device("meta"))
-    assert seen == ["meta", "meta"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    _common.read_weights_file(tmp_path / "w.safetensors", map_location="cuda:1")
+    _common.read_weights_file(tmp_path / "w.safetensors", map_location=torch.device("cuda", 1))
+    assert seen == ["cuda:1", "cuda:1"]
 
 
 def test_an_exported_network_loads_with_the_schedule_it_is_given(tmp_path):
