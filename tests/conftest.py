@@ -1,3 +1,4 @@
+import contextlib
 import os
 import platform
 
@@ -49,6 +50,20 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def default_dtype():
+    """``with default_dtype(torch.float64): ...`` runs a block under another torch default dtype and restores it."""
+    @contextlib.contextmanager
+    def use(dtype: torch.dtype):
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            yield
+        finally:
+            torch.set_default_dtype(previous)
+    return use
 
 
 @pytest.fixture

@@ -133,7 +133,7 @@ def test_the_exported_diffusers_model_puts_an_integer_timestep_on_the_samples_de
     assert got.device.type == "cpu" and torch.equal(got, expected)
 
 
-def test_iddpm_timestep_embedding_ignores_the_default_device_and_dtype():
+def test_iddpm_timestep_embedding_ignores_the_default_device_and_dtype(default_dtype):
     """Its frequencies are made on t's device and in float32 (improved-diffusion's th.arange(..., float32)),
     whatever torch's default device or dtype."""
     from gms_kernels.models.iddpm import timestep_embedding
@@ -144,12 +144,8 @@ def test_iddpm_timestep_embedding_ignores_the_default_device_and_dtype():
     with torch.device("meta"):
         got = timestep_embedding(t, 9)
     assert got.device.type == "cpu" and torch.equal(got, expected)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
+    with default_dtype(torch.float64):
         got = timestep_embedding(t, 9)
-    finally:
-        torch.set_default_dtype(previous)
     assert got.dtype == torch.float32 and torch.equal(got, expected)
 
 
