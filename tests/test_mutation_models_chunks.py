@@ -533,3 +533,47 @@ def test_iddpm_unet_defaults_to_no_scale_shift_norm():
     blocks = [m for m in model.modules() if isinstance(m, _ResBlock)]
     assert model.use_scale_shift_norm is False and model.config["use_scale_shift_norm"] is False
     assert blocks and all(b.emb_layers[1].out_features == b.out_layers[-1].out_channels for b in blocks)
+
+
+# -- survivors of chunks 28-32 of the seed-3 shuffle (twelfth session) ---------------------------------------------
+def test_group_norm32_applies_float32_affine_parameters_to_a_16_bit_input_unrounded():
+    """A half/bfloat16 input is normalised in float32 with the float32 weight and bias as they are (rounded
+    once, at the end): rounding the weight and bias to the input's dtype first gives other values."""
+    torch.manual_seed(0)
+    norm = GroupNorm32(2, 8)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(8) * 1.37 + 0.1234567)
+        norm.bias.copy_(torch.randn(8) * 0.77 + 0.0123457)
+    for dtype in (torch.float16, torch.bfloat16):
+        x = (torch.randn(2, 8, 6, 6) * 3).to(dtype)
+        expected = nn.functional.group_norm(x.float(), 2, norm.weight, norm.bias, norm.eps).to(dtype)
+        y = norm(x)
+        assert y.dtype == dtype and torch.equal(y, expected), dtype
+
+
+def test_a_ddim_model_built_directly_has_the_ddpm_linear_schedule():
+    """Without a schedule set, DDIMModel.schedule is DDPM's linear one (T=1000, betas 1e-4 to 0.02), as the
+    DDIM repository's CIFAR-10 and CelebA models were trained with."""
+    import gms_kernels as gk
+
+    model = gm.DDIMModel(ch=32, out_ch=3, ch_mult=(1, 2), num_res_blocks=1, attn_resolutions=(), resolution=8)
+    assert isinstance(model.schedule, gk.Schedule) and model.schedule.T == 1000
+    assert torch.equal(model.schedule.betas, gk.Schedule.linear(1000, 1e-4, 0.02).betas)
+
+
+def test_the_official_ddim_head_defaults_to_no_dropout():
+    from gms_kernels.models.official_heads import DDIMHead
+
+    head = DDIMHead("complex", 32, 128, 3)
+    dropouts = [m for m in head.modules() if isinstance(m, nn.Dropout)]
+    assert dropouts and all(m.p == 0.0 for m in dropouts)
+
+
+def test_pytorch_ddpm_block_width_is_read_from_its_second_conv_when_the_norms_and_time_projection_are_gone():
+    """A down block's width comes from block2.3.weight (the second conv) when block1.2.weight/bias,
+    temb_proj.1.weight and block2.0.weight (the second GroupNorm) are all missing."""
+    sd = tiny_ddpm().state_dict()
+    gone = [f"downblocks.0.{k}" for k in ("block1.2.weight", "block1.2.bias", "temb_proj.1.weight", "block2.0.weight")]
+    part = {k: v for k, v in sd.items() if k not in gone}
+    config = gm.PytorchDDPMUNet.infer_config(part)
+    assert config is not None and config == gm.PytorchDDPMUNet.infer_config(sd)
