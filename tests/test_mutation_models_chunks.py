@@ -577,3 +577,46 @@ def test_pytorch_ddpm_block_width_is_read_from_its_second_conv_when_the_norms_an
     part = {k: v for k, v in sd.items() if k not in gone}
     config = gm.PytorchDDPMUNet.infer_config(part)
     assert config is not None and config == gm.PytorchDDPMUNet.infer_config(sd)
+
+
+def test_iddpm_unet_decoder_attention_takes_num_heads_upsample():
+    """num_heads_upsample (when not -1) sets the heads of the decoder's attention blocks only; the encoder and
+    middle blocks keep num_heads. The weights are the same, the outputs are not."""
+    from gms_kernels.models.iddpm import _Attention
+
+    def unet(num_heads_upsample):
+        torch.manual_seed(0)
+        return gm.IDDPMUNet(in_channels=3, model_channels=32, out_channels=3, num_res_blocks=1,
+                            attention_resolutions=(2,), channel_mult=(1, 2), num_heads=1,
+                            num_heads_upsample=num_heads_upsample).eval()
+
+    model, same_heads = unet(4), unet(-1)
+    heads = lambda blocks: [m.num_heads for m in blocks.modules() if isinstance(m, _Attention)]
+    assert heads(model.output_blocks) and set(heads(model.output_blocks)) == {4}
+    assert set(heads(model.input_blocks)) == set(heads(model.middle_block)) == {1}
+    assert set(heads(same_heads.output_blocks)) == {1}
+    with torch.no_grad():  # (improved-diffusion zero-initialises each attention's output projection)
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape) * 0.1)
+    same_heads.load_state_dict(model.state_dict())
+    x, t = torch.randn(2, 3, 8, 8), torch.tensor([3, 40])
+    with torch.no_grad():
+        assert not torch.allclose(model(x, t), same_heads(x, t))
+
+
+def test_a_diffusers_error_without_a_message_is_still_reported_as_a_value_error(tmp_path, monkeypatch):
+    """gk.models.load turns whatever UNet2DModel.from_pretrained raises into one ValueError naming the folder
+    and the exception type, also when the exception has no message."""
+    from diffusers import UNet2DModel
+
+    torch.manual_seed(0)
+    UNet2DModel(sample_size=8, in_channels=3, out_channels=3, layers_per_block=1, block_out_channels=(8, 16),
+                norm_num_groups=4, down_block_types=("DownBlock2D", "DownBlock2D"),
+                up_block_types=("UpBlock2D", "UpBlock2D")).save_pretrained(tmp_path / "unet")
+
+    def fail(cls, *args, **kwargs):
+        raise RuntimeError()
+
+    monkeypatch.setattr(UNet2DModel, "from_pretrained", classmethod(fail))
+    with pytest.raises(ValueError, match=r"unet: diffusers could not load the UNet2DModel \(RuntimeError: \)\. Check"):
+        gm.load(tmp_path / "unet")
