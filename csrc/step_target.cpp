@@ -338,7 +338,8 @@ GMS_NO_FMA_FN GMS_VINLINE void closed_fit_w(const ClosedConsts& c, const VD* m1,
 // mixture draw of kD elements: (u < w1 ? mu1 : mu2) + sd z in double, rounded once
 GMS_NO_FMA_FN GMS_VINLINE VD mix_vec(VD p1, VD p2, VD sd, VFh z, VFh u, float w1f) {
     GMS_NO_FMA_BEGIN
-    const VL first = __builtin_convertvector(u < splat<VFh>(w1f), VL);
+    // (compared in double, exactly as in float32: a float32 mask widened to 64-bit lanes costs GCC four instructions)
+    const VL first = widen(u) < splat<VD>(static_cast<double>(w1f));
     return select(first, p1, p2) + sd * widen(z);
 }
 

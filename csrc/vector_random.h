@@ -139,10 +139,9 @@ inline void philox_pairs_run(int n, uint64_t seed, uint64_t head, uint64_t g0, u
         constexpr int W = decltype(w_const)::value;
         VQ c0[W], c1[W], c2[W], c3[W];
         philox_rounds_run<W, true>(keys, head, g0 + static_cast<uint64_t>(at), c0, c1, c2, c3);
-        const VQ low = splat<VQ>(0xFFFFFFFFull);
         for (int j = 0; j < W; ++j) {  // 64-bit lanes (word 0 | word 2 << 32) store as the pairs (w0, w2)
-            store(A + 2 * (at + kD * j), (c0[j] & low) | (c2[j] << 32));
-            store(B + 2 * (at + kD * j), (c1[j] & low) | (c3[j] << 32));
+            store(A + 2 * (at + kD * j), pack_low_words(c0[j], c2[j]));
+            store(B + 2 * (at + kD * j), pack_low_words(c1[j], c3[j]));
         }
     };
     for (; i + 4 * kD <= n; i += 4 * kD) run(std::integral_constant<int, 4>(), i);
@@ -207,66 +206,86 @@ GMS_VINLINE VF uniform_of(VU w) {
 
 // log(m 2^e) for m in [sqrt(1/2), sqrt(2)) given as double: 2 atanh(s) + e ln 2 with
 // s = (m - 1)/(m + 1) (|s| < 0.1716); the division is a reciprocal estimate refined by a Newton step.
-GMS_VINLINE VFh log_core(VD m, VD e) {
+// K vectors at once, statement by statement, so that their polynomial chains interleave.
+template <int K>
+GMS_VINLINE void log_core(const VD* m, const VD* e, VFh* out) {
     const VD one = splat<VD>(1.0);
-    const VD den = m + one;
-    const VD s = (m - one) * recip(den), s2 = s * s;  // (2^-28 or better: ~1e-8 of a float32 ulp in the log)
-    VD p = splat<VD>(2.0 / 11.0);
-    p = fma(p, s2, splat<VD>(2.0 / 9.0));
-    p = fma(p, s2, splat<VD>(2.0 / 7.0));
-    p = fma(p, s2, splat<VD>(2.0 / 5.0));
-    p = fma(p, s2, splat<VD>(2.0 / 3.0));
-    p = fma(p, s2, splat<VD>(2.0));
-    return narrow(fma(e, splat<VD>(0.69314718055994530942), s * p));
+    VD s[K], s2[K], p[K];
+    for (int j = 0; j < K; ++j) {
+        s[j] = (m[j] - one) * recip(m[j] + one);  // (2^-28 or better: ~1e-8 of a float32 ulp in the log)
+        s2[j] = s[j] * s[j];
+        p[j] = splat<VD>(2.0 / 11.0);
+    }
+    static const double coef[] = {2.0 / 9.0, 2.0 / 7.0, 2.0 / 5.0, 2.0 / 3.0, 2.0};
+    for (double cf : coef)
+        for (int j = 0; j < K; ++j) p[j] = fma(p[j], s2[j], splat<VD>(cf));
+    for (int j = 0; j < K; ++j) out[j] = narrow(fma(e[j], splat<VD>(0.69314718055994530942), s[j] * p[j]));
 }
 
 // cos(theta) and sin(theta) for theta in [0, 2 pi]: with x = theta - pi (pi in two parts, so that x
 // keeps its absolute accuracy), y = |x| and z = y (y <= pi/2) or pi - y, an even polynomial for
 // cos z and an odd one for sin z; cos(theta) = -cos(x) = (far ? cos z : -cos z) and
-// sin(theta) = -sin(x) = (x < 0 ? sin z : -sin z).
-GMS_VINLINE void sincos_core(VD theta, VFh& cos_out, VFh& sin_out) {
+// sin(theta) = -sin(x) = (x < 0 ? sin z : -sin z). K vectors at once, as log_core.
+template <int K>
+GMS_VINLINE void sincos_core(const VD* theta, VFh* cos_out, VFh* sin_out) {
     const VD pi_hi = splat<VD>(3.141592653589793116), pi_lo = splat<VD>(1.2246467991473532e-16);
-    const VD x = (theta - pi_hi) - pi_lo;
-    const VD y = vabs(x);
-    const auto far = y > splat<VD>(1.5707963267948966);
-    const VD z = select(far, (pi_hi - y) + pi_lo, y);
-    const VD z2 = z * z;
-    VD c = splat<VD>(-1.0 / 87178291200.0);  // -1/14!
-    VD s = splat<VD>(1.0 / 6227020800.0);    // 1/13!
+    VD x[K], z[K], z2[K], c[K], s[K];
+    VL far[K];
+    for (int j = 0; j < K; ++j) {
+        x[j] = (theta[j] - pi_hi) - pi_lo;
+        const VD y = vabs(x[j]);
+        far[j] = y > splat<VD>(1.5707963267948966);
+        z[j] = select(far[j], (pi_hi - y) + pi_lo, y);
+        z2[j] = z[j] * z[j];
+        c[j] = splat<VD>(-1.0 / 87178291200.0);  // -1/14!
+        s[j] = splat<VD>(1.0 / 6227020800.0);    // 1/13!
+    }
     static const double cos_coef[] = {1.0 / 479001600.0, -1.0 / 3628800.0, 1.0 / 40320.0, -1.0 / 720.0,
                                       1.0 / 24.0,        -0.5,               1.0};
     static const double sin_coef[] = {-1.0 / 39916800.0, 1.0 / 362880.0, -1.0 / 5040.0, 1.0 / 120.0, -1.0 / 6.0};
-    for (double cf : cos_coef) c = fma(c, z2, splat<VD>(cf));
-    for (double cf : sin_coef) s = fma(s, z2, splat<VD>(cf));
-    s = fma(s * z2, z, z);
-    cos_out = narrow(select(far, c, -c));
-    sin_out = narrow(select(x >= splat<VD>(0.0), -s, s));
+    for (double cf : cos_coef)
+        for (int j = 0; j < K; ++j) c[j] = fma(c[j], z2[j], splat<VD>(cf));
+    for (double cf : sin_coef)
+        for (int j = 0; j < K; ++j) s[j] = fma(s[j], z2[j], splat<VD>(cf));
+    for (int j = 0; j < K; ++j) {
+        s[j] = fma(s[j] * z2[j], z[j], z[j]);
+        cos_out[j] = narrow(select(far[j], c[j], -c[j]));
+        sin_out[j] = narrow(select(x[j] >= splat<VD>(0.0), -s[j], s[j]));
+    }
 }
 
-// The 2 kF normals of kF pairs of words (a: u1 words, b: u2 words), interleaved (r cos, r sin)
-// per pair into lo (pairs 0 .. kF/2 - 1) and hi.
-GMS_VINLINE void box_muller(VU a, VU b, VF& lo, VF& hi) {
-    const VF u1 = vmax(uniform_of(a), splat<VF>(kMinU1));
-    const VF theta = splat<VF>(kTwoPi) * uniform_of(b);
-    // u1 = m 2^e with m in [sqrt(1/2), sqrt(2))
-    const VU ubits = bits<VU>(u1);
-    VU mbits = (ubits & 0x007FFFFFu) | 0x3F800000u;
-    const VI big = bits<VI>(mbits > 0x3FB504F3u);  // (-1 where m > sqrt(2): m / 2, e + 1)
-    const VI e = bits<VI>(ubits >> 23) - 127 - big;
-    mbits -= bits<VU>(big) & (1u << 23);
-    const VF m = bits<VF>(mbits);
-    VFh lg[2], cs[2], sn[2];
-    const VF ef = __builtin_convertvector(e, VF);  // (exact: |e| < 2^8)
-    const VFh mh[2] = {low_half(m), high_half(m)}, eh[2] = {low_half(ef), high_half(ef)};
-    const VFh th[2] = {low_half(theta), high_half(theta)};
-    for (int h = 0; h < 2; ++h) {
-        lg[h] = log_core(widen(mh[h]), widen(eh[h]));
-        sincos_core(widen(th[h]), cs[h], sn[h]);
+// The 2 kF normals of each of W vectors of kF pairs of words (a: u1 words, b: u2 words),
+// interleaved (r cos, r sin) per pair into lo[w] (pairs 0 .. kF/2 - 1) and hi[w].
+template <int W>
+GMS_VINLINE void box_muller(const VU* a, const VU* b, VF* lo, VF* hi) {
+    VD md[2 * W], ed[2 * W], td[2 * W];
+    for (int w = 0; w < W; ++w) {
+        const VF u1 = vmax(uniform_of(a[w]), splat<VF>(kMinU1));
+        const VF theta = splat<VF>(kTwoPi) * uniform_of(b[w]);
+        // u1 = m 2^e with m in [sqrt(1/2), sqrt(2))
+        const VU ubits = bits<VU>(u1);
+        VU mbits = (ubits & 0x007FFFFFu) | 0x3F800000u;
+        const VI big = bits<VI>(mbits > 0x3FB504F3u);  // (-1 where m > sqrt(2): m / 2, e + 1)
+        const VI e = bits<VI>(ubits >> 23) - 127 - big;
+        mbits -= bits<VU>(big) & (1u << 23);
+        const VF m = bits<VF>(mbits);
+        const VF ef = __builtin_convertvector(e, VF);  // (exact: |e| < 2^8)
+        md[2 * w] = widen(low_half(m));
+        md[2 * w + 1] = widen(high_half(m));
+        ed[2 * w] = widen(low_half(ef));
+        ed[2 * w + 1] = widen(high_half(ef));
+        td[2 * w] = widen(low_half(theta));
+        td[2 * w + 1] = widen(high_half(theta));
     }
-    const VF radius = sqrt(splat<VF>(-2.0f) * join(lg[0], lg[1]));
-    const VF r_cos = radius * join(cs[0], cs[1]), r_sin = radius * join(sn[0], sn[1]);
-    lo = zip_low(r_cos, r_sin);
-    hi = zip_high(r_cos, r_sin);
+    VFh lg[2 * W], cs[2 * W], sn[2 * W];
+    log_core<2 * W>(md, ed, lg);
+    sincos_core<2 * W>(td, cs, sn);
+    for (int w = 0; w < W; ++w) {
+        const VF radius = sqrt(splat<VF>(-2.0f) * join(lg[2 * w], lg[2 * w + 1]));
+        const VF r_cos = radius * join(cs[2 * w], cs[2 * w + 1]), r_sin = radius * join(sn[2 * w], sn[2 * w + 1]);
+        lo[w] = zip_low(r_cos, r_sin);
+        hi[w] = zip_high(r_cos, r_sin);
+    }
 }
 
 // The 2 n normals of n pairs of words (u1 words A, u2 words B): z[2 p] = r cos(theta) and
@@ -275,13 +294,13 @@ GMS_VINLINE void box_muller(VU a, VU b, VF& lo, VF& hi) {
 inline void normal_pairs(int n, const uint32_t* __restrict A, const uint32_t* __restrict B, float* __restrict z) {
     int i = 0;
     for (; i + 2 * kF <= n; i += 2 * kF) {  // (two vectors per iteration: their chains overlap)
-        VF lo0, hi0, lo1, hi1;
-        box_muller(load<VU>(A + i), load<VU>(B + i), lo0, hi0);
-        box_muller(load<VU>(A + i + kF), load<VU>(B + i + kF), lo1, hi1);
-        store(z + 2 * i, lo0);
-        store(z + 2 * i + kF, hi0);
-        store(z + 2 * i + 2 * kF, lo1);
-        store(z + 2 * i + 3 * kF, hi1);
+        const VU a[2] = {load<VU>(A + i), load<VU>(A + i + kF)}, b[2] = {load<VU>(B + i), load<VU>(B + i + kF)};
+        VF lo[2], hi[2];
+        box_muller<2>(a, b, lo, hi);
+        for (int w = 0; w < 2; ++w) {
+            store(z + 2 * i + 2 * kF * w, lo[w]);
+            store(z + 2 * i + 2 * kF * w + kF, hi[w]);
+        }
     }
     for (; i < n; i += kF) {
         const int left = imin(kF, n - i);
@@ -289,8 +308,9 @@ inline void normal_pairs(int n, const uint32_t* __restrict A, const uint32_t* __
         alignas(64) float out[2 * kF];
         std::memcpy(a, A + i, sizeof(uint32_t) * static_cast<size_t>(left));
         std::memcpy(b, B + i, sizeof(uint32_t) * static_cast<size_t>(left));
+        const VU av = load<VU>(a), bv = load<VU>(b);
         VF lo, hi;
-        box_muller(load<VU>(a), load<VU>(b), lo, hi);
+        box_muller<1>(&av, &bv, &lo, &hi);
         store(out, lo);
         store(out + kF, hi);
         std::memcpy(z + 2 * i, out, sizeof(float) * static_cast<size_t>(2 * left));
