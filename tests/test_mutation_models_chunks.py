@@ -620,3 +620,19 @@ def test_a_diffusers_error_without_a_message_is_still_reported_as_a_value_error(
     monkeypatch.setattr(UNet2DModel, "from_pretrained", classmethod(fail))
     with pytest.raises(ValueError, match=r"unet: diffusers could not load the UNet2DModel \(RuntimeError: \)\. Check"):
         gm.load(tmp_path / "unet")
+
+
+def test_a_res_conv_head_with_low_precision_convolutions_and_a_float32_time_layer_runs():
+    """As for the backbones (improved-diffusion's convert_to_fp16 casts the convolutions alone): a head whose
+    convolutions are bfloat16 while its time projection stays float32 casts the projected embedding to the
+    feature's dtype, and returns bfloat16."""
+    torch.manual_seed(0)
+    head = gm.ResConvHead(32, 64, 3).eval()
+    for m in head.modules():
+        if isinstance(m, nn.Conv2d):
+            m.to(torch.bfloat16)
+    assert head.res.temb_proj.weight.dtype == torch.float32
+    h, temb = torch.randn(2, 32, 8, 8).to(torch.bfloat16), torch.randn(2, 64)
+    with torch.no_grad():
+        out = head(h, temb)
+    assert out.dtype == torch.bfloat16 and out.shape == (2, 3, 8, 8) and torch.isfinite(out.float()).all()
