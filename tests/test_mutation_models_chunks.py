@@ -636,3 +636,13 @@ def test_a_res_conv_head_with_low_precision_convolutions_and_a_float32_time_laye
     with torch.no_grad():
         out = head(h, temb)
     assert out.dtype == torch.bfloat16 and out.shape == (2, 3, 8, 8) and torch.isfinite(out.float()).all()
+
+
+def test_a_state_dict_mismatch_of_exactly_eight_keys_lists_them_all_with_no_more():
+    """Up to 8 keys are listed in full; "... (N more)" appears only past the eighth."""
+    from gms_kernels.models import _common
+
+    net = nn.Sequential(*[nn.Linear(1, 1, bias=False) for _ in range(8)])
+    text = _common.mismatch_message("net:", *_common.mismatch_report(net, {}), "fix it")
+    assert "  missing keys (8): " + ", ".join(f"{i}.weight" for i in range(8)) + "\n" in text
+    assert "more)" not in text
