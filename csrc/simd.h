@@ -12,7 +12,10 @@
 //   any        whether a comparison holds in some lane;
 //   mul_wide   32 x 32 -> 64-bit products of the low words of 64-bit lanes (Philox);
 //   recip      a reciprocal estimate refined by Newton steps (the log's and the knee's divisions);
-//   sqrt_pos   a square root of s >= 0 (the draw's standard deviation).
+//   sqrt_pos   a square root of s >= 0 (the draw's standard deviation);
+//   widen, widen_int, widen_u32, low_words, pack_low_words
+//              half-width <-> full-width conversions and the Philox word packing, one instruction each on
+//              AVX-512 and AVX2 (GCC 12 splits the generic forms there).
 #pragma once
 
 #include <cstddef>
@@ -322,8 +325,8 @@ GMS_VINLINE VQ hi_down_impl(VQ v, std::index_sequence<I...>) {
 GMS_VINLINE VQ hi_down(VQ v) { return hi_down_impl(v, std::make_index_sequence<kF>()); }
 
 // Each 64-bit lane: lo's low word below hi's low word, (lo & 0xFFFFFFFF) | (hi << 32). GCC 12 spells the
-// generic form as three unpack / shuffle instructions on AVX-512 and AVX2 (a 16% slower Philox loop on
-// Zen 4, sharing ports with hi_down); there a shift and a dword blend.
+// generic form as unpack and shuffle instructions on AVX-512 and AVX2, on the shuffle port hi_down also
+// needs; there a shift and a dword blend.
 GMS_VINLINE VQ pack_low_words(VQ lo, VQ hi) {
 #if GMS_VBYTES == 64 && defined(__AVX512F__)
     return bits<VQ>(_mm512_mask_blend_epi32(0xAAAA, bits<__m512i>(lo), _mm512_slli_epi64(bits<__m512i>(hi), 32)));
