@@ -646,3 +646,22 @@ def test_a_state_dict_mismatch_of_exactly_eight_keys_lists_them_all_with_no_more
     text = _common.mismatch_message("net:", *_common.mismatch_report(net, {}), "fix it")
     assert "  missing keys (8): " + ", ".join(f"{i}.weight" for i in range(8)) + "\n" in text
     assert "more)" not in text
+
+
+def test_a_moment_net_file_holding_gpu_tensors_loads_onto_the_cpu_by_default(tmp_path):
+    """MomentNet.load reads the file with its map_location (default "cpu"): a MomentNet file whose tensors
+    are tagged "cuda:0" (written here without a GPU) loads on this machine. (MomentNet.save itself writes
+    CPU tensors; the file below is written by torch.save of the same dict.)"""
+    from unittest import mock
+
+    import torch.serialization
+
+    net = gm.MomentNet(tiny_ddpm()).eval()
+    net.save(tmp_path / "net.pt")
+    data = torch.load(tmp_path / "net.pt", weights_only=True)
+    with mock.patch.object(torch.serialization, "location_tag", lambda storage: "cuda:0"):
+        torch.save(data, tmp_path / "from_gpu.pt")
+    loaded = gm.MomentNet.load(tmp_path / "from_gpu.pt")
+    assert {p.device.type for p in loaded.parameters()} == {"cpu"}
+    for k, v in net.state_dict().items():
+        assert torch.equal(loaded.state_dict()[k], v), k
