@@ -429,3 +429,35 @@ def test_iddpm_and_diffusers_errors(tmp_path, request):
     os.remove(bad / "diffusion_pytorch_model.safetensors")
     with pytest.raises(ValueError, match="not a diffusers model directory"):
         gm.load(bad)
+
+
+def _tiny_ddpm() -> gm.PytorchDDPMUNet:
+    return gm.PytorchDDPMUNet(T=50, ch=32, ch_mult=(1, 2), attn=(1,), num_res_blocks=1)
+
+
+@pytest.mark.parametrize("load", [lambda p: gm.MomentNet.load(p, map_location="meta"),
+                                  lambda p: gm.load(p, map_location="meta"),
+                                  lambda p: gm.load(p, map_location=torch.device("meta"))],
+                         ids=["MomentNet.load", "gm.load", "gm.load-device"])
+def test_a_moment_net_with_a_schedule_loads_onto_meta_with_its_schedule(tmp_path, load, recwarn):
+    """A MomentNet file stores its backbone's schedule beside the weights: read onto the meta device, the
+    schedule's values were lost ("Cannot copy out of meta tensor"). The file is read onto the CPU, the
+    weights go to meta, the schedule keeps its values, and no 'copying ... is a no-op' warning is raised."""
+    net = gm.MomentNet(_tiny_ddpm())
+    net.save(tmp_path / "n.pt")
+    loaded = load(tmp_path / "n.pt")
+    assert {t.device.type for t in loaded.state_dict().values()} == {"meta"}
+    assert torch.equal(loaded.schedule.betas, net.schedule.betas)
+    assert not [w for w in recwarn if "no-op" in str(w.message)]
+
+
+def test_a_checkpoint_loaded_with_map_location_none_is_on_the_cpu(tmp_path):
+    """map_location=None means the CPU for every loader (it gave a model left on the meta device, with
+    no data, for pytorch-ddpm, improved-diffusion and DDIM checkpoints)."""
+    backbone = _tiny_ddpm()
+    torch.save(backbone.state_dict(), tmp_path / "b.pt")
+    loaded = gm.load(tmp_path / "b.pt", kind="pytorch-ddpm", map_location=None, T=50, ch=32, ch_mult=(1, 2),
+                     attn=(1,), num_res_blocks=1)
+    assert {t.device.type for t in loaded.state_dict().values()} == {"cpu"}
+    for name, tensor in backbone.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name

@@ -129,6 +129,19 @@ def _starts_like_zip(path: str) -> bool:
     return _first_bytes(path, 4) == b"PK\x03\x04"
 
 
+def read_location(map_location: Any) -> Any:
+    """Where a loader reads a checkpoint for ``map_location``: the CPU in place of the meta device (a
+    schedule stored beside the weights needs its values; the weights go to meta afterwards, when the
+    model is materialised there), ``map_location`` itself otherwise."""
+    if isinstance(map_location, (str, torch.device)):
+        try:
+            if torch.device(map_location).type == "meta":
+                return "cpu"
+        except RuntimeError:  # (not a device: torch.load reports it)
+            pass
+    return map_location
+
+
 def read_weights_file(path: PathLike, map_location: Any = "cpu") -> Any:
     """A ``.safetensors`` file (as a dict of tensors) or a torch file, read offline and safely."""
     path = _name(path)
@@ -220,7 +233,10 @@ def meta_model(factory: Callable[[], nn.Module]) -> nn.Module:
 
 
 def materialize(model: nn.Module, state: Mapping[str, torch.Tensor], device: Any = "cpu") -> nn.Module:
-    """Give a meta-device model real storage and fill every parameter/buffer from ``state``."""
-    model = model.to_empty(device=device)
+    """Give a meta-device model real storage on ``device`` (None: the CPU, as for map_location=None) and fill
+    every parameter/buffer from ``state``."""
+    model = model.to_empty(device="cpu" if device is None else device)
+    if any(t.is_meta for t in model.state_dict().values()):  # (shapes only: a state read onto the CPU is checked, not copied)
+        state = {name: t.to("meta") if isinstance(t, torch.Tensor) else t for name, t in state.items()}
     model.load_state_dict(state, strict=True)
     return model

@@ -21,7 +21,7 @@ from torch import nn
 
 from ..schedule import Schedule
 from ._common import (check_state_dict, format_call, materialize, meta_model, mismatch_message, mismatch_report,
-                      read_weights_file, strip_prefix)
+                      read_location, read_weights_file, strip_prefix)
 from .diffusers_unet import DiffusersUNet, scheduler_config_near
 from .ddim_model import DDIMModel, resolve_resolution
 from .iddpm import IDDPMUNet
@@ -89,7 +89,7 @@ def load(path_or_dir: str | os.PathLike | Sequence[str | os.PathLike], kind: str
     if kind == "diffusers":
         raise ValueError(f"{path} is a file; kind='diffusers' needs the model directory (config.json + "
                          f"{' or '.join(DIFFUSERS_WEIGHTS)})")
-    data = read_weights_file(path, map_location)
+    data = read_weights_file(path, read_location(map_location))
     if kind == "auto":
         kind = _detect(path, data)
     if kind == "pytorch-ddpm":

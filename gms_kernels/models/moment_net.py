@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..schedule import Schedule
-from ._common import GroupNorm32, check_state_dict, format_call, group_count, materialize, read_torch_file
+from ._common import GroupNorm32, check_state_dict, format_call, group_count, materialize, read_location, read_torch_file
 from .ddim_model import DDIMModel
 from .diffusers_unet import DiffusersUNet, is_diffusers_unet
 from .iddpm import IDDPMUNet
@@ -279,7 +279,7 @@ class MomentNet(nn.Module):
     def load(cls, path: str | os.PathLike, data: dict | None = None, map_location: Any = "cpu") -> "MomentNet":
         """Rebuild a MomentNet saved with :meth:`save` (offline, weights_only)."""
         path = os.fspath(path)
-        data = read_torch_file(path, map_location) if data is None else data
+        data = read_torch_file(path, read_location(map_location)) if data is None else data
         heads = _check_format(data, path, NET_FORMAT, "a MomentNet file (MomentNet.save)", config_key="heads")
         spec, state = data.get("backbone"), data.get("state_dict")
         if not isinstance(spec, dict) or spec.get("family") not in BACKBONES or not isinstance(state, dict):
@@ -295,7 +295,7 @@ class MomentNet(nn.Module):
         described = format_call(f"MomentNet[{spec['family']}]", {"orders": heads.get("orders"), "head": heads.get("head")})
         check_state_dict(net, state, path, described)
         if on_meta:
-            materialize(net, state, map_location or "cpu")
+            materialize(net, state, map_location)
         else:
             net.load_state_dict(state, strict=True)
             if isinstance(map_location, (str, torch.device)):
