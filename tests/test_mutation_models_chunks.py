@@ -665,3 +665,68 @@ def test_a_moment_net_file_holding_gpu_tensors_loads_onto_the_cpu_by_default(tmp
     assert {p.device.type for p in loaded.parameters()} == {"cpu"}
     for k, v in net.state_dict().items():
         assert torch.equal(loaded.state_dict()[k], v), k
+
+
+# -- survivors of the rerun of 8c2c5ed's changed loader functions (read_location, materialize, gk.models.load,
+# -- MomentNet.load; twelfth session) --------------------------------------------------------------------------------
+def _checkpoints_of_each_kind(folder):
+    """A small file of each kind gk.models.load builds on the meta device, with the options it needs."""
+    torch.manual_seed(0)
+    ddpm = gm.PytorchDDPMUNet(T=50, ch=32, ch_mult=(1, 2), attn=(1,), num_res_blocks=1)
+    torch.save({"ema_model": ddpm.state_dict()}, folder / "ddpm.pt")
+    torch.save(gm.IDDPMUNet(in_channels=3, model_channels=32, out_channels=3, num_res_blocks=1,
+                            attention_resolutions=(), channel_mult=(1, 2)).state_dict(), folder / "iddpm.pt")
+    torch.save(gm.DDIMModel(ch=32, out_ch=3, ch_mult=(1, 2), num_res_blocks=1, attn_resolutions=(),
+                            resolution=8).state_dict(), folder / "ddim.pt")
+    gm.MomentNet(ddpm).save_heads(folder / "heads.pt")
+    return {"pytorch-ddpm": (folder / "ddpm.pt", {}), "improved-diffusion": (folder / "iddpm.pt", {}),
+            "ddim": (folder / "ddim.pt", {"resolution": 8}),
+            "gms-heads": (folder / "heads.pt", {"backbone": folder / "ddpm.pt"})}
+
+
+@pytest.mark.parametrize("kind", ["pytorch-ddpm", "improved-diffusion", "ddim", "gms-heads"])
+def test_gk_models_load_hands_map_location_meta_to_each_kinds_loader(tmp_path, kind):
+    """gk.models.load reads the file onto the CPU for map_location='meta' but builds the model on meta: the
+    loader of each kind gets map_location itself (with None in its place the model came back on the CPU,
+    as map_location=None now means), and a heads file's backbone goes to meta with its heads."""
+    path, options = _checkpoints_of_each_kind(tmp_path)[kind]
+    for device in ("meta", torch.device("meta")):
+        model = gm.load(path, map_location=device, **options)
+        assert {t.device.type for t in model.state_dict().values()} == {"meta"}, (kind, device)
+
+
+def _tiny_diffusers_moment_net():
+    from diffusers import UNet2DModel
+
+    torch.manual_seed(0)
+    unet = UNet2DModel(sample_size=8, in_channels=3, out_channels=3, layers_per_block=1, block_out_channels=(8, 16),
+                       norm_num_groups=4, down_block_types=("DownBlock2D", "DownBlock2D"),
+                       up_block_types=("UpBlock2D", "UpBlock2D"))
+    return gm.MomentNet(gm.DiffusersUNet(unet)).eval()
+
+
+def test_a_moment_net_with_a_diffusers_backbone_loads_onto_meta(tmp_path):
+    """A diffusers backbone is rebuilt with real storage (not on meta) and filled from the file, which is read
+    onto the CPU for a meta target: MomentNet.load must then move the network to map_location, or it stays
+    on the CPU."""
+    net = _tiny_diffusers_moment_net()
+    net.save(tmp_path / "net.pt")
+    for device in ("meta", torch.device("meta")):
+        loaded = gm.MomentNet.load(tmp_path / "net.pt", map_location=device)
+        assert {t.device.type for t in loaded.state_dict().values()} == {"meta"}, device
+    loaded = gm.MomentNet.load(tmp_path / "net.pt")
+    for name, tensor in net.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+
+
+def test_moment_net_load_onto_a_missing_cuda_device_says_so_with_the_file_name(tmp_path, monkeypatch):
+    """MomentNet.load reads its file with read_location(map_location): map_location='cuda' on a machine
+    without CUDA (CUDA reported missing here, so that the check does not depend on the machine) gives the
+    package's message naming the file and map_location, from the read, not an error from torch further on."""
+    import re
+
+    gm.MomentNet(tiny_ddpm()).save(tmp_path / "net.pt")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'net.pt'}: map_location='cuda' asks for a CUDA "
+                                                   "device, but this machine has none")):
+        gm.MomentNet.load(tmp_path / "net.pt", map_location="cuda")
