@@ -461,3 +461,43 @@ def test_a_checkpoint_loaded_with_map_location_none_is_on_the_cpu(tmp_path):
     assert {t.device.type for t in loaded.state_dict().values()} == {"cpu"}
     for name, tensor in backbone.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], tensor), name
+
+
+def _saved_as_if_on_cuda(data, path):
+    """torch.save of data with every storage tagged cuda:0 (a file written on a GPU machine), without a GPU."""
+    from unittest import mock
+
+    import torch.serialization
+
+    with mock.patch.object(torch.serialization, "location_tag", lambda storage: "cuda:0"):
+        torch.save(data, path)
+
+
+@pytest.mark.parametrize("map_location", [None, {"cuda:0": "cpu"}, lambda storage, location: storage],
+                         ids=["None", "dict", "function"])
+def test_a_gpu_saved_checkpoint_loads_onto_the_cpu_for_none_or_a_remapping(tmp_path, map_location):
+    """The loaders' map_location=None is the CPU (torch.load's None would restore the file's CUDA tensors,
+    which fails without a GPU), and a torch.load remapping (dict or function) places the model where it put
+    the tensors (the meta-built backbones failed with empty_like's TypeError)."""
+    backbone = _tiny_ddpm()
+    _saved_as_if_on_cuda({"ema_model": backbone.state_dict()}, tmp_path / "ddpm.pt")
+    net = gm.MomentNet(backbone)
+    net.save(tmp_path / "net.pt")
+    _saved_as_if_on_cuda(torch.load(tmp_path / "net.pt", weights_only=True), tmp_path / "net_gpu.pt")
+    for loaded, expected in [(gm.load(tmp_path / "ddpm.pt", map_location=map_location), backbone),
+                             (gm.load(tmp_path / "net_gpu.pt", map_location=map_location), net)]:
+        assert {t.device.type for t in loaded.state_dict().values()} == {"cpu"}
+        for name, tensor in expected.state_dict().items():
+            assert torch.equal(loaded.state_dict()[name], tensor), name
+
+
+def test_a_diffusers_directory_goes_where_map_location_says(diffusers_dir, monkeypatch):
+    """gk.models.load(directory) ignored map_location (the model stayed on the CPU whatever was asked): it is
+    moved there now, a missing CUDA device is named as for a file, and a remapping is refused."""
+    assert {t.device.type for t in gm.load(diffusers_dir, map_location="meta").state_dict().values()} == {"meta"}
+    assert {t.device.type for t in gm.load(diffusers_dir, map_location=None).state_dict().values()} == {"cpu"}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="map_location='cuda' asks for a CUDA device, but this machine has none"):
+        gm.load(diffusers_dir, map_location="cuda")
+    with pytest.raises(ValueError, match="map_location must be a device"):
+        gm.load(diffusers_dir, map_location={"cuda:0": "cpu"})

@@ -90,13 +90,13 @@ def read_torch_file(path: PathLike, map_location: Any = "cpu") -> Any:
                           "does not read: save it with torch.save" if plain_pickle else None) from None
     except RuntimeError as e:
         if "on a CUDA device but torch.cuda.is_available() is False" in str(e):
-            raise _no_cuda(path, map_location) from None
+            raise no_cuda(path, map_location) from None
         raise _unreadable(path, size, e) from None
     except Exception as e:  # truncated zip, garbage bytes, EOF, ...
         raise _unreadable(path, size, e) from None
 
 
-def _no_cuda(path: str, map_location: Any) -> ValueError:
+def no_cuda(path: str, map_location: Any) -> ValueError:
     return ValueError(f"{path}: map_location={map_location!r} asks for a CUDA device, but this machine has none "
                       "(torch.cuda.is_available() is False): pass map_location='cpu'")
 
@@ -132,7 +132,10 @@ def _starts_like_zip(path: str) -> bool:
 def read_location(map_location: Any) -> Any:
     """Where a loader reads a checkpoint for ``map_location``: the CPU in place of the meta device (a
     schedule stored beside the weights needs its values; the weights go to meta afterwards, when the
-    model is materialised there), ``map_location`` itself otherwise."""
+    model is materialised there) and in place of None (the loaders' None is the CPU, not torch.load's
+    "where each tensor was saved"), ``map_location`` itself otherwise."""
+    if map_location is None:
+        return "cpu"
     if isinstance(map_location, (str, torch.device)):
         try:
             if torch.device(map_location).type == "meta":
@@ -154,7 +157,7 @@ def read_weights_file(path: PathLike, map_location: Any = "cpu") -> Any:
             raise ValueError(f"{path}: reading .safetensors needs the 'safetensors' package") from e
         device = str(map_location) if map_location is not None else "cpu"
         if device.split(":")[0] == "cuda" and not torch.cuda.is_available():  # (else "corrupted", below)
-            raise _no_cuda(path, map_location)
+            raise no_cuda(path, map_location)
         try:
             if device == "meta":  # (safetensors cannot load onto meta; torch.load can, and the loaders use it)
                 return {name: t.to("meta") for name, t in load_file(path, device="cpu").items()}
@@ -233,9 +236,14 @@ def meta_model(factory: Callable[[], nn.Module]) -> nn.Module:
 
 
 def materialize(model: nn.Module, state: Mapping[str, torch.Tensor], device: Any = "cpu") -> nn.Module:
-    """Give a meta-device model real storage on ``device`` (None: the CPU, as for map_location=None) and fill
-    every parameter/buffer from ``state``."""
-    model = model.to_empty(device="cpu" if device is None else device)
+    """Give a meta-device model real storage on ``device`` and fill every parameter/buffer from ``state``.
+    ``device`` is a map_location: None means the CPU, and a torch.load remapping (a dict or a function)
+    places the model where it put the state's tensors."""
+    if device is None:
+        device = "cpu"
+    elif not isinstance(device, (str, torch.device, int)):
+        device = next((t.device for t in state.values() if isinstance(t, torch.Tensor)), torch.device("cpu"))
+    model = model.to_empty(device=device)
     if any(t.is_meta for t in model.state_dict().values()):  # (shapes only: a state read onto the CPU is checked, not copied)
         state = {name: t.to("meta") if isinstance(t, torch.Tensor) else t for name, t in state.items()}
     model.load_state_dict(state, strict=True)

@@ -21,7 +21,7 @@ from torch import nn
 
 from ..schedule import Schedule
 from ._common import (check_state_dict, format_call, materialize, meta_model, mismatch_message, mismatch_report,
-                      read_location, read_weights_file, strip_prefix)
+                      no_cuda, read_location, read_weights_file, strip_prefix)
 from .diffusers_unet import DiffusersUNet, scheduler_config_near
 from .ddim_model import DDIMModel, resolve_resolution
 from .iddpm import IDDPMUNet
@@ -65,6 +65,10 @@ def load(path_or_dir: str | os.PathLike | Sequence[str | os.PathLike], kind: str
     - gms-heads: ``backbone`` (a module or a path loaded with this function): returns a MomentNet.
     - moment-net: nothing.
 
+    ``map_location``: where the model goes, as for ``torch.load`` (a device, or a dict / function that remaps
+    the saved tensors: the model goes where they go); None means the CPU, and ``"meta"`` gives a model of
+    shapes only (the file is still read and checked).
+
     A bad file (unreadable, missing/unexpected keys, wrong shapes, wrong config) raises a ValueError
     that names the file, the keys and the shapes and suggests a fix.
     """
@@ -85,7 +89,7 @@ def load(path_or_dir: str | os.PathLike | Sequence[str | os.PathLike], kind: str
         if kind not in ("auto", "diffusers"):
             raise ValueError(f"{path} is a directory; only kind='diffusers' (or 'auto') loads directories, "
                              f"got kind={kind!r}")
-        return _load_diffusers(_diffusers_parent(path) or path, **config)
+        return _placed(_load_diffusers(_diffusers_parent(path) or path, **config), path, map_location)
     if kind == "diffusers":
         raise ValueError(f"{path} is a file; kind='diffusers' needs the model directory (config.json + "
                          f"{' or '.join(DIFFUSERS_WEIGHTS)})")
@@ -289,6 +293,19 @@ def _load_heads(path: str, data: Any, device: Any, **config: Any) -> MomentNet:
 # -- diffusers ------------------------------------------------------------------------------------
 _SIZE_MISMATCH = re.compile(r"size mismatch for (\S+): copying a param with shape torch\.Size\((\[[^\]]*\])\) "
                             r"from checkpoint, the shape in current model is torch\.Size\((\[[^\]]*\])\)")
+
+
+def _placed(model: nn.Module, path: str, map_location: Any) -> nn.Module:
+    """A model that diffusers read onto the CPU, moved to ``map_location`` (a device; None: the CPU)."""
+    if map_location is None:
+        return model
+    if not isinstance(map_location, (str, torch.device)):
+        raise ValueError(f"{path}: diffusers reads the model onto the CPU and it is then moved, so map_location must "
+                         f"be a device (or None), not a {type(map_location).__name__}")
+    device = torch.device(map_location)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise no_cuda(path, map_location)
+    return model.to(device)
 
 
 def _load_diffusers(path: str, subfolder: str | None = None, variant: str | None = None, eps_only: bool | None = None,
