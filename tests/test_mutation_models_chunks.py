@@ -730,3 +730,23 @@ def test_moment_net_load_onto_a_missing_cuda_device_says_so_with_the_file_name(t
     with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'net.pt'}: map_location='cuda' asks for a CUDA "
                                                    "device, but this machine has none")):
         gm.MomentNet.load(tmp_path / "net.pt", map_location="cuda")
+
+
+# -- survivors of the rerun of b89527d's changed loader functions (read_location, materialize, no_cuda, _placed,
+# -- gk.models.load; twelfth session) --------------------------------------------------------------------------------
+def test_a_diffusers_directory_onto_a_missing_cuda_device_names_the_directory(tmp_path, monkeypatch):
+    """gk.models.load(directory, map_location='cuda') without CUDA (reported missing here, so that the check does
+    not depend on the machine) gives the package's message starting with the directory it was asked to load,
+    as for a file (with None in the path's place the message began 'None: map_location=...')."""
+    import re
+
+    from diffusers import UNet2DModel
+
+    torch.manual_seed(0)
+    UNet2DModel(sample_size=8, in_channels=3, out_channels=3, layers_per_block=1, block_out_channels=(8, 16),
+                norm_num_groups=4, down_block_types=("DownBlock2D", "DownBlock2D"),
+                up_block_types=("UpBlock2D", "UpBlock2D")).save_pretrained(tmp_path / "unet")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="^" + re.escape(f"{tmp_path / 'unet'}: map_location='cuda' asks for a "
+                                                         "CUDA device, but this machine has none")):
+        gm.load(tmp_path / "unet", map_location="cuda")
