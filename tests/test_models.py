@@ -501,3 +501,15 @@ def test_a_diffusers_directory_goes_where_map_location_says(diffusers_dir, monke
         gm.load(diffusers_dir, map_location="cuda")
     with pytest.raises(ValueError, match="map_location must be a device"):
         gm.load(diffusers_dir, map_location={"cuda:0": "cpu"})
+
+
+def test_a_map_location_that_names_no_device_is_refused_before_reading(tmp_path, diffusers_dir):
+    """map_location='gpu' gave torch's raw device-string error for a diffusers directory, and called a good
+    file "truncated, corrupted or not a torch checkpoint"; it is refused first, the same way everywhere."""
+    torch.save(_tiny_ddpm().state_dict(), tmp_path / "b.pt")
+    gm.MomentNet(_tiny_ddpm()).save(tmp_path / "n.pt")
+    for call in (lambda: gm.load(tmp_path / "b.pt", map_location="gpu"),
+                 lambda: gm.load(diffusers_dir, map_location="gpu"),
+                 lambda: gm.MomentNet.load(tmp_path / "n.pt", map_location="gpu")):
+        with pytest.raises(ValueError, match=r"^map_location='gpu' is not a device: use e\.g\. 'cpu'"):
+            call()

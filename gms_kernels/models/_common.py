@@ -129,6 +129,17 @@ def _starts_like_zip(path: str) -> bool:
     return _first_bytes(path, 4) == b"PK\x03\x04"
 
 
+def check_map_location(map_location: Any) -> None:
+    """A map_location string that names no device (e.g. "gpu") is refused here, before a file is read: torch
+    would report it as an unreadable checkpoint or with its own device-string error."""
+    if isinstance(map_location, str):
+        try:
+            torch.device(map_location)
+        except RuntimeError:
+            raise ValueError(f"map_location={map_location!r} is not a device: use e.g. 'cpu', 'cuda', 'cuda:1' "
+                             "or 'meta'") from None
+
+
 def read_location(map_location: Any) -> Any:
     """Where a loader reads a checkpoint for ``map_location``: the CPU in place of the meta device (a
     schedule stored beside the weights needs its values; the weights go to meta afterwards, when the
@@ -137,11 +148,8 @@ def read_location(map_location: Any) -> Any:
     if map_location is None:
         return "cpu"
     if isinstance(map_location, (str, torch.device)):
-        try:
-            if torch.device(map_location).type == "meta":
-                return "cpu"
-        except RuntimeError:  # (not a device: torch.load reports it)
-            pass
+        if torch.device(map_location).type == "meta":  # (a string that is no device: check_map_location)
+            return "cpu"
     return map_location
 
 
@@ -244,7 +252,8 @@ def materialize(model: nn.Module, state: Mapping[str, torch.Tensor], device: Any
     elif not isinstance(device, (str, torch.device, int)):
         device = next((t.device for t in state.values() if isinstance(t, torch.Tensor)), torch.device("cpu"))
     model = model.to_empty(device=device)
-    if any(t.is_meta for t in model.state_dict().values()):  # (shapes only: a state read onto the CPU is checked, not copied)
+    # (a meta target holds shapes only: a state read onto the CPU is checked against it, not copied)
+    if any(t.is_meta for t in model.state_dict().values()):
         state = {name: t.to("meta") if isinstance(t, torch.Tensor) else t for name, t in state.items()}
     model.load_state_dict(state, strict=True)
     return model

@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from ..schedule import Schedule
-from ._common import (check_state_dict, format_call, materialize, meta_model, mismatch_message, mismatch_report,
-                      no_cuda, read_location, read_weights_file, strip_prefix)
+from ._common import (check_map_location, check_state_dict, format_call, materialize, meta_model, mismatch_message,
+                      mismatch_report, no_cuda, read_location, read_weights_file, strip_prefix)
 from .diffusers_unet import DiffusersUNet, scheduler_config_near
 from .ddim_model import DDIMModel, resolve_resolution
 from .iddpm import IDDPMUNet
@@ -72,6 +72,7 @@ def load(path_or_dir: str | os.PathLike | Sequence[str | os.PathLike], kind: str
     A bad file (unreadable, missing/unexpected keys, wrong shapes, wrong config) raises a ValueError
     that names the file, the keys and the shapes and suggests a fix.
     """
+    check_map_location(map_location)
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}; valid kinds: {', '.join(KINDS)}")
     if kind == "gms-official" or isinstance(path_or_dir, (list, tuple)):

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..schedule import Schedule
-from ._common import GroupNorm32, check_state_dict, format_call, group_count, materialize, read_location, read_torch_file
+from ._common import (GroupNorm32, check_map_location, check_state_dict, format_call, group_count, materialize,
+                      read_location, read_torch_file)
 from .ddim_model import DDIMModel
 from .diffusers_unet import DiffusersUNet, is_diffusers_unet
 from .iddpm import IDDPMUNet
@@ -279,6 +280,7 @@ class MomentNet(nn.Module):
     def load(cls, path: str | os.PathLike, data: dict | None = None, map_location: Any = "cpu") -> "MomentNet":
         """Rebuild a MomentNet saved with :meth:`save` (offline, weights_only)."""
         path = os.fspath(path)
+        check_map_location(map_location)
         data = read_torch_file(path, read_location(map_location)) if data is None else data
         heads = _check_format(data, path, NET_FORMAT, "a MomentNet file (MomentNet.save)", config_key="heads")
         spec, state = data.get("backbone"), data.get("state_dict")
