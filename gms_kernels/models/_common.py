@@ -90,15 +90,22 @@ def read_torch_file(path: PathLike, map_location: Any = "cpu") -> Any:
                           "does not read: save it with torch.save" if plain_pickle else None) from None
     except RuntimeError as e:
         if "on a CUDA device but torch.cuda.is_available() is False" in str(e):
-            raise no_cuda(path, map_location) from None
+            raise _no_cuda(path, map_location) from None
         raise _unreadable(path, size, e) from None
     except Exception as e:  # truncated zip, garbage bytes, EOF, ...
         raise _unreadable(path, size, e) from None
 
 
-def no_cuda(path: str, map_location: Any) -> ValueError:
+def _no_cuda(path: str, map_location: Any) -> ValueError:
     return ValueError(f"{path}: map_location={map_location!r} asks for a CUDA device, but this machine has none "
                       "(torch.cuda.is_available() is False): pass map_location='cpu'")
+
+
+def check_cuda_present(path: str, map_location: Any) -> None:
+    """Refuse, naming ``path``, a map_location device on CUDA where this machine has none (readers and movers
+    that torch would otherwise fail with a message that calls the file corrupted or names no file)."""
+    if map_location is not None and str(map_location).split(":")[0] == "cuda" and not torch.cuda.is_available():
+        raise _no_cuda(path, map_location)
 
 
 def _unreadable(path: str, size: int, e: Exception, hint: str | None = None) -> ValueError:
@@ -147,9 +154,9 @@ def read_location(map_location: Any) -> Any:
     "where each tensor was saved"), ``map_location`` itself otherwise."""
     if map_location is None:
         return "cpu"
-    if isinstance(map_location, (str, torch.device)):
-        if torch.device(map_location).type == "meta":  # (a string that is no device: check_map_location)
-            return "cpu"
+    # (a string that names no device was refused by check_map_location)
+    if isinstance(map_location, (str, torch.device)) and torch.device(map_location).type == "meta":
+        return "cpu"
     return map_location
 
 
@@ -164,8 +171,7 @@ def read_weights_file(path: PathLike, map_location: Any = "cpu") -> Any:
         except ImportError as e:  # pragma: no cover - safetensors ships with the test env
             raise ValueError(f"{path}: reading .safetensors needs the 'safetensors' package") from e
         device = str(map_location) if map_location is not None else "cpu"
-        if device.split(":")[0] == "cuda" and not torch.cuda.is_available():  # (else "corrupted", below)
-            raise no_cuda(path, map_location)
+        check_cuda_present(path, map_location)  # (else "corrupted", below)
         try:
             if device == "meta":  # (safetensors cannot load onto meta; torch.load can, and the loaders use it)
                 return {name: t.to("meta") for name, t in load_file(path, device="cpu").items()}
@@ -252,8 +258,7 @@ def materialize(model: nn.Module, state: Mapping[str, torch.Tensor], device: Any
     elif not isinstance(device, (str, torch.device, int)):
         device = next((t.device for t in state.values() if isinstance(t, torch.Tensor)), torch.device("cpu"))
     model = model.to_empty(device=device)
-    # (a meta target holds shapes only: a state read onto the CPU is checked against it, not copied)
-    if any(t.is_meta for t in model.state_dict().values()):
+    if torch.device(device).type == "meta":  # (shapes only: a state read onto the CPU is checked, not copied)
         state = {name: t.to("meta") if isinstance(t, torch.Tensor) else t for name, t in state.items()}
     model.load_state_dict(state, strict=True)
     return model

@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from ..schedule import Schedule
-from ._common import (check_map_location, check_state_dict, format_call, materialize, meta_model, mismatch_message,
-                      mismatch_report, no_cuda, read_location, read_weights_file, strip_prefix)
+from ._common import (check_cuda_present, check_map_location, check_state_dict, format_call, materialize,
+                      meta_model, mismatch_message, mismatch_report, read_location, read_weights_file, strip_prefix)
 from .diffusers_unet import DiffusersUNet, scheduler_config_near
 from .ddim_model import DDIMModel, resolve_resolution
 from .iddpm import IDDPMUNet
@@ -303,10 +303,8 @@ def _placed(model: nn.Module, path: str, map_location: Any) -> nn.Module:
     if not isinstance(map_location, (str, torch.device)):
         raise ValueError(f"{path}: diffusers reads the model onto the CPU and it is then moved, so map_location must "
                          f"be a device (or None), not a {type(map_location).__name__}")
-    device = torch.device(map_location)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise no_cuda(path, map_location)
-    return model.to(device)
+    check_cuda_present(path, map_location)
+    return model.to(torch.device(map_location))
 
 
 def _load_diffusers(path: str, subfolder: str | None = None, variant: str | None = None, eps_only: bool | None = None,
