@@ -344,9 +344,11 @@ GMS_NO_FMA_FN GMS_VINLINE VD mix_vec(VD p1, VD p2, VD sd, VFh z, VFh u, float w1
 }
 
 // The closed-form fit and the mixture draw of n elements whose moments are in M1, VAR, M3
-// (double, L1-resident, whole vectors) and whose random numbers are in Z, U. W: 64 elements per
-// pass on every target (8 vectors of AVX-512, 16 of AVX2 would spill: 4, i.e. 16 elements, there).
-template <int W = (kD >= 8 ? 8 : 4)>
+// (double, L1-resident, whole vectors) and whose random numbers are in Z, U. W: 8 vectors per pass
+// on every target. With AVX2's and SSE2's 16 registers some of the pass's values spill, and still
+// 8 vectors ran 10-11% faster than 4 (2, 6, 12 and 16 slower than 8; AMD EPYC Zen 4, GCC 12,
+// 2026-11-29): the longer pass gives the out-of-order core more independent chains to overlap.
+template <int W = 8>
 GMS_NO_FMA_FN inline void closed_fit_mix(const ClosedConsts& cs, int n, const double* __restrict M1,
                                          const double* __restrict VAR, const double* __restrict M3,
                                          const float* __restrict Z, const float* __restrict U, float* out,
