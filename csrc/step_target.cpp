@@ -407,8 +407,9 @@ GMS_NO_FMA_FN inline void closed_fit_mix(const ClosedConsts& cs, int n, const do
 //
 // The formulas are written once, over a "pack" P of lanes: T itself in the float64 loop (which
 // the compiler vectorises), or one float32 vector (VF) in the software-pipelined loop below. Each
-// iteration has two stages per pack: adan_gradient_step (residuals, gradients and the moment
-// updates: FMA work) and adan_update (square roots and divisions: divider work).
+// iteration has three stages per pack: adan_gradients (residuals and gradients) and
+// adan_moment_step (the moment updates), FMA work, and adan_update (square roots and divisions:
+// divider work).
 //
 // Each array is padded by 64 bytes so that the 21 streams do not all sit at the same offset
 // modulo 4 KiB (which can make the CPU stall loads behind unrelated stores: "4K aliasing"); the
@@ -507,9 +508,15 @@ GMS_VINLINE AdanNumerator<P> adan_moments(T* m, T* v, T* n, T* g_prev, P g, cons
     return {m_new + c.rho * v_new, n_new};
 }
 
-// Stage 1 for the lanes at i: residuals, gradients, moment updates.
-template <bool FIRST, typename P, typename T>
-GMS_VINLINE AdanPending<P> adan_gradient_step(AdanBlock<T>& s, int i, const AdanPacks<P>& c) {
+// The gradients (P for mu1 and mu2, the full gradient for beta) of one pack.
+template <typename P>
+struct AdanGradients {
+    P a, b, be;
+};
+
+// Stage 1 for the lanes at i: residuals and gradients.
+template <typename P, typename T>
+GMS_VINLINE AdanGradients<P> adan_gradients(const AdanBlock<T>& s, int i, const AdanPacks<P>& c) {
     using L = Lanes<P, T>;
     const P M = L::load(s.M + i), V = L::load(s.V + i);
     const P a = L::load(s.a + i), b = L::load(s.b + i), be = L::load(s.be + i);
@@ -522,19 +529,23 @@ GMS_VINLINE AdanPending<P> adan_gradient_step(AdanBlock<T>& s, int i, const Adan
     const P cubic_k3 = w1aa * a + (w2bb * b + L::load(s.NK3 + i));  // w1 a^3 + w2 b^3 - kappa3
     const P r2 = L::load(s.M2 + i) * r1 + q;
     const P r3 = L::load(s.M3x + i) * (M * r1 + q) + (c.three * s2 * r1 + cubic_k3);
-    // gradients (P for mu1 and mu2, the full gradient for beta)
+    // gradients
     const P t3 = c.three * r3;
     const P c0 = r1 + s2 * t3, c1 = r2 + r2;
     const P mu1 = M + a, mu2 = M + b;
-    const P g_a = c0 + mu1 * (c1 + mu1 * t3);
-    const P g_b = c0 + mu2 * (c1 + mu2 * t3);
-    const P g_be = L::load(s.SV + i) * (r2 + (M + r1) * t3);
-    return {adan_moments<FIRST>(s.ma + i, s.va + i, s.na + i, s.ga + i, g_a, c),
-            adan_moments<FIRST>(s.mb + i, s.vb + i, s.nb + i, s.gb + i, g_b, c),
-            adan_moments<FIRST>(s.mbe + i, s.vbe + i, s.nbe + i, s.gbe + i, g_be, c)};
+    return {c0 + mu1 * (c1 + mu1 * t3), c0 + mu2 * (c1 + mu2 * t3), L::load(s.SV + i) * (r2 + (M + r1) * t3)};
 }
 
-// Stage 2 for the lanes at i: p <- p - num / (sigma sqrt(n') + eps/(c sm)), beta clamped to [lo, hi].
+// Stage 2 for the lanes at i: the moment updates of the three parameters from their gradients g.
+template <bool FIRST, typename P, typename T>
+GMS_VINLINE AdanPending<P> adan_moment_step(AdanBlock<T>& s, int i, const AdanGradients<P>& g,
+                                            const AdanPacks<P>& c) {
+    return {adan_moments<FIRST>(s.ma + i, s.va + i, s.na + i, s.ga + i, g.a, c),
+            adan_moments<FIRST>(s.mb + i, s.vb + i, s.nb + i, s.gb + i, g.b, c),
+            adan_moments<FIRST>(s.mbe + i, s.vbe + i, s.nbe + i, s.gbe + i, g.be, c)};
+}
+
+// Stage 3 for the lanes at i: p <- p - num / (sigma sqrt(n') + eps/(c sm)), beta clamped to [lo, hi].
 template <typename P, typename T>
 GMS_VINLINE void adan_update(AdanBlock<T>& s, int i, const AdanPending<P>& p, const AdanPacks<P>& c) {
     using L = Lanes<P, T>;
@@ -549,28 +560,43 @@ template <bool FIRST>
 void adan_iteration(AdanBlock<double>& s, int n, const AdanPacks<double>& packs) {
     const AdanPacks<double> c = packs;  // (a local copy: the compiler need not reload it after each store)
     GMS_SIMD
-    for (int i = 0; i < n; ++i) adan_update(s, i, adan_gradient_step<FIRST>(s, i, c), c);
+    for (int i = 0; i < n; ++i) adan_update(s, i, adan_moment_step<FIRST>(s, i, adan_gradients(s, i, c), c), c);
 }
 
-// One float32 iteration over lanes [0, n) rounded up to kF (n > 0), software-pipelined: the square
-// roots and divisions of the lanes i - kF are issued after the FMA work of the lanes i, so that the
-// out-of-order core runs the divider alongside the FMA units instead of one after the other. (With
-// AVX2's 16 registers the two stages' live values spill, and still the pipelined loop was ~5%
-// faster than finishing each vector in turn: 10.2-10.5 against 10.9-11.0 cycles per element and
-// iteration, one thread, 2026-11-27.)
+// One float32 iteration over lanes [0, n) rounded up to kF (n > 0), software-pipelined in three
+// stages: one pass of the loop computes the gradients of the lanes i, the moment updates of the
+// lanes i - kF and the square roots, divisions and parameter updates of the lanes i - 2 kF. Each
+// stage then starts from values computed a pass earlier, so the out-of-order core overlaps the
+// divider with the FMA units and does not wait on one vector's whole chain (about 90 cycles from a
+// parameter to its update). With AVX2's 16 registers the stages' live values spill, and still:
+// two stages were ~5% faster than finishing each vector in turn (10.2-10.5 against 10.9-11.0
+// cycles per element and iteration, one thread, 2026-11-27); three stages faster than two by 8-9%
+// on avx2, 4-5% on avx512 and 5% on sse2 (the loop of benchmarks/cpp/adan_loop_bench.cpp, one
+// thread, AMD EPYC Zen 4, 2026-11-29; four stages, the square roots apart from the divisions, were
+// slower again).
 template <bool FIRST>
 void adan_iteration(AdanBlock<float>& s, int n, const AdanPacks<VF>& packs) {
     // (a local copy, as above: read through the reference, the constants were reloaded after the
     // state stores, which may alias them)
     const AdanPacks<VF> c = packs;
-    AdanPending<VF> pending = adan_gradient_step<FIRST>(s, 0, c);
-    int i = kF;
-    for (; i < n; i += kF) {
-        const AdanPending<VF> next = adan_gradient_step<FIRST>(s, i, c);
-        adan_update(s, i - kF, pending, c);
-        pending = next;
+    AdanGradients<VF> grad = adan_gradients(s, 0, c);
+    AdanPending<VF> pending = adan_moment_step<FIRST>(s, 0, grad, c);
+    if (n <= kF) {
+        adan_update(s, 0, pending, c);
+        return;
     }
-    adan_update(s, i - kF, pending, c);
+    grad = adan_gradients(s, kF, c);
+    int i = 2 * kF;
+    for (; i < n; i += kF) {
+        const AdanGradients<VF> next_grad = adan_gradients(s, i, c);
+        const AdanPending<VF> next = adan_moment_step<FIRST>(s, i - kF, grad, c);
+        adan_update(s, i - 2 * kF, pending, c);
+        pending = next;
+        grad = next_grad;
+    }
+    const AdanPending<VF> last = adan_moment_step<FIRST>(s, i - kF, grad, c);
+    adan_update(s, i - 2 * kF, pending, c);
+    adan_update(s, i - kF, last, c);
 }
 template <typename T>
 using AdanPack = typename std::conditional<std::is_same<T, float>::value, VF, T>::type;

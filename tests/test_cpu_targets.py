@@ -134,6 +134,19 @@ def test_every_fused_solver_matches_the_reference(target, solver, count, opts):
 
 
 @pytest.mark.parametrize("target", TARGETS, indirect=True)
+def test_adan_fit_at_every_block_edge(target):
+    """The float32 ADAN loop is software-pipelined over vectors of 4, 8 or 16 lanes (three stages, with
+    a prologue for blocks of one or two vectors): every count of elements around those edges, and around
+    the 256-element block, matches the reference."""
+    g = torch.Generator().manual_seed(5)
+    for n in [1, 3, 4, 5, 8, 9, 12, 16, 17, 20, 24, 31, 32, 33, 40, 48, 49, 63, 255, 256, 257, 300]:
+        x = torch.randn(1, n, generator=g)
+        out = heads(x, 3, seed=n)
+        ref = step(x, out, "gms", 500, 400, "torch", {"fit": "adan", "fit_iters": 4})
+        close_to_reference(step(x, out, "gms", 500, 400, "cpp", {"fit": "adan", "fit_iters": 4}), ref, torch.float32)
+
+
+@pytest.mark.parametrize("target", TARGETS, indirect=True)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_non_contiguous_inputs_of_any_dtype(target, dtype):
     base = torch.randn(4, 5, 9, 3, generator=torch.Generator().manual_seed(2))
