@@ -92,15 +92,18 @@ ROOFLINE_NOTES = {
         "window hold about two of them: most likely the loop is bound by that latency, not by a unit (an "
         "inference; the VM has no counters). No variant was tried on this machine (cpu-avx2-amd-epyc-zen3.md)."),
     "AMD EPYC (Zen 4, family 25 model 17), the avx2 target forced, 2026-11-29": (
-        "The loop (`--adan-loop avx2`) takes 12.2 ns per 8 lanes and iteration against 7.8 ns for its 57 "
-        "FMA-unit instructions and 6.5 ns for its divider work: 64% of its throughput bound. Each variant, "
-        "three runs against the kept loop in the same minute (11.7 ms, one thread): the divider stage of "
-        "vector i-1 issued before the FMA work of vector i 9% slower (12.8 ms); the divisions as vrcpps "
+        "The two-stage loop (`--adan-loop avx2`) took 12.2 ns per 8 lanes and iteration against 7.8 ns for "
+        "its 57 FMA-unit instructions and 6.5 ns for its divider work: 64% of its throughput bound. Each "
+        "variant of it, three runs against it in the same minute (11.7 ms, one thread): the divider stage "
+        "of vector i-1 issued before the FMA work of vector i 9% slower (12.8 ms); the divisions as vrcpps "
         "and a Newton step 9% slower (12.8 ms); two vectors per loop pass 3% slower (12.1 ms); two "
         "vectors of lag 4% slower (12.3 ms). As on Zen 3 the loop looks bound by its dependency chain "
         "(about 90 cycles from a parameter to its update) and by how many 116-instruction bodies the "
-        "out-of-order window holds. The same reasoning did pay in the closed fit: 8 vectors per pass "
-        "instead of 4 (csrc/step_target.cpp, closed_fit_mix) made it 10-11% faster on avx2 and sse2."),
+        "out-of-order window holds. What did pay (11.3 ns, 69% of the bound): a third pipeline stage (gradients of vector i, moment "
+        "updates of i-1, square roots and divisions of i-2; 5496c9f), 8-9% faster on avx2 (10.8-11.0 ms), "
+        "4-5% on avx512, 5% on sse2; and in the closed fit 8 vectors per pass instead of 4 (c561460), 10-11% "
+        "faster on avx2 and sse2. Slower than the three stages: their other orders (4-11%), a fourth stage "
+        "for the square roots (7%), the moment updates read back from the state arrays (3%)."),
 }
 ROOFLINE_TAIL = (
     "The part of the step outside the fit (moments, normals, mixture draw; measured in the section above) "
