@@ -1,7 +1,8 @@
 """Training the higher-order heads (paper Alg. learning) and small backbones, resumable.
 
 - :func:`train_heads`: backbone frozen in eval mode, targets eps^n, MSE per order (paper
-  Eq. objectivehigh), EMA of the head weights, grad-norm clip, ADAN or Adam.
+  Eq. objectivehigh; ``loss_weighting`` can divide it by the targets' size at each t), EMA of the head
+  weights, grad-norm clip, ADAN or Adam.
 - :func:`train_backbone`: the usual eps-prediction loss, for small data sets (toy data, digits).
 
 Both write a checkpoint every ``checkpoint_every`` steps (atomically) and resume from it with
@@ -36,12 +37,27 @@ from .schedule import Schedule, schedule_for
 
 CHECKPOINT_FORMAT = "gms_kernels.train/1"
 OPTIMIZERS = ("adan", "adam")
+HEAD_LOSS_WEIGHTINGS = ("uniform", "normalized", "rms")
+# loss_weighting="normalized" / "rms": the per-t scale of each head's target is estimated once, before
+# training, in SCALE_BUCKETS equal bands of t (at least SCALE_VALUES scalar targets per band, between
+# SCALE_MIN_ROWS and SCALE_MAX_ROWS examples), interpolated in log between the band centres and floored at
+# SCALE_FLOOR times its largest value over t. The floor only guards against an estimate that is zero or
+# underflows (an exact backbone); it lies below the spread of real targets: on the shipped digits and patches
+# models E[r^6 | t] falls to 3e-9 - 6e-9 of its value at t = 0, E[r^4 | t] to 2e-6 - 3e-6.
+SCALE_BUCKETS = 50
+SCALE_VALUES = 16384
+SCALE_MIN_ROWS, SCALE_MAX_ROWS = 32, 1024
+SCALE_FLOOR = 1e-10
+_SCALE_POWERS = {"normalized": 1.0, "rms": 0.5}  # the loss divides by s_n(t) ** power
 
 
 @dataclass
 class TrainResult:
     steps: int
     history: list[dict] = field(default_factory=list)  # one dict of losses per logged step
+    # train_heads(loss_weighting="normalized" or "rms"): {order n: s_n(t), the estimate of E[y_n^2 | t] whose
+    # power divides the loss (1 or 1/2), a float64 tensor [T]}
+    loss_scales: dict[int, torch.Tensor] | None = None
 
 
 class EMA:
@@ -236,11 +252,79 @@ def _load_checkpoint(path: Path, kind: str) -> dict:
     return state
 
 
+def _head_targets(net: nn.Module, x_t: torch.Tensor, tv: torch.Tensor, eps: torch.Tensor, C: int,
+                  central: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(the heads' outputs [B, (orders - 1) * C, ...], the base whose powers they fit, the number of orders)."""
+    out = net(x_t, tv, head_outputs=True) if central else net(x_t, tv)
+    orders = out.shape[1] // C
+    if orders < 2:
+        raise ValueError(f"train_heads needs a network with higher-order heads; it returned {out.shape[1]} "
+                         f"channels for {C}-channel data")
+    # raw heads fit eps^n; central heads fit r^n, r = eps - e1 (the frozen backbone's residual)
+    base = eps - out[:, :C].detach() if central else eps
+    return out[:, C:], base, orders
+
+
+@torch.no_grad()
+def _target_scales(net: nn.Module, data: torch.Tensor, schedule: Schedule, time_input: str, central: bool,
+                   batch_size: int, seed: int) -> dict[int, torch.Tensor]:
+    """{n: s_n(t), float64 [T]}: an estimate of E[(y_n)^2 | t], y_n the target of head n (eps^n, or r^n for
+    central heads), from the frozen backbone on the training data, with a generator of its own (so the
+    training draws are untouched, and every process of a multi-process run computes the same table).
+
+    The mean of y_n^2 over examples, noise and elements is taken in SCALE_BUCKETS equal bands of t; log s is
+    interpolated linearly between the band centres (held flat beyond the first and last). Each s_n is then
+    floored at SCALE_FLOOR times its largest value, so no t gets more than 1 / SCALE_FLOOR times the weight
+    of the t with the largest targets, and a target that is zero to float precision cannot blow up the loss.
+    (The band means are heavy-tailed where the targets are small: on the shipped digits and patches models,
+    two seeds of this estimate differ in single bands at t >= 700 by up to 3x for r^4 and 20x for r^6, where a
+    few large residuals dominate a band. The weights are right there in order of magnitude only, against the
+    5-9 orders by which the uniform loss underweights those t.)
+    """
+    T, C = schedule.T, data.shape[1]
+    device = next(p.device for p in net.parameters())
+    per_row = max(1, data[0].numel())
+    rows = min(SCALE_MAX_ROWS, max(SCALE_MIN_ROWS, -(-SCALE_VALUES // per_row)))
+    edges = torch.linspace(0, T, SCALE_BUCKETS + 1).round().long()
+    gen = torch.Generator().manual_seed(seed)
+    sums: dict[int, list[float]] = {}
+    for b in range(SCALE_BUCKETS):
+        lo, hi = int(edges[b]), max(int(edges[b + 1]), int(edges[b]) + 1)
+        acc: dict[int, float] = {}
+        for start in range(0, rows, batch_size):
+            m = min(batch_size, rows - start)
+            idx = torch.randint(0, data.shape[0], (m,), generator=gen)
+            t = torch.randint(lo, hi, (m,), generator=gen)
+            eps = torch.randn((m, *data.shape[1:]), generator=gen).to(device)
+            x0 = data[idx].to(device)
+            abar = schedule.alphas_cumprod[t].to(device=device, dtype=x0.dtype).reshape(-1, *[1] * (x0.dim() - 1))
+            x_t = abar.sqrt() * x0 + (1 - abar).sqrt() * eps
+            _, base, orders = _head_targets(net, x_t, time_values(t, T, time_input).to(device), eps, C, central)
+            for n in range(2, orders + 1):
+                acc[n] = acc.get(n, 0.0) + float(base.double().pow(2 * n).sum())
+        for n, v in acc.items():
+            sums.setdefault(n, []).append(v / (rows * per_row))
+    centres = (edges[:-1] + edges[1:]).double() / 2 - 0.5  # the mean t of each band
+    grid = torch.arange(T, dtype=torch.float64)
+    scales = {}
+    for n, values in sums.items():
+        v = torch.tensor(values, dtype=torch.float64)
+        if not torch.isfinite(v).all() or float(v.max()) <= 0:
+            raise ValueError(f"a t-weighted head loss: the targets of head e{n} are zero or not finite ("
+                             f"largest band mean {v.max().item()}); use loss_weighting='uniform'")
+        logv = v.clamp_min(float(v.max()) * SCALE_FLOOR).log()
+        pos = torch.bucketize(grid, centres).clamp(1, len(centres) - 1)  # the bands left and right of each t
+        w = ((grid - centres[pos - 1]) / (centres[pos] - centres[pos - 1])).clamp(0, 1)
+        s = (logv[pos - 1] + w * (logv[pos] - logv[pos - 1])).exp()
+        scales[n] = s.clamp_min(float(s.max()) * SCALE_FLOOR)
+    return scales
+
+
 def train_heads(net: nn.Module, data: torch.Tensor, schedule: Schedule | None = None, *, steps: int = 1000,
                 batch_size: int = 128, lr: float = 2e-4, optimizer: str = "adan", ema_decay: float = 0.9999,
                 grad_clip: float = 1.0, checkpoint: str | Path | None = None, checkpoint_every: int = 500,
                 seed: int = 0, time_input: str | None = None, progress: bool = True,
-                log: Callable[[dict], None] | None = None) -> TrainResult:
+                log: Callable[[dict], None] | None = None, loss_weighting: str = "uniform") -> TrainResult:
     """Paper Alg. learning: fit the heads e^n (n >= 2) of a ``MomentNet`` to eps^n with MSE (to (eps - e1)^n
     for a MomentNet with ``targets="central"``).
 
@@ -248,33 +332,74 @@ def train_heads(net: nn.Module, data: torch.Tensor, schedule: Schedule | None = 
     The backbone stays frozen in eval mode. Losses are logged per order as ``mse_e2``, ``mse_e3``.
     On return ``net`` holds the EMA weights.
 
+    ``loss_weighting``:
+
+    - ``"uniform"`` (the default, the paper's loss): the plain MSE of head n against its target y_n (eps^n or
+      r^n = (eps - e1)^n), averaged over the batch with t uniform over 0..T-1. Every t counts by the size of
+      its errors, so where the targets are small (central heads at large t: r is the backbone's residual,
+      r^2 ~ 1e-3 there against ~0.3 at small t) the heads get almost no training signal.
+    - ``"normalized"``: each example's squared error of head n is divided by s_n(t), an estimate of
+      E[y_n^2 | t] (the loss of predicting zero at that t), so the loss is a relative error and every t
+      contributes comparably to the loss (about 1 per t for a head that predicts zero). The per-example
+      gradient then scales as 1 / sqrt(s_n(t)): where the targets span 1e6 over t (central heads of the
+      shipped digits and patches models: E[r^4 | t]) the smallest-target t dominate every step; in the
+      shipped recipes' 1200 / 800 steps the heads' mean c2 settled at 1e-3 - 3e-3 at every t, against
+      0.05 - 0.35 at t = 50 (python/results/quality.md, section 5f).
+    - ``"rms"``: the squared error is divided by sqrt(s_n(t)), the target's RMS at t. Each example's gradient
+      is then 2 (h - y) / RMS, its error relative to the size of its target, so every t pushes the heads
+      with a comparable force (the loss itself still grows with the targets, as sqrt(s_n)): the middle
+      between the uniform loss (gradients scaling with the target) and ``"normalized"``. In the same
+      recipes it too left c2 far too small at small t (mean 0.006 - 0.03 at t = 50; section 5f).
+
+    For both, s_n is estimated once before the first step, from the frozen backbone on ``data`` with a
+    generator of its own (seeded from ``seed``; a resumed or multi-process run computes the same table):
+    means over SCALE_BUCKETS bands of t, interpolated in log, floored at SCALE_FLOOR times the largest so that
+    a near-zero estimate cannot dominate the loss. The weighted losses are logged as ``wmse_e2``,
+    ``wmse_e3``; the table is returned as ``TrainResult.loss_scales``. For raw heads E[eps^(2n) | t] is the
+    same at every t (3, 15), so these mainly rescale the orders against each other. Their checkpoints are of
+    kind ``heads-normalized`` / ``heads-rms``: a checkpoint of another weighting does not resume under them.
+
     Multi-process (DDP): launch with ``torchrun --nproc_per_node N``, call
     ``gk.distributed.init_from_env()`` (gloo on CPU, nccl on CUDA; put ``net`` on this rank's GPU), then
     this function on every rank with the same arguments; ``batch_size`` is the global batch and must be a
     multiple of N. Rank 0 writes ``checkpoint``; ``log`` is called on every rank with the same
     (rank-averaged) losses; every rank returns the same weights. ``gms-kernels train-heads`` does all this.
     """
+    if loss_weighting not in HEAD_LOSS_WEIGHTINGS:
+        raise ValueError(f"unknown loss_weighting {loss_weighting!r}; valid: {', '.join(HEAD_LOSS_WEIGHTINGS)}")
     schedule = schedule or getattr(net, "schedule", None) or Schedule.linear()
     time_input = time_input or getattr(net, "time_input", "index")
     C = data.shape[1]
     net.train()
 
     central = getattr(net, "targets", "raw") == "central"
+    scales, power = None, _SCALE_POWERS.get(loss_weighting)
+    if loss_weighting != "uniform":
+        if not torch.is_tensor(data) or data.dim() < 2 or data.shape[0] < 1 or not torch.isfinite(data).all():
+            raise ValueError("data must be a tensor [N, C, ...] of finite training examples in the model's data range")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        scales = _target_scales(net, data, schedule, time_input, central, batch_size, seed + 7919)
 
     def loss_terms(wrapped, x_t, t, eps):
         tv = time_values(t, schedule.T, time_input)
-        out = wrapped(x_t, tv, head_outputs=True) if central else wrapped(x_t, tv)
-        orders = out.shape[1] // C
-        if orders < 2:
-            raise ValueError(f"train_heads needs a network with higher-order heads; it returned {out.shape[1]} "
-                             f"channels for {C}-channel data")
-        # raw heads fit eps^n; central heads fit r^n, r = eps - e1 (the frozen backbone's residual)
-        base = eps - out[:, :C].detach() if central else eps
-        return {f"mse_e{n}": (out[:, (n - 1) * C:n * C] - base**n).pow(2).mean() for n in range(2, orders + 1)}
+        heads, base, orders = _head_targets(wrapped, x_t, tv, eps, C, central)
+        terms = {}
+        for n in range(2, orders + 1):
+            err = (heads[:, (n - 2) * C:(n - 1) * C] - base**n).pow(2)
+            if scales is None:
+                terms[f"mse_e{n}"] = err.mean()
+            else:
+                w = scales[n].pow(-power).to(device=err.device, dtype=err.dtype)[t.to(err.device)]
+                terms[f"wmse_e{n}"] = (err * w.reshape(-1, *[1] * (err.dim() - 1))).mean()
+        return terms
 
-    return _loop(net, loss_terms, data, schedule, "heads", steps=steps, batch_size=batch_size, lr=lr,
-                 optimizer=optimizer, ema_decay=ema_decay, grad_clip=grad_clip, checkpoint=checkpoint,
-                 checkpoint_every=checkpoint_every, seed=seed, progress=progress, log=log)
+    kind = "heads" if scales is None else f"heads-{loss_weighting}"
+    result = _loop(net, loss_terms, data, schedule, kind, steps=steps, batch_size=batch_size, lr=lr,
+                   optimizer=optimizer, ema_decay=ema_decay, grad_clip=grad_clip, checkpoint=checkpoint,
+                   checkpoint_every=checkpoint_every, seed=seed, progress=progress, log=log)
+    result.loss_scales = scales
+    return result
 
 
 def train_backbone(model: nn.Module, data: torch.Tensor, schedule: Schedule | None = None, *, steps: int = 1000,

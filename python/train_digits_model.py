@@ -10,6 +10,13 @@ gms_kernels/assets/digits_gms.pt (< 5 MB). Checkpoints in --work make the run re
     python python/train_digits_model.py --more-head-steps 4000 --head-batch-size 256 --head-lr 5e-4
 
 continues training only the heads of the shipped model (the backbone is untouched) and saves it again.
+
+    python python/train_digits_model.py --heads-on gms_kernels/assets/digits_gms.pt --targets central \
+        --head-loss normalized --work gms_out/digits_training_norm --out gms_out/digits_central_norm.pt
+
+trains new heads (fresh weights, the same head recipe) on the backbone of an existing model file, here with the
+t-normalised head loss (gk.training.train_heads(loss_weighting="normalized"); the default --head-loss uniform
+is the plain MSE every shipped model was trained with).
 The shipped model: ``python python/train_digits_model.py --targets central`` (3000 backbone steps, then 1200
 central-moment head steps, on the train split of gk.data.digits: 60% of the images; validation and test are held
 out for choosing and reporting). The raw-heads model it was chosen against: the same command without --targets.
@@ -17,6 +24,7 @@ out for choosing and reporting). The raw-heads model it was chosen against: the 
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 import torch
@@ -41,6 +49,12 @@ def main() -> None:
     p.add_argument("--head-lr", type=float, default=1e-3)
     p.add_argument("--targets", choices=("raw", "central"), default="raw",
                    help="what the heads learn: E[eps^n|x_t] (raw, the paper) or E[(eps - e1)^n|x_t] (central)")
+    p.add_argument("--heads-on", metavar="MODEL", default=None,
+                   help="skip the backbone stage: train new heads on the backbone of this embedded model file")
+    p.add_argument("--head-loss", choices=("uniform", "normalized", "rms"), default="uniform",
+                   help="the heads' loss over t (train_heads' loss_weighting): plain MSE (uniform, the shipped "
+                        "models), or each squared error divided by an estimate of E[target^2 | t] (normalized) "
+                        "or by its square root (rms)")
     p.add_argument("--work", default="gms_out/digits_training")
     p.add_argument("--out", default=str(DIGITS_MODEL))
     args = p.parse_args()
@@ -48,10 +62,22 @@ def main() -> None:
     torch.manual_seed(args.seed)
     data, _ = digits(args.split)
     work = Path(args.work)
+    heads_file = "heads.pt" if args.head_loss == "uniform" else f"heads_{args.head_loss}.pt"
     if args.more_head_steps:
         net = default_model(args.out)
         train_heads(net, data, steps=args.more_head_steps, batch_size=args.head_batch_size, lr=args.head_lr,
-                    optimizer="adan", ema_decay=0.999, checkpoint=work / "more_heads.pt", seed=args.seed + 2)
+                    optimizer="adan", ema_decay=0.999, checkpoint=work / f"more_{heads_file}", seed=args.seed + 2,
+                    loss_weighting=args.head_loss)
+        size = save_embedded(net.eval(), args.out)
+        print(f"wrote {args.out} ({size / 1e6:.2f} MB)")
+        return
+    if args.heads_on:  # the head stage alone, on an existing (already fp16-rounded) backbone
+        net = MomentNet(default_model(args.heads_on).backbone, orders=(2, 3), head="conv", targets=args.targets)
+        t0 = time.perf_counter()
+        train_heads(net, data, steps=args.head_steps, batch_size=args.head_batch_size, lr=args.head_lr,
+                    optimizer="adan", ema_decay=0.999, checkpoint=work / f"on_model_{args.targets}_{heads_file}",
+                    seed=args.seed + 1, loss_weighting=args.head_loss)
+        print(f"heads: {args.head_steps} steps in {time.perf_counter() - t0:.0f} s")
         size = save_embedded(net.eval(), args.out)
         print(f"wrote {args.out} ({size / 1e6:.2f} MB)")
         return
@@ -64,7 +90,7 @@ def main() -> None:
             prm.copy_(prm.half().float())
     net = MomentNet(backbone, orders=(2, 3), head="conv", targets=args.targets)
     train_heads(net, data, steps=args.head_steps, batch_size=args.head_batch_size, lr=args.head_lr, optimizer="adan",
-                ema_decay=0.999, checkpoint=work / "heads.pt", seed=args.seed + 1)
+                ema_decay=0.999, checkpoint=work / heads_file, seed=args.seed + 1, loss_weighting=args.head_loss)
     size = save_embedded(net, args.out)
     print(f"wrote {args.out} ({size / 1e6:.2f} MB)")
 

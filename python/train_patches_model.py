@@ -17,7 +17,9 @@ for the trivial e2 = 1).
 
     python python/train_patches_model.py --heads-on gms_kernels/assets/patches_gms.pt --targets central --out FILE
 
-trains central-moment heads (MomentNet targets="central") with the same head recipe on a model's backbone.
+trains central-moment heads (MomentNet targets="central") with the same head recipe on a model's backbone;
+``--head-loss normalized`` trains them with the t-normalised loss (gk.training.train_heads(loss_weighting=
+"normalized")) instead of the plain MSE (``uniform``, the default, which every shipped model used).
 The shipped model since issue 20: this command on the raw-heads model described above (the stage-1 command's output).
 """
 from __future__ import annotations
@@ -55,6 +57,10 @@ def main() -> None:
                    help="what the heads learn: E[eps^n|x_t] (raw, the paper) or E[(eps - e1)^n|x_t] (central)")
     p.add_argument("--heads-on", metavar="MODEL", default=None,
                    help="skip stage 1: train new heads on the backbone of this embedded model file")
+    p.add_argument("--head-loss", choices=("uniform", "normalized", "rms"), default="uniform",
+                   help="the heads' loss over t (train_heads' loss_weighting): plain MSE (uniform, the shipped "
+                        "models), or each squared error divided by an estimate of E[target^2 | t] (normalized) "
+                        "or by its square root (rms)")
     args = p.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -68,9 +74,12 @@ def main() -> None:
 
     if args.heads_on:  # the same head stage on an existing (already fp16-rounded) backbone
         net = MomentNet(patches_model(args.heads_on).backbone, orders=(2, 3), head="conv", targets=args.targets)
+        loss = "" if args.head_loss == "uniform" else f"_{args.head_loss}"
+        t0 = time.perf_counter()
         train_heads(net, train, steps=args.head_steps, batch_size=args.head_batch_size, lr=args.head_lr,
-                    optimizer="adan", ema_decay=0.999, checkpoint=work / f"heads_{args.targets}_on_model.pt",
-                    seed=args.seed + 1, progress=False)
+                    optimizer="adan", ema_decay=0.999, checkpoint=work / f"heads_{args.targets}{loss}_on_model.pt",
+                    seed=args.seed + 1, progress=False, loss_weighting=args.head_loss)
+        print(f"heads: {args.head_steps} steps in {time.perf_counter() - t0:.0f} s")
         size = save_embedded(net.eval(), args.out, PATCHES_CONFIG)
         print(f"wrote {args.out} ({size / 1e6:.2f} MB)")
         return
@@ -98,9 +107,10 @@ def main() -> None:
             prm.copy_(prm.half().float())
     net = MomentNet(backbone, orders=(2, 3), head="conv", targets=args.targets)
     t0 = time.perf_counter()
+    loss = "" if args.head_loss == "uniform" else f"_{args.head_loss}"
     train_heads(net, train, steps=args.head_steps, batch_size=args.head_batch_size, lr=args.head_lr,
-                optimizer="adan", ema_decay=0.999, checkpoint=work / f"heads_from_{best}.pt", seed=args.seed + 1,
-                progress=False)
+                optimizer="adan", ema_decay=0.999, checkpoint=work / f"heads{loss}_from_{best}.pt", seed=args.seed + 1,
+                progress=False, loss_weighting=args.head_loss)
     net.eval()
     losses = eps_losses(net, val, seed=args.seed)
     record["chosen_backbone_steps"] = int(best)
