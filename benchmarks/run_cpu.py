@@ -103,7 +103,7 @@ ROOFLINE_NOTES = {
         "updates of i-1, square roots and divisions of i-2; 5496c9f), 8-9% faster on avx2 (10.8-11.0 ms), "
         "4-5% on avx512, 5% on sse2; and in the closed fit 8 vectors per pass instead of 4 (c561460), 10-11% "
         "faster on avx2 and sse2. Slower than the three stages: their other orders (4-11%), a fourth stage "
-        "for the square roots (7%), the moment updates read back from the state arrays (3%)."),
+        "for the square roots (7%) or for the residuals apart from the gradients (7%), the moment updates read back from the state arrays (3%)."),
 }
 ROOFLINE_TAIL = (
     "The part of the step outside the fit (moments, normals, mixture draw; measured in the section above) "
