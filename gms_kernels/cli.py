@@ -341,7 +341,7 @@ def _train_heads(args: argparse.Namespace) -> int:
         _reseed_per_rank(args.seed, rank)
         res = train_heads(net, data, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                           optimizer=args.optimizer, ema_decay=args.ema, checkpoint=args.checkpoint, seed=args.seed,
-                          progress=not args.quiet)
+                          progress=not args.quiet, loss_weighting=args.head_loss)
         if rank == 0:
             write_atomically(args.out, net.save)
             last = {k: v for k, v in res.history[-1].items() if k != "step"} if res.history else {}
@@ -542,6 +542,8 @@ def build_parser() -> argparse.ArgumentParser:
     tb.add_argument("--num-res-blocks", type=int, default=2, help="residual blocks per level")
     tb.add_argument("--dropout", type=float, default=0.1, help="dropout rate")
 
+    from .training import HEAD_LOSS_WEIGHTINGS
+
     th = command("train-heads", "train the e2/e3 heads on a frozen backbone (paper Alg. learning)" + ddp
                  + "train-heads ...", _train_heads)
     _add_training_args(th, "gms_out/moment_net.pt", "adan")
@@ -551,6 +553,10 @@ def build_parser() -> argparse.ArgumentParser:
     th.add_argument("--orders", type=int, nargs="+", default=[2, 3], help="moment orders of the extra heads")
     th.add_argument("--targets", choices=["raw", "central"], default="raw",
                     help="raw: heads learn E[eps^n|x_t] (the paper); central: E[(eps - e1)^n|x_t] (less noisy targets)")
+    th.add_argument("--head-loss", choices=list(HEAD_LOSS_WEIGHTINGS), default="uniform",
+                    help="uniform: the paper's MSE; normalized / rms: the error divided by the target's mean square "
+                         "/ RMS at each t (gk.train_heads' loss_weighting; on the shipped models neither helped: "
+                         "python/results/quality.md, section 5f)")
 
     o = command("oracle", "solver study with exact heads on Gaussian-mixture data", _oracle)
     o.add_argument("--samples", type=int, default=20000, help="samples per solver and K")

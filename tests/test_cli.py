@@ -1,4 +1,5 @@
 """The training subcommands end to end on tiny settings, and their outputs feeding sampling."""
+import pytest
 import torch
 
 import gms_kernels as gk
@@ -17,3 +18,20 @@ def test_train_backbone_then_heads_then_sample(tmp_path):
     net = gk.models.load(tmp_path / "mn.pt")
     x = gk.sample(net, shape=(2, 1, 8, 8), steps=2, generator=0, progress=False)
     assert x.shape == (2, 1, 8, 8) and torch.isfinite(x).all()
+
+
+def test_train_heads_takes_the_head_loss_weighting(tmp_path, capsys):
+    """--head-loss reaches gk.train_heads (its weighted losses are logged as wmse_e*); an unknown value is
+    refused by the parser."""
+    data = gk.data.digits("all")[0][:32]
+    torch.save(data, tmp_path / "d.pt")
+    small = ["--data", str(tmp_path / "d.pt"), "--steps", "2", "--batch-size", "8", "--quiet"]
+    assert main(["train-backbone", *small, "--ch", "32", "--ch-mult", "1", "--attn", "--num-res-blocks", "1",
+                 "--out", str(tmp_path / "bb.pt")]) == 0
+    capsys.readouterr()
+    assert main(["train-heads", *small, "--model", str(tmp_path / "bb.pt"), "--out", str(tmp_path / "mn.pt"),
+                 "--targets", "central", "--head-loss", "rms"]) == 0
+    assert "wmse_e2" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        main(["train-heads", *small, "--model", str(tmp_path / "bb.pt"), "--head-loss", "cubic"])
+    assert exc.value.code == 2 and "invalid choice: 'cubic'" in capsys.readouterr().err
