@@ -17,6 +17,8 @@ continues training only the heads of the shipped model (the backbone is untouche
 trains new heads (fresh weights, the same head recipe) on the backbone of an existing model file, here with the
 t-normalised head loss (gk.training.train_heads(loss_weighting="normalized"); the default --head-loss uniform
 is the plain MSE every shipped model was trained with).
+``--head res_conv`` builds Res+Conv heads (a time-conditioned residual block before the conv head) instead of
+the plain conv heads (``conv``, the default and the shipped models).
 The shipped model: ``python python/train_digits_model.py --targets central`` (3000 backbone steps, then 1200
 central-moment head steps, on the train split of gk.data.digits: 60% of the images; validation and test are held
 out for choosing and reporting). The raw-heads model it was chosen against: the same command without --targets.
@@ -51,6 +53,9 @@ def main() -> None:
                    help="what the heads learn: E[eps^n|x_t] (raw, the paper) or E[(eps - e1)^n|x_t] (central)")
     p.add_argument("--heads-on", metavar="MODEL", default=None,
                    help="skip the backbone stage: train new heads on the backbone of this embedded model file")
+    p.add_argument("--head", choices=("conv", "res_conv"), default="conv",
+                   help="head architecture (MomentNet head=): conv (the shipped models) or res_conv (a residual "
+                        "block conditioned on the time embedding, then the conv head; the paper's Res+Conv)")
     p.add_argument("--head-loss", choices=("uniform", "normalized", "rms"), default="uniform",
                    help="the heads' loss over t (train_heads' loss_weighting): plain MSE (uniform, the shipped "
                         "models), or each squared error divided by an estimate of E[target^2 | t] (normalized) "
@@ -62,7 +67,8 @@ def main() -> None:
     torch.manual_seed(args.seed)
     data, _ = digits(args.split)
     work = Path(args.work)
-    heads_file = "heads.pt" if args.head_loss == "uniform" else f"heads_{args.head_loss}.pt"
+    kind = "" if args.head == "conv" else f"_{args.head}"  # (a res_conv run never resumes a conv checkpoint)
+    heads_file = f"heads{kind}.pt" if args.head_loss == "uniform" else f"heads{kind}_{args.head_loss}.pt"
     if args.more_head_steps:
         net = default_model(args.out)
         train_heads(net, data, steps=args.more_head_steps, batch_size=args.head_batch_size, lr=args.head_lr,
@@ -72,7 +78,7 @@ def main() -> None:
         print(f"wrote {args.out} ({size / 1e6:.2f} MB)")
         return
     if args.heads_on:  # the head stage alone, on an existing (already fp16-rounded) backbone
-        net = MomentNet(default_model(args.heads_on).backbone, orders=(2, 3), head="conv", targets=args.targets)
+        net = MomentNet(default_model(args.heads_on).backbone, orders=(2, 3), head=args.head, targets=args.targets)
         t0 = time.perf_counter()
         train_heads(net, data, steps=args.head_steps, batch_size=args.head_batch_size, lr=args.head_lr,
                     optimizer="adan", ema_decay=0.999, checkpoint=work / f"on_model_{args.targets}_{heads_file}",
@@ -88,7 +94,7 @@ def main() -> None:
     with torch.no_grad():  # ship fp16 weights: train the heads on exactly those
         for prm in backbone.parameters():
             prm.copy_(prm.half().float())
-    net = MomentNet(backbone, orders=(2, 3), head="conv", targets=args.targets)
+    net = MomentNet(backbone, orders=(2, 3), head=args.head, targets=args.targets)
     train_heads(net, data, steps=args.head_steps, batch_size=args.head_batch_size, lr=args.head_lr, optimizer="adan",
                 ema_decay=0.999, checkpoint=work / heads_file, seed=args.seed + 1, loss_weighting=args.head_loss)
     size = save_embedded(net, args.out)

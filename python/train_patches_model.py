@@ -20,6 +20,8 @@ for the trivial e2 = 1).
 trains central-moment heads (MomentNet targets="central") with the same head recipe on a model's backbone;
 ``--head-loss normalized`` trains them with the t-normalised loss (gk.training.train_heads(loss_weighting=
 "normalized")) instead of the plain MSE (``uniform``, the default, which every shipped model used).
+``--head res_conv`` builds Res+Conv heads (a time-conditioned residual block before the conv head) instead of
+the plain conv heads (``conv``, the default and the shipped models).
 The shipped model since issue 20: this command on the raw-heads model described above (the stage-1 command's output).
 """
 from __future__ import annotations
@@ -57,6 +59,9 @@ def main() -> None:
                    help="what the heads learn: E[eps^n|x_t] (raw, the paper) or E[(eps - e1)^n|x_t] (central)")
     p.add_argument("--heads-on", metavar="MODEL", default=None,
                    help="skip stage 1: train new heads on the backbone of this embedded model file")
+    p.add_argument("--head", choices=("conv", "res_conv"), default="conv",
+                   help="head architecture (MomentNet head=): conv (the shipped models) or res_conv (a residual "
+                        "block conditioned on the time embedding, then the conv head; the paper's Res+Conv)")
     p.add_argument("--head-loss", choices=("uniform", "normalized", "rms"), default="uniform",
                    help="the heads' loss over t (train_heads' loss_weighting): plain MSE (uniform, the shipped "
                         "models), or each squared error divided by an estimate of E[target^2 | t] (normalized) "
@@ -73,8 +78,8 @@ def main() -> None:
     record = json.loads(record_path.read_text()) if record_path.exists() else {"backbone": {}}
 
     if args.heads_on:  # the same head stage on an existing (already fp16-rounded) backbone
-        net = MomentNet(patches_model(args.heads_on).backbone, orders=(2, 3), head="conv", targets=args.targets)
-        loss = "" if args.head_loss == "uniform" else f"_{args.head_loss}"
+        net = MomentNet(patches_model(args.heads_on).backbone, orders=(2, 3), head=args.head, targets=args.targets)
+        loss = ("" if args.head == "conv" else f"_{args.head}") + ("" if args.head_loss == "uniform" else f"_{args.head_loss}")
         t0 = time.perf_counter()
         train_heads(net, train, steps=args.head_steps, batch_size=args.head_batch_size, lr=args.head_lr,
                     optimizer="adan", ema_decay=0.999, checkpoint=work / f"heads_{args.targets}{loss}_on_model.pt",
@@ -105,9 +110,9 @@ def main() -> None:
     with torch.no_grad():  # ship fp16 weights: train the heads on exactly those
         for prm in backbone.parameters():
             prm.copy_(prm.half().float())
-    net = MomentNet(backbone, orders=(2, 3), head="conv", targets=args.targets)
+    net = MomentNet(backbone, orders=(2, 3), head=args.head, targets=args.targets)
     t0 = time.perf_counter()
-    loss = "" if args.head_loss == "uniform" else f"_{args.head_loss}"
+    loss = ("" if args.head == "conv" else f"_{args.head}") + ("" if args.head_loss == "uniform" else f"_{args.head_loss}")
     train_heads(net, train, steps=args.head_steps, batch_size=args.head_batch_size, lr=args.head_lr,
                 optimizer="adan", ema_decay=0.999, checkpoint=work / f"heads{loss}_from_{best}.pt", seed=args.seed + 1,
                 progress=False, loss_weighting=args.head_loss)
