@@ -542,6 +542,7 @@ def build_parser() -> argparse.ArgumentParser:
     tb.add_argument("--num-res-blocks", type=int, default=2, help="residual blocks per level")
     tb.add_argument("--dropout", type=float, default=0.1, help="dropout rate")
 
+    from .models.moment_net import TRAINABLE_HEAD_KINDS
     from .training import HEAD_LOSS_WEIGHTINGS
 
     th = command("train-heads", "train the e2/e3 heads on a frozen backbone (paper Alg. learning)" + ddp
@@ -549,7 +550,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_training_args(th, "gms_out/moment_net.pt", "adan")
     th.add_argument("--model", required=True, help="the backbone checkpoint (gk.models.load)")
     th.add_argument("--kind", default="auto", help="the checkpoint's format (see gk.models.load)")
-    th.add_argument("--head", choices=["conv", "res_conv"], default="conv", help="head architecture")
+    th.add_argument("--head", choices=TRAINABLE_HEAD_KINDS, default="conv", help="head architecture")
     th.add_argument("--orders", type=int, nargs="+", default=[2, 3], help="moment orders of the extra heads")
     th.add_argument("--targets", choices=["raw", "central"], default="raw",
                     help="raw: heads learn E[eps^n|x_t] (the paper); central: E[(eps - e1)^n|x_t] (less noisy targets)")

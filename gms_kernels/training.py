@@ -148,6 +148,21 @@ def _same_on_all_ranks(step: int, device: torch.device, path: Path | None) -> No
                          f"{high}): it must be one file that every process can read (a shared file system)")
 
 
+def _noised(schedule: Schedule, x0: torch.Tensor, t: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+    """x_t = sqrt(abar_t) x0 + sqrt(1 - abar_t) eps, per example (t: one index per row of x0)."""
+    abar = schedule.alphas_cumprod[t].to(device=x0.device, dtype=x0.dtype).reshape(-1, *[1] * (x0.dim() - 1))
+    return abar.sqrt() * x0 + (1 - abar).sqrt() * eps
+
+
+def _check_data_and_batch(data: torch.Tensor, batch_size: int) -> None:
+    if not torch.is_tensor(data) or data.dim() < 2 or data.shape[0] < 1:
+        raise ValueError("data must be a tensor [N, C, ...] of training examples in the model's data range")
+    if not torch.isfinite(data).all():
+        raise ValueError("training data has non-finite values")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+
+
 def _loop(module: nn.Module, loss_terms: Callable, data: torch.Tensor, schedule: Schedule, kind: str, *,
           steps: int, batch_size: int, lr: float, optimizer: str, ema_decay: float, grad_clip: float,
           checkpoint: str | Path | None, checkpoint_every: int, seed: int, progress: bool,
@@ -155,13 +170,8 @@ def _loop(module: nn.Module, loss_terms: Callable, data: torch.Tensor, schedule:
     """``loss_terms(model, x_t, t, eps)`` -> {name: scalar loss}; ``model`` is the module or its DDP wrapper."""
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
-    if not torch.is_tensor(data) or data.dim() < 2 or data.shape[0] < 1:
-        raise ValueError("data must be a tensor [N, C, ...] of training examples in the model's data range")
-    if not torch.isfinite(data).all():
-        raise ValueError("training data has non-finite values")
+    _check_data_and_batch(data, batch_size)
     rank, world = distributed.world()
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
     if batch_size % world:
         raise ValueError(f"batch_size {batch_size} is the global batch, split evenly over the {world} processes: "
                          f"it must be a multiple of {world} (e.g. {max(1, round(batch_size / world)) * world})")
@@ -203,10 +213,7 @@ def _loop(module: nn.Module, loss_terms: Callable, data: torch.Tensor, schedule:
             idx = torch.randint(0, data.shape[0], (batch_size,), generator=gen, device=gen.device)[mine]
             t = torch.randint(0, schedule.T, (batch_size,), generator=gen, device=gen.device)[mine]
             eps = torch.randn((batch_size, *data.shape[1:]), generator=gen, device=gen.device)[mine].to(device)
-            x0 = data[idx].to(device)
-            abar = schedule.alphas_cumprod[t].to(device=device, dtype=x0.dtype).reshape(-1, *[1] * (x0.dim() - 1))
-            a, sig = abar.sqrt(), (1 - abar).sqrt()
-            losses = loss_terms(model, a * x0 + sig * eps, t.to(device), eps)
+            losses = loss_terms(model, _noised(schedule, data[idx].to(device), t, eps), t.to(device), eps)
             total = sum(losses.values())
             opt.zero_grad(set_to_none=True)
             total.backward()  # under DDP the gradients come back averaged over the ranks
@@ -296,9 +303,7 @@ def _target_scales(net: nn.Module, data: torch.Tensor, schedule: Schedule, time_
             idx = torch.randint(0, data.shape[0], (m,), generator=gen)
             t = torch.randint(lo, hi, (m,), generator=gen)
             eps = torch.randn((m, *data.shape[1:]), generator=gen).to(device)
-            x0 = data[idx].to(device)
-            abar = schedule.alphas_cumprod[t].to(device=device, dtype=x0.dtype).reshape(-1, *[1] * (x0.dim() - 1))
-            x_t = abar.sqrt() * x0 + (1 - abar).sqrt() * eps
+            x_t = _noised(schedule, data[idx].to(device), t, eps)
             _, base, orders = _head_targets(net, x_t, time_values(t, T, time_input).to(device), eps, C, central)
             for n in range(2, orders + 1):
                 acc[n] = acc.get(n, 0.0) + float(base.double().pow(2 * n).sum())
@@ -375,10 +380,7 @@ def train_heads(net: nn.Module, data: torch.Tensor, schedule: Schedule | None = 
     central = getattr(net, "targets", "raw") == "central"
     scales, power = None, _SCALE_POWERS.get(loss_weighting)
     if loss_weighting != "uniform":
-        if not torch.is_tensor(data) or data.dim() < 2 or data.shape[0] < 1 or not torch.isfinite(data).all():
-            raise ValueError("data must be a tensor [N, C, ...] of finite training examples in the model's data range")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        _check_data_and_batch(data, batch_size)  # (before the scales are estimated from data)
         scales = _target_scales(net, data, schedule, time_input, central, batch_size, seed + 7919)
 
     def loss_terms(wrapped, x_t, t, eps):

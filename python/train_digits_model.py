@@ -33,6 +33,7 @@ import torch
 
 from gms_kernels.data import digits
 from gms_kernels.embedded import DIGITS_CONFIG, DIGITS_MODEL, build_digits_backbone, default_model, save_embedded
+from gms_kernels.experiments.head_training import add_head_options, head_run_tag
 from gms_kernels.models import MomentNet
 from gms_kernels.training import train_backbone, train_heads
 
@@ -49,17 +50,7 @@ def main() -> None:
                    help="only continue training the heads of the model at --out for this many steps")
     p.add_argument("--head-batch-size", type=int, default=128)
     p.add_argument("--head-lr", type=float, default=1e-3)
-    p.add_argument("--targets", choices=("raw", "central"), default="raw",
-                   help="what the heads learn: E[eps^n|x_t] (raw, the paper) or E[(eps - e1)^n|x_t] (central)")
-    p.add_argument("--heads-on", metavar="MODEL", default=None,
-                   help="skip the backbone stage: train new heads on the backbone of this embedded model file")
-    p.add_argument("--head", choices=("conv", "res_conv"), default="conv",
-                   help="head architecture (MomentNet head=): conv (the shipped models) or res_conv (a residual "
-                        "block conditioned on the time embedding, then the conv head; the paper's Res+Conv)")
-    p.add_argument("--head-loss", choices=("uniform", "normalized", "rms"), default="uniform",
-                   help="the heads' loss over t (train_heads' loss_weighting): plain MSE (uniform, the shipped "
-                        "models), or each squared error divided by an estimate of E[target^2 | t] (normalized) "
-                        "or by its square root (rms)")
+    add_head_options(p, "skip the backbone stage: train new heads on the backbone of this embedded model file")
     p.add_argument("--work", default="gms_out/digits_training")
     p.add_argument("--out", default=str(DIGITS_MODEL))
     args = p.parse_args()
@@ -67,8 +58,7 @@ def main() -> None:
     torch.manual_seed(args.seed)
     data, _ = digits(args.split)
     work = Path(args.work)
-    kind = "" if args.head == "conv" else f"_{args.head}"  # (a res_conv run never resumes a conv checkpoint)
-    heads_file = f"heads{kind}.pt" if args.head_loss == "uniform" else f"heads{kind}_{args.head_loss}.pt"
+    heads_file = f"heads{head_run_tag(args)}.pt"
     if args.more_head_steps:
         net = default_model(args.out)
         train_heads(net, data, steps=args.more_head_steps, batch_size=args.head_batch_size, lr=args.head_lr,

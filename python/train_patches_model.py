@@ -35,6 +35,7 @@ import torch
 
 from gms_kernels.data import patches
 from gms_kernels.embedded import PATCHES_CONFIG, PATCHES_MODEL, build_patches_backbone, patches_model, save_embedded
+from gms_kernels.experiments.head_training import add_head_options, head_run_tag
 from gms_kernels.experiments.patches_study import eps_losses
 from gms_kernels.files import save_atomically
 from gms_kernels.models import MomentNet
@@ -55,17 +56,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", default="gms_out/patches_training")
     p.add_argument("--out", default=str(PATCHES_MODEL))
-    p.add_argument("--targets", choices=("raw", "central"), default="raw",
-                   help="what the heads learn: E[eps^n|x_t] (raw, the paper) or E[(eps - e1)^n|x_t] (central)")
-    p.add_argument("--heads-on", metavar="MODEL", default=None,
-                   help="skip stage 1: train new heads on the backbone of this embedded model file")
-    p.add_argument("--head", choices=("conv", "res_conv"), default="conv",
-                   help="head architecture (MomentNet head=): conv (the shipped models) or res_conv (a residual "
-                        "block conditioned on the time embedding, then the conv head; the paper's Res+Conv)")
-    p.add_argument("--head-loss", choices=("uniform", "normalized", "rms"), default="uniform",
-                   help="the heads' loss over t (train_heads' loss_weighting): plain MSE (uniform, the shipped "
-                        "models), or each squared error divided by an estimate of E[target^2 | t] (normalized) "
-                        "or by its square root (rms)")
+    add_head_options(p, "skip stage 1: train new heads on the backbone of this embedded model file")
     args = p.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -79,11 +70,11 @@ def main() -> None:
 
     if args.heads_on:  # the same head stage on an existing (already fp16-rounded) backbone
         net = MomentNet(patches_model(args.heads_on).backbone, orders=(2, 3), head=args.head, targets=args.targets)
-        loss = ("" if args.head == "conv" else f"_{args.head}") + ("" if args.head_loss == "uniform" else f"_{args.head_loss}")
         t0 = time.perf_counter()
         train_heads(net, train, steps=args.head_steps, batch_size=args.head_batch_size, lr=args.head_lr,
-                    optimizer="adan", ema_decay=0.999, checkpoint=work / f"heads_{args.targets}{loss}_on_model.pt",
-                    seed=args.seed + 1, progress=False, loss_weighting=args.head_loss)
+                    optimizer="adan", ema_decay=0.999,
+                    checkpoint=work / f"heads_{args.targets}{head_run_tag(args)}_on_model.pt", seed=args.seed + 1,
+                    progress=False, loss_weighting=args.head_loss)
         print(f"heads: {args.head_steps} steps in {time.perf_counter() - t0:.0f} s")
         size = save_embedded(net.eval(), args.out, PATCHES_CONFIG)
         print(f"wrote {args.out} ({size / 1e6:.2f} MB)")
@@ -112,10 +103,9 @@ def main() -> None:
             prm.copy_(prm.half().float())
     net = MomentNet(backbone, orders=(2, 3), head=args.head, targets=args.targets)
     t0 = time.perf_counter()
-    loss = ("" if args.head == "conv" else f"_{args.head}") + ("" if args.head_loss == "uniform" else f"_{args.head_loss}")
     train_heads(net, train, steps=args.head_steps, batch_size=args.head_batch_size, lr=args.head_lr,
-                optimizer="adan", ema_decay=0.999, checkpoint=work / f"heads{loss}_from_{best}.pt", seed=args.seed + 1,
-                progress=False, loss_weighting=args.head_loss)
+                optimizer="adan", ema_decay=0.999, checkpoint=work / f"heads{head_run_tag(args)}_from_{best}.pt",
+                seed=args.seed + 1, progress=False, loss_weighting=args.head_loss)
     net.eval()
     losses = eps_losses(net, val, seed=args.seed)
     record["chosen_backbone_steps"] = int(best)

@@ -196,3 +196,16 @@ def test_training_scripts_take_the_head_loss_flag(script):
     out = subprocess.run([sys.executable, str(ROOT / "python" / script), "--help"], capture_output=True, text=True,
                          check=True, cwd=ROOT).stdout
     assert "--head-loss {uniform,normalized,rms}" in " ".join(out.split())
+
+
+def test_head_run_tags_keep_the_checkpoint_names():
+    """The training scripts' checkpoint names: unchanged for the shipped kind of run, one tag per head and loss."""
+    from argparse import Namespace
+
+    from gms_kernels.experiments.head_training import head_run_tag
+
+    tags = {(h, w): head_run_tag(Namespace(head=h, head_loss=w))
+            for h in ("conv", "res_conv") for w in ("uniform", "normalized", "rms")}
+    assert tags[("conv", "uniform")] == "" and tags[("res_conv", "uniform")] == "_res_conv"
+    assert tags[("conv", "rms")] == "_rms" and tags[("res_conv", "normalized")] == "_res_conv_normalized"
+    assert len(set(tags.values())) == len(tags)

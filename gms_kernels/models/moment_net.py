@@ -26,7 +26,8 @@ from .pytorch_ddpm import PytorchDDPMUNet
 HEADS_FORMAT = "gms_kernels.moment_heads"
 NET_FORMAT = "gms_kernels.moment_net"
 FORMAT_VERSION = 1
-HEAD_KINDS = ("conv", "res_conv") + OFFICIAL_HEAD_KINDS  # the official GMS heads: see official_heads.py
+TRAINABLE_HEAD_KINDS = ("conv", "res_conv")  # the heads a MomentNet builds fresh for gk.train_heads
+HEAD_KINDS = TRAINABLE_HEAD_KINDS + OFFICIAL_HEAD_KINDS  # the official GMS heads: see official_heads.py
 ORDERS = ((2,), (2, 3))
 
 
