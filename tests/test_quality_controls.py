@@ -230,6 +230,24 @@ def test_row_labels_read_into_options():
         q.row_options("sn-ddpm k=2")
 
 
+def test_row_label_lr_takes_a_number_or_a_paper_table():
+    assert q.row_options("gms adan/pixel lr=paper") == ("gms", {"fit": "adan", "select": "pixel", "lr": "paper"})
+    assert q.row_options("gms adan/pixel iters=70 lr=paper-imagenet64") == (
+        "gms", {"fit": "adan", "select": "pixel", "fit_iters": 70, "lr": "paper-imagenet64"})
+    assert q.row_options("gms adan/sample lr=0.1") == ("gms", {"fit": "adan", "select": "sample", "lr": 0.1})
+    with pytest.raises(ValueError, match="paper"):
+        q.row_options("gms adan/pixel lr=papr")
+    # the table reaches the fit: the first rows' samples differ from the constant-rate ones and match a
+    # direct call with lr="paper"
+    sched = gk.Schedule.linear()
+    oracle = image_oracle(sched)
+    x = q.draw(oracle, (3, 5, 7), "gms adan/pixel lr=paper", 3, 4, seed=1)
+    direct = gk.sample(oracle, (4, 3, 5, 7), steps=3, solver="gms", fit="adan", select="pixel", lr="paper",
+                       generator=1, progress=False)
+    torch.testing.assert_close(x, direct, rtol=0, atol=0)
+    assert not torch.equal(x, q.draw(oracle, (3, 5, 7), "gms adan/pixel", 3, 4, seed=1))
+
+
 def test_summarise_names_the_best_baseline_and_significance():
     res = {}
     for s in range(5):

@@ -157,14 +157,17 @@ GMS_BASES = {
 }
 MODIFIERS = {"c": "variance_scale", "v": "variance_interp", "iters": "fit_iters", "tau": "skew_threshold",
              "floor": "var_floor", "glast": "gaussian_last_step", "eta": "eta", "preset": "preset",
-             "pred": "prediction"}
+             "pred": "prediction", "lr": "lr"}
 STRING_MODIFIERS = ("preset", "pred")
+# modifiers whose value is a number or a name: lr (ADAN's constant rate or one of the paper's tables)
+NUMBER_OR_NAME_MODIFIERS = ("lr",)
 
 
 def row_options(label: str) -> tuple[str, dict]:
     """(solver, options) of a row label: a solver name or a GMS base (:data:`GMS_BASES`), then ``key=value``
     modifiers (:data:`MODIFIERS`), e.g. ``"sn-ddpm c=0.5"``, ``"ddpm v=0.25"``, ``"gms adan/pixel iters=70 c=0.8"``,
-    ``"gms closed/pixel glast=0"``, ``"gms preset=official"``; ``"gms"`` alone is the library's defaults."""
+    ``"gms closed/pixel glast=0"``, ``"gms preset=official"``, ``"gms adan/pixel lr=paper"`` (``lr``: a number
+    or a name of ``gk.fit.PAPER_LR_TABLES``); ``"gms"`` alone is the library's defaults."""
     m = _ROW.match(label)
     if m is None:
         raise ValueError(f"cannot read row label {label!r}")
@@ -176,9 +179,26 @@ def row_options(label: str) -> tuple[str, dict]:
         key, value = mod.split("=", 1)
         if key not in MODIFIERS:
             raise ValueError(f"unknown modifier {key!r} in {label!r}; valid: {', '.join(MODIFIERS)}")
+        if key in NUMBER_OR_NAME_MODIFIERS:
+            options[MODIFIERS[key]] = _number_or_name(key, value, label)
+            continue
         options[MODIFIERS[key]] = (bool(int(value)) if key == "glast" else int(value) if key == "iters"
                                    else value if key in STRING_MODIFIERS else float(value))
     return solver, options
+
+
+def _number_or_name(key: str, value: str, label: str) -> float | str:
+    """A modifier's value as a float, else as one of the names it accepts (refused otherwise, before sampling)."""
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    from ..fit import PAPER_LR_TABLES
+
+    names = {"lr": PAPER_LR_TABLES}[key]
+    if value not in names:
+        raise ValueError(f"{key}={value!r} in {label!r} is neither a number nor one of {', '.join(names)}")
+    return value
 
 
 def is_baseline(label: str) -> bool:
