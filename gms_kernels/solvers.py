@@ -173,11 +173,15 @@ def gms_step(x_t, heads, k, rand, o):
     ``variance_scale`` c fits (M1, c Var, c^1.5 kappa3) instead: the same shape, c times the spread
     (:func:`~gms_kernels.moments.scale_spread`). ``skew_threshold`` tau > 0 is the paper's threshold (appendix,
     "optimizing only when the disparity between the reverse transition kernel and Gaussian exceeds it"): elements
-    whose standardized skewness |kappa3| / Var^1.5 is at most tau draw from N(M1, Var) instead of the mixture."""
+    whose standardized skewness |kappa3| / Var^1.5 is at most tau draw from N(M1, Var) instead of the mixture.
+    ``skew_scale`` lambda fits (M1, Var, lambda kappa3) instead: the heads' skew shrunk (lambda < 1) towards the
+    Gaussian, mean and variance kept; a mapping {t: lambda} gives each step its own factor (issue 20's
+    noise-aware fit: lambda(t) from regressing exact kappa3 on the heads'). The threshold reads the scaled skew."""
     mom = scale_spread(transition_moments(x_t, heads[0], heads[1], heads[2], k, o["data_range"]),
                        o["variance_scale"])
     if k.s == 0 and o["gaussian_last_step"]:
         return _learned_gaussian(mom, k, rand, o)
+    mom = scale_skew(mom, skew_scale_at(o["skew_scale"], k.t))
     if o["fit"] == "closed":
         p = fit_closed(mom, o["weights"], o["var_floor"])
     else:
@@ -192,6 +196,41 @@ def gms_step(x_t, heads, k, rand, o):
         info["gaussian"] = gaussian
     x_s = sample_mixture(p, o["weights"], rand.normal(), rand.uniform(o["select"] == "pixel"))
     return x_s, dict(info, mu1=p.mu1, mu2=p.mu2, s2=p.s2)
+
+
+def skew_scale_at(skew_scale: float | dict[int, float], t: int) -> float:
+    """The factor on kappa3 of the step from t: ``skew_scale`` itself, or its entry for t (a mapping)."""
+    if not isinstance(skew_scale, dict):
+        return skew_scale
+    if t not in skew_scale:
+        raise ValueError(f"skew_scale has no factor for the step from t={t} (it has t = "
+                         f"{', '.join(map(str, sorted(skew_scale)))}): give one for every t the sampler visits")
+    return skew_scale[t]
+
+
+def scale_skew(mom: TransitionMoments, scale: float) -> TransitionMoments:
+    """(M1, Var, M3') whose central third moment, taken with Var clamped at 0 as the fits take it, is ``scale``
+    times the original one; scale = 1 returns ``mom``."""
+    if scale == 1.0:
+        return mom
+    kappa3 = central_third_moment(mom.m1, mom.var.clamp_min(0.0), mom.m3)
+    return TransitionMoments(mom.m1, mom.var, mom.m3 + (scale - 1.0) * kappa3)
+
+
+def check_skew_scale(value: Any) -> float | dict[int, float]:
+    """``skew_scale``: a number in [0, 100], or a mapping from time indices (non-negative integers) to such
+    numbers (one factor per step, looked up by the step's t)."""
+    what = "the factor on the fit's central third moment kappa3"
+    if isinstance(value, dict):
+        if not value:
+            raise ValueError("skew_scale as a mapping needs at least one entry {t: factor}")
+        out = {}
+        for t, v in value.items():
+            if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
+                raise ValueError(f"skew_scale's keys must be time indices (non-negative integers), got {t!r}")
+            out[int(t)] = _real(v, f"skew_scale[{t}]", 0.0, 100.0, what)
+        return out
+    return _real(value, "skew_scale", 0.0, 100.0, what + " (or a mapping {t: factor})")
 
 
 def exact_step(x_t, heads, k, rand, o):
@@ -259,7 +298,8 @@ SOLVERS: dict[str, Solver] = {
         Solver("gms", 3, gms_step, dict(LAST_STEP_OPTIONS, fit="closed", select="sample",
                                          weights=DEFAULT_WEIGHTS, fit_iters=25, lr=0.06,
                                          var_floor=0.1, adan_mean="sample", adan_precision=None,
-                                         variance_scale=1.0, skew_threshold=0.0, preset=None)),
+                                         variance_scale=1.0, skew_threshold=0.0, skew_scale=1.0,
+                                         preset=None)),
         Solver("exact", 0, exact_step, {"oracle": None}),
         Solver("seeds-1", 1, seeds_1_step, {"prediction": "noise"}),
         # sample()-only solvers; their loops are in gms_kernels.sde (the recommended settings as defaults)
@@ -276,7 +316,7 @@ SOLVERS: dict[str, Solver] = {
 # the Gaussian last step with the pixel-level variance cap.
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "gms": {"official": {"fit": "adan", "fit_iters": 70, "lr": 0.06, "adan_mean": "batch", "select": "sample",
-                         "variance_scale": 1.0, "skew_threshold": 0.0, **LAST_STEP_OPTIONS}},
+                         "variance_scale": 1.0, "skew_threshold": 0.0, "skew_scale": 1.0, **LAST_STEP_OPTIONS}},
 }
 
 
@@ -339,6 +379,8 @@ def resolve_options(solver: Solver, options: dict[str, Any]) -> dict[str, Any]:
     if "skew_threshold" in o:
         o["skew_threshold"] = _real(o["skew_threshold"], "skew_threshold", 0.0, math.inf,
                                     "the standardized skewness at or below which GMS draws a Gaussian")
+    if "skew_scale" in o:
+        o["skew_scale"] = check_skew_scale(o["skew_scale"])
     if solver.name == "edm-sde":
         o["s_churn"] = _real(o["s_churn"], "s_churn", 0.0, math.inf, "EDM's total churn S_churn")
         o["s_tmin"] = _real(o["s_tmin"], "s_tmin", 0.0, math.inf, "EDM's lowest churned sigma S_tmin")
@@ -392,6 +434,11 @@ def fused_config(name: str, options: dict[str, Any], k: StepCoefficients, data_r
 def _build_fused_config(key: tuple) -> FusedStepConfig | None:
     name, items, k, data_range, T, batch, per_sample = key
     o = resolve_options(get_solver(name), {o: v for o, _, v in items})
+    # skew_scale, which no fused kernel implements (like kernels.TORCH_ONLY_OPTIONS): a call that sets a factor
+    # other than 1 runs every step on the float64 torch step, as those options do
+    if "skew_scale" in o and any(v != 1.0 for v in (o["skew_scale"].values() if isinstance(o["skew_scale"], dict)
+                                                     else [o["skew_scale"]])):
+        return None
     return make_config(name, k, data_range, o, T, batch, per_sample)
 
 

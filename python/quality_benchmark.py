@@ -9,6 +9,8 @@ validation and reported on test (gms_kernels.experiments.quality_study).
     python python/quality_benchmark.py report --testbed digits --labels ... --out FILE
     # the defaults' choice: mean rank of the candidates on validation over both testbeds and K = 5, 10, 20
     python python/quality_benchmark.py choose --labels "gms closed/pixel" ... --alias-digits central=FILE ...
+    # the heads' skew against exact heads of the train data, per step: writes the skew tables rows 'skew=lam' read
+    python python/quality_benchmark.py shrinkage --testbed patches --samples 2000
 
 ``--model FILE`` runs the testbed's architecture with other weights (an embedded-format file); the cache keys
 name the weights' hash, so every model keeps its own cells.
@@ -186,6 +188,33 @@ def ggf(args) -> None:
     print(f"| {args.seeds} seeds x {args.samples} | {nfe.mean:.1f} | " + " | ".join(row) + " |")
 
 
+def shrinkage(args) -> None:
+    """lambda(t) per K: the heads' kappa3 regressed on exact heads of the train data (study.skew_shrinkage), on x_t
+    of --samples train images (all, if fewer); writes the table rows 'skew=lam' read (factors clipped to [0, 100])."""
+    import json
+
+    from gms_kernels.data import digits, patches
+
+    if args.testbed not in ("digits", "patches"):
+        sys.exit("shrinkage needs a testbed with a network: digits or patches")
+    bed = study.testbed(args.testbed, args.model)
+    train = digits("train")[0] if args.testbed == "digits" else patches("train")
+    pick = torch.randperm(train.shape[0], generator=torch.Generator().manual_seed(0))[:args.samples].sort().values
+    rows = study.skew_shrinkage(bed.model(), study.data_oracle(train), train[pick], args.steps)
+    tables = {"lam": {k: {r["t"]: min(max(r["lam"], 0.0), 100.0) for r in rs} for k, rs in rows.items()}}
+    path = study.skew_table_path(bed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"tables": tables, "rows": rows, "x_t_images": len(pick), "exact_components":
+                                train.shape[0], "blur": study.ORACLE_BLUR}, indent=1))
+    print(f"wrote {path}\n")
+    print("| K | t -> s | lambda (kappa3) | corr | RMS kappa3 heads / exact | lambda (Var - lam2) | corr |\n"
+          "|---|---|---|---|---|---|---|")
+    for k, rs in rows.items():
+        for r in rs:
+            print(f"| {k} | {r['t']} -> {r['s']} | {r['lam']:.4f} | {r['corr']:.3f} | {r['rms_head']:.3g} / "
+                  f"{r['rms_exact']:.3g} | {r['lam_var']:.4f} | {r['corr_var']:.3f} |")
+
+
 def choose(args) -> None:
     """The defaults' choice on validation: mean rank of each candidate over (testbed, K), both testbeds."""
     scores, lines = {}, []
@@ -209,7 +238,7 @@ def choose(args) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("part", choices=("measure", "diagnose", "report", "choose", "ggf"))
+    p.add_argument("part", choices=("measure", "diagnose", "report", "choose", "ggf", "shrinkage"))
     p.add_argument("--testbed", choices=("digits", "digits-oracle", "patches", "patches-oracle"), default="digits")
     p.add_argument("--model", default=None, help="other weights for the testbed's architecture (embedded format)")
     p.add_argument("--labels", nargs="+", default=None, help="the rows (every part but ggf)")
@@ -231,12 +260,13 @@ def main() -> None:
     p.add_argument("--run", default="main", help="this run's cache file name (parallel runs need their own)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    if args.part != "ggf" and not args.labels:
+    if args.part not in ("ggf", "shrinkage") and not args.labels:
         p.error(f"{args.part} needs --labels")
     torch.set_num_threads(1)
     print("command: python python/quality_benchmark.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
           file=sys.stderr)
-    {"measure": measure, "diagnose": diagnose, "report": report, "choose": choose, "ggf": ggf}[args.part](args)
+    {"measure": measure, "diagnose": diagnose, "report": report, "choose": choose, "ggf": ggf,
+     "shrinkage": shrinkage}[args.part](args)
 
 
 if __name__ == "__main__":

@@ -103,9 +103,104 @@ def test_skew_threshold_sends_low_skew_elements_to_the_gaussian(step_inputs):
                                        skew_threshold=0.0), full)
 
 
+@pytest.mark.parametrize("fit", ["closed", "adan"])
+def test_skew_scale_fits_lambda_times_the_central_third_moment(step_inputs, fit):
+    sched, x_t, _, z = step_inputs
+    t, s = 200, 100  # (a step where the oracle's skew is well above the closed fit's knee in many elements)
+    heads = image_oracle(sched)(x_t, t)
+    e1, e2, e3 = heads.chunk(3, dim=1)
+    mom = transition_moments(x_t, e1, e2, e3, sched.coefficients(t, s), (-1.0, 1.0))
+    u = torch.full(x_t.shape, 0.5, dtype=torch.float64)
+    kappa3 = mom.m3 - 3 * mom.m1 * mom.var - mom.m1**3
+    lam = 0.4
+    _, info = gk.step(x_t, heads, t, s, sched, solver="gms", noise=z, uniform=u, select="pixel", fit=fit,
+                      skew_scale=lam, return_info=True)
+    # the moments the fit saw: M1 and Var as they were, kappa3 times lambda
+    torch.testing.assert_close(info["m1"], mom.m1, rtol=0, atol=0)
+    torch.testing.assert_close(info["var"], mom.var, rtol=0, atol=0)
+    torch.testing.assert_close(info["m3"] - 3 * info["m1"] * info["var"] - info["m1"] ** 3, lam * kappa3,
+                               rtol=1e-9, atol=1e-12)
+    if fit == "closed":  # the mixture matches them: mean and Var exactly, kappa3 where neither knee nor floor binds
+        w1, w2 = 1 / 3, 2 / 3
+        delta = info["mu1"] - info["mu2"]
+        torch.testing.assert_close(w1 * info["mu1"] + w2 * info["mu2"], mom.m1)
+        torch.testing.assert_close(w1 * w2 * delta**2 + info["s2"], mom.var)
+        g = (lam * kappa3 / mom.var**1.5).abs()
+        free = (g > 2 * gk.fit.SKEW_KNEE) & (info["s2"] > 0.1 * mom.var * (1 + 1e-9))
+        assert free.double().mean() > 0.1
+        torch.testing.assert_close((w1 * w2 * (w2 - w1) * delta**3)[free], (lam * kappa3)[free])
+    # lambda = 1 is today's step, bit for bit; the fit's draw differs at lambda != 1
+    plain = gk.step(x_t, heads, t, s, sched, solver="gms", noise=z, uniform=u, select="pixel", fit=fit)
+    assert torch.equal(gk.step(x_t, heads, t, s, sched, solver="gms", noise=z, uniform=u, select="pixel", fit=fit,
+                               skew_scale=1.0), plain)
+    assert not torch.equal(gk.step(x_t, heads, t, s, sched, solver="gms", noise=z, uniform=u, select="pixel",
+                                   fit=fit, skew_scale=lam), plain)
+
+
+def test_skew_scale_per_step_mapping_is_looked_up_by_t():
+    sched = gk.Schedule.linear()
+    oracle = image_oracle(sched)
+    ts = gk.schedule.trajectory(sched, 4)
+    kw = dict(steps=4, solver="gms", generator=2, progress=False, backend="torch", select="pixel")
+    constant = gk.sample(oracle, (3, 3, 5, 7), skew_scale=0.3, **kw)
+    torch.testing.assert_close(gk.sample(oracle, (3, 3, 5, 7), skew_scale={t: 0.3 for t in ts}, **kw), constant,
+                               rtol=0, atol=0)
+    assert torch.equal(gk.sample(oracle, (3, 3, 5, 7), skew_scale={t: 1.0 for t in ts}, **kw),
+                       gk.sample(oracle, (3, 3, 5, 7), **kw))
+    # only the first step shrunk: the first step's state differs from the plain run's, and from the constant run's
+    seen = {}
+    for name, table in (("first", {t: (0.3 if t == ts[0] else 1.0) for t in ts}), ("plain", None),
+                        ("constant", 0.3)):
+        rec = []
+        gk.sample(oracle, (3, 3, 5, 7), callback=rec.append, **kw, **({} if table is None else {"skew_scale": table}))
+        seen[name] = [r["x"] for r in rec]
+    assert torch.equal(seen["first"][0], seen["constant"][0]) and not torch.equal(seen["first"][0], seen["plain"][0])
+    assert not torch.equal(seen["first"][1], seen["constant"][1])
+    with pytest.raises(ValueError, match=f"t={ts[1]}"):
+        gk.sample(oracle, (3, 3, 5, 7), skew_scale={ts[0]: 0.5}, **kw)
+
+
+def test_skew_scale_never_reaches_a_fused_kernel(monkeypatch):
+    """A GMS call with a skew_scale other than 1 runs every step on the float64 torch step on the cpp and triton
+    backends (no kernel implements it), its Gaussian last step included; skew_scale = 1 (a number or a mapping of
+    ones) still takes the kernel."""
+    import gms_kernels.solvers as solvers
+    from gms_kernels.random import SampleNoise
+
+    calls = []
+
+    def fake_fused_step(backend, x_t, *args):
+        calls.append(backend)
+        return x_t.clone(), None
+
+    monkeypatch.setattr(solvers, "fused_step", fake_fused_step)
+    sched = gk.Schedule.linear(20)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 1, 2, 2, generator=g, dtype=torch.float64)
+    e1 = 0.5 * torch.randn(x.shape, generator=g, dtype=torch.float64)
+    heads = [e1, e1 * e1 + 0.1, e1**3 + 0.2 * e1]
+
+    def run(backend, options, t=10, s=5):
+        rand = solvers.StepRandomness(SampleNoise.create(3, 2), t, x)
+        return solvers.solver_step("gms", x, heads, sched.coefficients(t, s), rand, (-1.0, 1.0), sched.T,
+                                   options, backend)[0]
+
+    for backend in ("cpp", "triton"):
+        calls.clear()
+        for opts in ({"skew_scale": 0.5}, {"skew_scale": {10: 0.5}}, {"skew_scale": 0.5, "fit": "adan"},
+                     {"skew_scale": {10: 1.0, 3: 0.5}}):
+            assert torch.equal(run(backend, opts), run("torch", opts))
+        run(backend, {"skew_scale": {10: 0.5}}, t=3, s=0)  # the Gaussian last step: no fit, no factor needed
+        assert calls == []
+        run(backend, {"skew_scale": 1.0})
+        run(backend, {"skew_scale": {10: 1.0, 3: 1.0}})
+        assert calls == [backend] * 2
+
+
 @pytest.mark.parametrize("solver,opts", [("sn-ddpm", {"variance_scale": 0.5}), ("ddpm", {"variance_interp": 0.5}),
                                          ("gms", {"variance_scale": 0.8, "select": "pixel"}),
-                                         ("gms", {"skew_threshold": 0.2, "select": "pixel"})])
+                                         ("gms", {"skew_threshold": 0.2, "select": "pixel"}),
+                                         ("gms", {"skew_scale": 0.5}), ("gms", {"skew_scale": 2.0, "fit": "adan"})])
 def test_new_options_give_the_same_samples_on_every_cpu_backend(solver, opts):
     sched = gk.Schedule.linear()
     oracle = image_oracle(sched)
@@ -120,7 +215,11 @@ def test_new_options_give_the_same_samples_on_every_cpu_backend(solver, opts):
     ("sn-ddpm", {"variance_scale": 0.0}, "variance_scale"), ("sn-ddpm", {"variance_scale": -1}, "variance_scale"),
     ("gms", {"variance_scale": float("nan")}, "variance_scale"), ("ddpm", {"variance_interp": 1.5}, "variance_interp"),
     ("gms", {"skew_threshold": -0.1}, "skew_threshold"), ("ddim", {"variance_scale": 0.5}, "unknown option"),
-    ("ddpm", {"skew_threshold": 0.5}, "unknown option")])
+    ("ddpm", {"skew_threshold": 0.5}, "unknown option"), ("gms", {"skew_scale": -0.1}, "skew_scale"),
+    ("gms", {"skew_scale": float("nan")}, "skew_scale"), ("gms", {"skew_scale": "half"}, "skew_scale"),
+    ("gms", {"skew_scale": True}, "skew_scale"), ("gms", {"skew_scale": 101.0}, "skew_scale"),
+    ("gms", {"skew_scale": {}}, "skew_scale"), ("gms", {"skew_scale": {999: -1.0}}, r"skew_scale\[999\]"),
+    ("gms", {"skew_scale": {1.5: 0.5}}, "skew_scale's keys"), ("sn-ddpm", {"skew_scale": 0.5}, "unknown option")])
 def test_bad_control_options_are_refused_before_sampling(solver, opts, match):
     calls = []
 
@@ -385,3 +484,60 @@ def test_rank_one_control_has_the_mean_and_covariance_of_the_per_image_mixture_d
         # entries of a sample covariance have standard error about sqrt((S_ii S_jj + S_ij^2) / n)
         tol = 5 * ((torch.outer(cov.diagonal(), cov.diagonal()) + cov**2) / n).sqrt()
         assert ((emp - cov).abs() <= tol).all()
+
+
+def test_skew_shrinkage_regresses_the_exact_kappa3_on_the_heads_per_step(tmp_path, monkeypatch):
+    """skew_shrinkage: every GMS step of each K's trajectory, lambda = E[k3_exact k3_head] / E[k3_head^2] over
+    the elements of x_t = a x0 + sigma eps (one eps per image from the seed); exact heads give lambda = 1."""
+    sched = gk.Schedule.linear()
+    oracle = image_oracle(sched)
+    data = oracle.sample_data(40, torch.Generator().manual_seed(0)).clamp(-1, 1)
+
+    def noisy(x, t):  # the exact heads with a deterministic error in e3
+        out = oracle(x.double(), t)
+        C = x.shape[1]
+        return torch.cat([out[:, :2 * C], out[:, 2 * C:] + 0.3 * torch.sin(7 * x.double())], dim=1).to(x.dtype)
+
+    rows = q.skew_shrinkage(noisy, oracle, data, steps=(3, 5), seed=4, batch=16)
+    assert set(rows) == {3, 5}
+    for K, rs in rows.items():
+        ts = gk.schedule.trajectory(sched, K)
+        assert [(r["t"], r["s"]) for r in rs] == list(zip(ts[:-1], ts[1:]))  # (no row for the denoising step)
+    r = rows[5][1]
+    eps = torch.randn(data.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    abar = float(sched.alphas_cumprod[r["t"]])
+    x_t = abar**0.5 * data + (1 - abar) ** 0.5 * eps
+    k = sched.coefficients(r["t"], r["s"])
+
+    def kappa3(heads):
+        m = transition_moments(x_t, *heads.chunk(3, dim=1), k, (-1.0, 1.0))
+        return m.m3 - 3 * m.m1 * m.var.clamp_min(0) - m.m1**3
+    k3_h, k3_e = kappa3(noisy(x_t.float(), r["t"]).double()), kappa3(oracle(x_t, r["t"]))
+    assert r["lam"] == pytest.approx(float((k3_e * k3_h).mean() / (k3_h**2).mean()), rel=1e-9)
+    assert r["rms_exact"] == pytest.approx(float((k3_e**2).mean().sqrt()), rel=1e-9)
+    assert abs(r["lam"] - 1) > 0.05 and abs(r["lam_var"] - 1) < 1e-4  # (the error is in e3 only)
+    # heads that are exact in float64 give lambda = 1 (rounded to float32 they do not at t = 999, where kappa3 is
+    # ~5e-5 and the cancellation in e3 - 3 e1 e2 + 2 e1^3 leaves mostly rounding)
+    exact = q.skew_shrinkage(lambda x, t: oracle(x.double(), t), oracle, data, steps=(3,), seed=4)
+    assert all(abs(r["lam"] - 1) < 1e-6 and abs(r["lam_var"] - 1) < 1e-6 for r in exact[3])
+    # a row 'skew=lam' samples with the table's factors for its K
+    tables = {"lam": {3: {r["t"]: 0.25 * (i + 1) for i, r in enumerate(exact[3])}}}
+    x = q.draw(oracle, (3, 5, 7), "gms closed/pixel skew=lam", 3, 4, seed=1, skew_tables=tables)
+    direct = gk.sample(oracle, (4, 3, 5, 7), steps=3, solver="gms", fit="closed", select="pixel", generator=1,
+                       progress=False, skew_scale=tables["lam"][3])
+    torch.testing.assert_close(x, direct, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="skew table"):
+        q.draw(oracle, (3, 5, 7), "gms closed/pixel skew=lam", 5, 4, seed=1, skew_tables=tables)
+    with pytest.raises(ValueError, match="neither a number"):
+        q.row_options("gms closed/pixel skew=wiener")
+    assert q.row_options("gms closed/sample skew=0.5") == ("gms", {"fit": "closed", "select": "sample",
+                                                                     "skew_scale": 0.5})
+    # the tables' file: {name: {K: {t: factor}}} with integer keys after a JSON round trip
+    import json
+    bed = q.Testbed("toy", lambda: oracle, "abc123", (3, 5, 7), dict, {}, "fd")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="shrinkage"):
+        q.load_skew_tables(bed)
+    q.skew_table_path(bed).parent.mkdir(parents=True)
+    q.skew_table_path(bed).write_text(json.dumps({"tables": tables}))
+    assert q.load_skew_tables(bed) == tables

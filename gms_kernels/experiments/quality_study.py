@@ -29,6 +29,7 @@ import torch
 
 from ..metrics import fd_digits, frechet_distance_dct, paired_difference, seed_interval, sliced_wasserstein1
 from ..sampling import sample
+from ..moments import central_third_moment, transition_moments
 from ..schedule import Schedule
 from ..solvers import get_solver
 from .digits_study import ResultCache
@@ -142,7 +143,7 @@ def _register_controls() -> None:
     from ..solvers import SOLVERS, Solver
 
     if RANK_ONE_CONTROL not in SOLVERS:
-        options = {key: v for key, v in SOLVERS["gms"].options.items() if key not in ("preset", "skew_threshold")}
+        options = {key: v for key, v in SOLVERS["gms"].options.items() if key not in ("preset", "skew_threshold", "skew_scale")}
         SOLVERS[RANK_ONE_CONTROL] = Solver(RANK_ONE_CONTROL, 3, rank_one_control_step, options)
 
 
@@ -157,17 +158,22 @@ GMS_BASES = {
 }
 MODIFIERS = {"c": "variance_scale", "v": "variance_interp", "iters": "fit_iters", "tau": "skew_threshold",
              "floor": "var_floor", "glast": "gaussian_last_step", "eta": "eta", "preset": "preset",
-             "pred": "prediction", "lr": "lr"}
+             "pred": "prediction", "lr": "lr", "skew": "skew_scale"}
 STRING_MODIFIERS = ("preset", "pred")
-# modifiers whose value is a number or a name: lr (ADAN's constant rate or one of the paper's tables)
-NUMBER_OR_NAME_MODIFIERS = ("lr",)
+# modifiers whose value is a number or a name: lr (ADAN's constant rate or one of the paper's tables) and skew
+# (GMS's skew_scale: a constant, or a per-step table measured for the testbed's model, :func:`skew_shrinkage`)
+NUMBER_OR_NAME_MODIFIERS = ("lr", "skew")
+# the skew tables a row can name: "lam", the Wiener factor lambda(t) = E[k3_exact k3_head] / E[k3_head^2]
+SKEW_TABLES = ("lam",)
 
 
 def row_options(label: str) -> tuple[str, dict]:
     """(solver, options) of a row label: a solver name or a GMS base (:data:`GMS_BASES`), then ``key=value``
     modifiers (:data:`MODIFIERS`), e.g. ``"sn-ddpm c=0.5"``, ``"ddpm v=0.25"``, ``"gms adan/pixel iters=70 c=0.8"``,
     ``"gms closed/pixel glast=0"``, ``"gms preset=official"``, ``"gms adan/pixel lr=paper"`` (``lr``: a number
-    or a name of ``gk.fit.PAPER_LR_TABLES``); ``"gms"`` alone is the library's defaults."""
+    or a name of ``gk.fit.PAPER_LR_TABLES``), ``"gms closed/sample skew=lam"`` (``skew``: skew_scale, a number or
+    a name of :data:`SKEW_TABLES`, which :func:`measure` reads from the testbed's table file);
+    ``"gms"`` alone is the library's defaults."""
     m = _ROW.match(label)
     if m is None:
         raise ValueError(f"cannot read row label {label!r}")
@@ -195,7 +201,7 @@ def _number_or_name(key: str, value: str, label: str) -> float | str:
         pass
     from ..fit import PAPER_LR_TABLES
 
-    names = {"lr": PAPER_LR_TABLES}[key]
+    names = {"lr": PAPER_LR_TABLES, "skew": SKEW_TABLES}[key]
     if value not in names:
         raise ValueError(f"{key}={value!r} in {label!r} is neither a number nor one of {', '.join(names)}")
     return value
@@ -211,10 +217,17 @@ def model_tag(path: Path) -> str:
 
 # -- measuring -------------------------------------------------------------------------------------------------
 def draw(model, shape: Sequence[int], label: str, steps: int, n: int, seed: int, batch: int = 1000,
-         **extra) -> torch.Tensor:
+         skew_tables: dict | None = None, **extra) -> torch.Tensor:
     """``n`` samples of a row in column K = ``steps``: K steps (K + 1 network calls); a solver with several calls
-    per step (edm-sde, seeds-2, seeds-3) runs the most steps whose calls fit in those K + 1 (equal network calls)."""
+    per step (edm-sde, seeds-2, seeds-3) runs the most steps whose calls fit in those K + 1 (equal network calls).
+    A row with a named skew table (``skew=lam``) takes its factors for K from ``skew_tables[name][K]`` ({t: factor})."""
     solver, options = row_options(label)
+    if isinstance(options.get("skew_scale"), str):
+        name = options["skew_scale"]
+        if not skew_tables or name not in skew_tables or steps not in skew_tables[name]:
+            raise ValueError(f"row {label!r} needs the skew table {name!r} for K={steps} (python "
+                             "python/quality_benchmark.py shrinkage --testbed ... writes it)")
+        options["skew_scale"] = dict(skew_tables[name][steps])
     if get_solver(solver).multi_call:
         from .sde_baselines_study import steps_for_budget
 
@@ -229,14 +242,16 @@ def measure(bed: Testbed, labels: Sequence[str], steps: Sequence[int] = STEPS, s
     cache = cache or ResultCache(None)
     model, refs, tag = bed.model(), bed.references(), bed.tag
     out = {}
+    tables = None
     for label in labels:
-        row_options(label)  # refuse a bad label before any sampling
+        if isinstance(row_options(label)[1].get("skew_scale"), str):  # (a bad label is refused before sampling)
+            tables = tables or load_skew_tables(bed)
     for k in steps:
         for label in labels:
             for seed in seeds:
                 def run(label=label, k=k, seed=seed):
                     t0 = time.perf_counter()
-                    x = draw(model, bed.shape, label, k, n_samples, seed)
+                    x = draw(model, bed.shape, label, k, n_samples, seed, skew_tables=tables)
                     seconds = time.perf_counter() - t0
                     scores = {f"{r}/{m}": fn(x, ref) for r, ref in refs.items() for m, fn in bed.metrics.items()}
                     return {**scores, "seconds": seconds}
@@ -344,3 +359,89 @@ def head_diagnostics(net, data: torch.Tensor, ts: Sequence[int], seed: int = 0,
                   "kappa3_head": float(kappa3.mean()), "kappa3_mc": float(r.pow(3).mean()),
                   "abs_kappa3_head": float(kappa3.abs().mean()), "negative": float((var < 0).double().mean())}
     return out
+
+
+# -- the heads' noise in the skew: a per-step shrinkage factor (issue 20, "a fit that accounts for the heads' noise")
+def skew_table_path(bed: Testbed) -> Path:
+    return Path("gms_out") / f"skew-tables-{bed.name}-{bed.tag}.json"
+
+
+def load_skew_tables(bed: Testbed) -> dict[str, dict[int, dict[int, float]]]:
+    """{name: {K: {t: factor}}} from :func:`skew_table_path` (written by :func:`skew_shrinkage`'s caller)."""
+    import json
+
+    path = skew_table_path(bed)
+    if not path.exists():
+        raise ValueError(f"no skew tables for {bed.name} ({path}); make them with python "
+                         f"python/quality_benchmark.py shrinkage --testbed {bed.name}")
+    raw = json.loads(path.read_text())["tables"]
+    return {name: {int(k): {int(t): float(v) for t, v in steps.items()} for k, steps in per_k.items()}
+            for name, per_k in raw.items()}
+
+
+def _transition_stats(x_t, heads, k, data_range):
+    """(kappa3 as the fits take it, Var - lam2 = c2^2 Var[x0|x_t]) of the step ``k``, in float64."""
+    e1, e2, e3 = heads
+    mom = transition_moments(x_t, e1, e2, e3, k, data_range)
+    return central_third_moment(mom.m1, mom.var.clamp_min(0.0), mom.m3), mom.var - k.lam2
+
+
+@torch.no_grad()
+def skew_shrinkage(net, exact, data: torch.Tensor, steps: Sequence[int] = STEPS, seed: int = 0, batch: int = 250,
+                   schedule: Schedule | None = None, data_range=(-1.0, 1.0)) -> dict[int, list[dict]]:
+    """Per K and per step t -> s of the sampler's trajectory (``gk.schedule.trajectory``, "even"): how much of the
+    heads' skew is signal. x_t = a_t x0 + sigma_t eps for every image x0 of ``data`` (one eps each, from ``seed``);
+    both the network ``net`` and the exact heads ``exact`` (e.g. :func:`data_oracle` of the train images) are
+    turned into the step's transition moments (the clamps included), and over all elements
+
+    - ``lam`` = E[k3_exact k3_head] / E[k3_head^2]: the least-squares factor on the heads' kappa3 (the fits'
+      central third moment) that best predicts the exact one (the Wiener-optimal scalar shrinkage at that t);
+    - ``corr``: their correlation; ``rms_head`` / ``rms_exact``: the RMS of each kappa3;
+    - ``lam_var``, ``corr_var``: the same for the excess variance Var - lam2 = c2^2 Var[x0|x_t].
+    The heads depend on t only, so each t's heads are computed once and shared by every K that visits it."""
+    from ..schedule import DATA, trajectory
+
+    schedule = schedule or Schedule.linear()
+    gen = torch.Generator().manual_seed(seed)
+    eps = torch.randn(data.shape, generator=gen, dtype=torch.float64)
+    data = data.double()
+    C = data.shape[1]
+    pairs = {k: [(t, ts[i + 1] if i + 1 < len(ts) else DATA) for i, t in enumerate(ts)]
+             for k in steps for ts in [trajectory(schedule, k)]}
+    heads: dict[int, tuple] = {}
+
+    def heads_at(t):
+        if t not in heads:
+            abar = float(schedule.alphas_cumprod[t])
+            x_t = abar**0.5 * data + (1 - abar) ** 0.5 * eps
+            tt = torch.full((x_t.shape[0],), t)
+            learned = torch.cat([net(x_t[i:i + batch].float(), tt[i:i + batch]).double()
+                                 for i in range(0, len(x_t), batch)])
+            true = torch.cat([exact(x_t[i:i + batch], t).double() for i in range(0, len(x_t), batch)])
+            heads[t] = (x_t, [learned[:, j * C:(j + 1) * C] for j in range(3)],
+                        [true[:, j * C:(j + 1) * C] for j in range(3)])
+        return heads[t]
+
+    out = {}
+    for K, steps_k in pairs.items():
+        rows = []
+        for t, s in steps_k:
+            if s == DATA:
+                continue  # the denoising step: no transition to fit
+            x_t, learned, true = heads_at(t)
+            k = schedule.coefficients(t, s)
+            k3_l, v_l = _transition_stats(x_t, learned, k, data_range)
+            k3_e, v_e = _transition_stats(x_t, true, k, data_range)
+            rows.append({"t": t, "s": s, **_regression(k3_e, k3_l), **{f"{n}_var": v for n, v in
+                                                                        _regression(v_e, v_l).items()}})
+        out[K] = rows
+    return out
+
+
+def _regression(exact: torch.Tensor, head: torch.Tensor) -> dict[str, float]:
+    """Least squares through 0 of ``exact`` on ``head`` over all elements, with the correlation and both RMS."""
+    e, h = exact.flatten(), head.flatten()
+    hh = float((h * h).mean())
+    lam = float((e * h).mean()) / hh if hh > 0 else 0.0
+    corr = float(torch.corrcoef(torch.stack([e, h]))[0, 1]) if hh > 0 and float(e.std()) > 0 else 0.0
+    return {"lam": lam, "corr": corr, "rms_head": hh**0.5, "rms_exact": float((e * e).mean()) ** 0.5}
