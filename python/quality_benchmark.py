@@ -9,6 +9,8 @@ validation and reported on test (gms_kernels.experiments.quality_study).
     python python/quality_benchmark.py report --testbed digits --labels ... --out FILE
     # the defaults' choice: mean rank of the candidates on validation over both testbeds and K = 5, 10, 20
     python python/quality_benchmark.py choose --labels "gms closed/pixel" ... --alias-digits central=FILE ...
+    # paired per-seed differences of rows against other rows (and the best variance-scaled Gaussian), per K:
+    python python/quality_benchmark.py paired --testbed digits --seeds 3 --splits validation --labels ... --versus ...
     # the heads' skew against exact heads of the train data, per step: writes the skew tables rows 'skew=lam' read
     python python/quality_benchmark.py shrinkage --testbed patches --samples 2000
 
@@ -190,7 +192,8 @@ def ggf(args) -> None:
 
 def shrinkage(args) -> None:
     """lambda(t) per K: the heads' kappa3 regressed on exact heads of the train data (study.skew_shrinkage), on x_t
-    of --samples train images (all, if fewer); writes the table rows 'skew=lam' read (factors clipped to [0, 100])."""
+    of --samples images (all, if fewer) of --x-split; writes the table rows 'skew=lam' (x_t of train images) or
+    'skew=lamval' (of validation images) read, factors clipped to [0, 100], into the testbed's table file."""
     import json
 
     from gms_kernels.data import digits, patches
@@ -198,21 +201,64 @@ def shrinkage(args) -> None:
     if args.testbed not in ("digits", "patches"):
         sys.exit("shrinkage needs a testbed with a network: digits or patches")
     bed = study.testbed(args.testbed, args.model)
-    train = digits("train")[0] if args.testbed == "digits" else patches("train")
-    pick = torch.randperm(train.shape[0], generator=torch.Generator().manual_seed(0))[:args.samples].sort().values
-    rows = study.skew_shrinkage(bed.model(), study.data_oracle(train), train[pick], args.steps)
-    tables = {"lam": {k: {r["t"]: min(max(r["lam"], 0.0), 100.0) for r in rs} for k, rs in rows.items()}}
+    split = {"train": "train", "validation": "validation"}[args.x_split]
+    images = (lambda sp: digits(sp)[0]) if args.testbed == "digits" else patches
+    train, source = images("train"), images(split)
+    pick = torch.randperm(source.shape[0], generator=torch.Generator().manual_seed(0))[:args.samples].sort().values
+    rows = study.skew_shrinkage(bed.model(), study.data_oracle(train), source[pick], args.steps)
+    name = "lam" if split == "train" else "lamval"
     path = study.skew_table_path(bed)
+    stored = json.loads(path.read_text()) if path.exists() else {"tables": {}, "runs": {}}
+    stored["tables"][name] = {k: {r["t"]: min(max(r["lam"], 0.0), 100.0) for r in rs} for k, rs in rows.items()}
+    stored["runs"][name] = {"rows": rows, "x_t_images": len(pick), "x_t_split": split,
+                            "exact_components": train.shape[0], "blur": study.ORACLE_BLUR}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"tables": tables, "rows": rows, "x_t_images": len(pick), "exact_components":
-                                train.shape[0], "blur": study.ORACLE_BLUR}, indent=1))
-    print(f"wrote {path}\n")
+    path.write_text(json.dumps(stored, indent=1))
+    print(f"wrote table {name!r} to {path}\n")
     print("| K | t -> s | lambda (kappa3) | corr | RMS kappa3 heads / exact | lambda (Var - lam2) | corr |\n"
           "|---|---|---|---|---|---|---|")
     for k, rs in rows.items():
         for r in rs:
             print(f"| {k} | {r['t']} -> {r['s']} | {r['lam']:.4f} | {r['corr']:.3f} | {r['rms_head']:.3g} / "
                   f"{r['rms_exact']:.3g} | {r['lam_var']:.4f} | {r['corr_var']:.3f} |")
+
+
+def paired(args) -> None:
+    """Paired per-seed differences (gk.metrics.paired_difference, 95%) of each --labels row minus each --versus row,
+    per K, on --splits[0] / the primary metric (or --metrics[0]); then minus the best variance-scaled Gaussian and
+    minus the best baseline among the --versus rows (lowest mean at that K, named in the cell)."""
+    labels = list(dict.fromkeys([*args.labels, *args.versus]))
+    results = collect(argparse.Namespace(**{**vars(args), "labels": labels}))
+    metric = f"{args.splits[0]}/{(args.metrics or [study.testbed(args.testbed).primary])[0]}"
+    d = args.digits
+
+    def values(label, k):
+        return [results[(label, k, s)][metric] for s in range(args.seeds)]
+
+    def cell(a, b):
+        diff, significant = paired_difference(a, b)
+        return f"{diff.mean:+.{d}f} [{diff.low:+.{d}f}, {diff.high:+.{d}f}]{' *' if significant else ''}"
+
+    head = ["| row | " + " | ".join(f"K={k}" for k in args.steps) + " |", "|---|" + "---|" * len(args.steps)]
+    scaled = [v for v in args.versus if study.is_baseline(v) and (" c=" in v or " v=" in v)]
+    base = [v for v in args.versus if study.is_baseline(v)]
+    lines = []
+    groups = [(f"minus {v}", lambda k, v=v: v) for v in args.versus]
+    for name, pool in (("the best variance-scaled Gaussian", scaled), ("the best baseline", base)):
+        if pool:
+            groups.append((f"minus {name} of {', '.join(pool)} (per K)",
+                           lambda k, pool=pool: min(pool, key=lambda b: sum(values(b, k)))))
+    for title, against in groups:
+        lines += [f"### {metric}: {title}, paired", "", *head]
+        for label in args.labels:
+            cells = []
+            for k in args.steps:
+                b = against(k)
+                cells.append("-" if b == label else cell(values(label, k), values(b, k))
+                             + (f" ({b})" if title.endswith("(per K)") else ""))
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append("")
+    print("\n".join(lines))
 
 
 def choose(args) -> None:
@@ -238,7 +284,7 @@ def choose(args) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("part", choices=("measure", "diagnose", "report", "choose", "ggf", "shrinkage"))
+    p.add_argument("part", choices=("measure", "diagnose", "report", "choose", "ggf", "shrinkage", "paired"))
     p.add_argument("--testbed", choices=("digits", "digits-oracle", "patches", "patches-oracle"), default="digits")
     p.add_argument("--model", default=None, help="other weights for the testbed's architecture (embedded format)")
     p.add_argument("--labels", nargs="+", default=None, help="the rows (every part but ggf)")
@@ -251,12 +297,15 @@ def main() -> None:
     p.add_argument("--alias", nargs="*", default=[], metavar="NAME=FILE",
                    help="report: rows labelled 'NAME: row' use these weights (embedded format)")
     p.add_argument("--default-row", default=None, help="report: the acceptance table of this row (first split/metric)")
-    p.add_argument("--versus", nargs="*", default=["sn-ddpm", "ddpm"], help="report: the acceptance's baselines")
+    p.add_argument("--versus", nargs="*", default=["sn-ddpm", "ddpm"],
+                   help="report: the acceptance's baselines; paired: the rows every --labels row is compared with")
     p.add_argument("--alias-digits", nargs="*", default=[], metavar="NAME=FILE", help="choose: the digits aliases")
     p.add_argument("--alias-patches", nargs="*", default=[], metavar="NAME=FILE", help="choose: the patches aliases")
     p.add_argument("--metrics", nargs="+", default=None)
     p.add_argument("--digits", type=int, default=2)
     p.add_argument("--ggf-tol", type=float, default=0.5, help="ggf: GGF's relative tolerance eps_rel")
+    p.add_argument("--x-split", choices=("train", "validation"), default="train",
+                   help="shrinkage: the images whose x_t the heads are compared on (exact heads: the train images)")
     p.add_argument("--run", default="main", help="this run's cache file name (parallel runs need their own)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
@@ -266,7 +315,7 @@ def main() -> None:
     print("command: python python/quality_benchmark.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
           file=sys.stderr)
     {"measure": measure, "diagnose": diagnose, "report": report, "choose": choose, "ggf": ggf,
-     "shrinkage": shrinkage}[args.part](args)
+     "shrinkage": shrinkage, "paired": paired}[args.part](args)
 
 
 if __name__ == "__main__":

@@ -532,6 +532,7 @@ def test_skew_shrinkage_regresses_the_exact_kappa3_on_the_heads_per_step(tmp_pat
         q.row_options("gms closed/pixel skew=wiener")
     assert q.row_options("gms closed/sample skew=0.5") == ("gms", {"fit": "closed", "select": "sample",
                                                                      "skew_scale": 0.5})
+    assert q.row_options("gms closed/pixel skew=lamval")[1]["skew_scale"] == "lamval"
     # the tables' file: {name: {K: {t: factor}}} with integer keys after a JSON round trip
     import json
     bed = q.Testbed("toy", lambda: oracle, "abc123", (3, 5, 7), dict, {}, "fd")

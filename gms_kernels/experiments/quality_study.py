@@ -163,8 +163,9 @@ STRING_MODIFIERS = ("preset", "pred")
 # modifiers whose value is a number or a name: lr (ADAN's constant rate or one of the paper's tables) and skew
 # (GMS's skew_scale: a constant, or a per-step table measured for the testbed's model, :func:`skew_shrinkage`)
 NUMBER_OR_NAME_MODIFIERS = ("lr", "skew")
-# the skew tables a row can name: "lam", the Wiener factor lambda(t) = E[k3_exact k3_head] / E[k3_head^2]
-SKEW_TABLES = ("lam",)
+# the skew tables a row can name: the Wiener factor lambda(t) = E[k3_exact k3_head] / E[k3_head^2] on x_t of the
+# train images ("lam") or of the validation images ("lamval"), the exact heads being those of the train images
+SKEW_TABLES = ("lam", "lamval")
 
 
 def row_options(label: str) -> tuple[str, dict]:
