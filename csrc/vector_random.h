@@ -7,11 +7,13 @@
 // are bit-identical to the scalar forms on every target.
 //
 // Normals (Box-Muller, random.normal): u1 = max(u1, 1e-7f), theta = 2 pi u2, then log(u1),
-// cos(theta) and sin(theta) are evaluated in double and rounded once to float32, with short
-// polynomials (log: the odd atanh series to s^11, relative error < 6e-11; cos to z^14 and sin to
-// z^13 on [0, pi/2], absolute error < 7e-10), far below a float32 ulp before that rounding; then
-// sqrt(-2 log u1) and the products in float32, as the torch reference forms them. The normals agree
-// with torch's to about 2.4e-7 and, across targets, up to a rare last-bit tie.
+// cos(theta) and sin(theta) in float32 with short polynomials (log_core, sincos_core: about one
+// ulp each), sqrt(-2 log u1) and the products, as the torch reference forms them. Against the
+// exact Box-Muller of the same u1 and theta they are within 3.3 float32 ulps (mean 0.47; the
+// double-precision polynomials used before gave 2.3 and 0.43 where |z| > 0.1, at twice the
+// instructions), and they agree with torch's normals to about 3.4e-7. Targets with FMA (avx512,
+// avx2, NEON) draw bit-identical normals; SSE2, which rounds each product, differs in the last bit
+// of about 3% of them.
 #pragma once
 
 #include "philox.h"
@@ -204,53 +206,60 @@ GMS_VINLINE VF uniform_of(VU w) {
     return __builtin_convertvector(v ^ (v >> 31), VF) * kUniformScale;  // (~v where negative)
 }
 
-// log(m 2^e) for m in [sqrt(1/2), sqrt(2)) given as double: 2 atanh(s) + e ln 2 with
-// s = (m - 1)/(m + 1) (|s| < 0.1716); the division is a reciprocal estimate refined by a Newton step.
-// K vectors at once, statement by statement, so that their polynomial chains interleave.
+// log(m 2^e) for m in [sqrt(1/2), sqrt(2)), in float32: e ln 2 + 2 atanh(s) with s = (m - 1)/(m + 1)
+// (|s| < 0.1716; m - 1 is exact), the odd series to s^9 (truncation < 2.1e-9 relative) and ln 2 in
+// two parts (e ln2_hi is exact for |e| < 2^8). About one float32 ulp.
 template <int K>
-GMS_VINLINE void log_core(const VD* m, const VD* e, VFh* out) {
-    const VD one = splat<VD>(1.0);
-    VD s[K], s2[K], p[K];
+GMS_VINLINE void log_core(const VF* m, const VF* e, VF* out) {
+    const VF one = splat<VF>(1.0f);
+    VF s[K], s2[K], p[K];
     for (int j = 0; j < K; ++j) {
-        s[j] = (m[j] - one) * recip(m[j] + one);  // (2^-28 or better: ~1e-8 of a float32 ulp in the log)
+        s[j] = (m[j] - one) / (m[j] + one);
         s2[j] = s[j] * s[j];
-        p[j] = splat<VD>(2.0 / 11.0);
+        p[j] = splat<VF>(2.0f / 9.0f);
     }
-    static const double coef[] = {2.0 / 9.0, 2.0 / 7.0, 2.0 / 5.0, 2.0 / 3.0, 2.0};
-    for (double cf : coef)
-        for (int j = 0; j < K; ++j) p[j] = fma(p[j], s2[j], splat<VD>(cf));
-    for (int j = 0; j < K; ++j) out[j] = narrow(fma(e[j], splat<VD>(0.69314718055994530942), s[j] * p[j]));
+    static const float coef[] = {2.0f / 7.0f, 2.0f / 5.0f, 2.0f / 3.0f};
+    for (float cf : coef)
+        for (int j = 0; j < K; ++j) p[j] = fma(p[j], s2[j], splat<VF>(cf));
+    const VF ln2_hi = splat<VF>(0x1.62e4p-1f), ln2_lo = splat<VF>(0x1.7f7d1cp-20f);
+    for (int j = 0; j < K; ++j) {
+        const VF atanh2 = fma(s[j] * s2[j], p[j], s[j] + s[j]);
+        out[j] = fma(e[j], ln2_hi, fma(e[j], ln2_lo, atanh2));
+    }
 }
 
-// cos(theta) and sin(theta) for theta in [0, 2 pi]: with x = theta - pi (pi in two parts, so that x
-// keeps its absolute accuracy), y = |x| and z = y (y <= pi/2) or pi - y, an even polynomial for
-// cos z and an odd one for sin z; cos(theta) = -cos(x) = (far ? cos z : -cos z) and
-// sin(theta) = -sin(x) = (x < 0 ? sin z : -sin z). K vectors at once, as log_core.
+// cos(theta) and sin(theta) for theta in [0, 2 pi], in float32: theta = q pi/2 + r with q the
+// nearest quadrant (0..4) and |r| <= pi/4 (pi/2 in three parts of 21 bits or less, so that q times
+// each is exact: Cody and Waite), the Taylor series of cos r to r^10 and of sin r to r^9
+// (truncation < 2.5e-9 relative), then the quadrant's swap and signs. About one float32 ulp.
 template <int K>
-GMS_VINLINE void sincos_core(const VD* theta, VFh* cos_out, VFh* sin_out) {
-    const VD pi_hi = splat<VD>(3.141592653589793116), pi_lo = splat<VD>(1.2246467991473532e-16);
-    VD x[K], z[K], z2[K], c[K], s[K];
-    VL far[K];
+GMS_VINLINE void sincos_core(const VF* theta, VF* cos_out, VF* sin_out) {
+    const VF pio2_hi = splat<VF>(0x1.921fbp+0f), pio2_mid = splat<VF>(0x1.5110bp-22f),
+             pio2_lo = splat<VF>(0x1.184698p-44f);
+    VF r[K], r2[K], c[K], s[K];
+    VI q[K];
     for (int j = 0; j < K; ++j) {
-        x[j] = (theta[j] - pi_hi) - pi_lo;
-        const VD y = vabs(x[j]);
-        far[j] = y > splat<VD>(1.5707963267948966);
-        z[j] = select(far[j], (pi_hi - y) + pi_lo, y);
-        z2[j] = z[j] * z[j];
-        c[j] = splat<VD>(-1.0 / 87178291200.0);  // -1/14!
-        s[j] = splat<VD>(1.0 / 6227020800.0);    // 1/13!
+        q[j] = __builtin_convertvector(fma(theta[j], splat<VF>(0x1.45f306p-1f), splat<VF>(0.5f)), VI);  // (theta >= 0)
+        const VF qf = __builtin_convertvector(q[j], VF);
+        r[j] = fma(-qf, pio2_lo, fma(-qf, pio2_mid, fma(-qf, pio2_hi, theta[j])));
+        r2[j] = r[j] * r[j];
+        c[j] = splat<VF>(-1.0f / 3628800.0f);  // -1/10!
+        s[j] = splat<VF>(1.0f / 362880.0f);    // 1/9!
     }
-    static const double cos_coef[] = {1.0 / 479001600.0, -1.0 / 3628800.0, 1.0 / 40320.0, -1.0 / 720.0,
-                                      1.0 / 24.0,        -0.5,               1.0};
-    static const double sin_coef[] = {-1.0 / 39916800.0, 1.0 / 362880.0, -1.0 / 5040.0, 1.0 / 120.0, -1.0 / 6.0};
-    for (double cf : cos_coef)
-        for (int j = 0; j < K; ++j) c[j] = fma(c[j], z2[j], splat<VD>(cf));
-    for (double cf : sin_coef)
-        for (int j = 0; j < K; ++j) s[j] = fma(s[j], z2[j], splat<VD>(cf));
+    static const float cos_coef[] = {1.0f / 40320.0f, -1.0f / 720.0f, 1.0f / 24.0f, -0.5f, 1.0f};
+    static const float sin_coef[] = {-1.0f / 5040.0f, 1.0f / 120.0f, -1.0f / 6.0f};
+    for (float cf : cos_coef)
+        for (int j = 0; j < K; ++j) c[j] = fma(c[j], r2[j], splat<VF>(cf));
+    for (float cf : sin_coef)
+        for (int j = 0; j < K; ++j) s[j] = fma(s[j], r2[j], splat<VF>(cf));
     for (int j = 0; j < K; ++j) {
-        s[j] = fma(s[j] * z2[j], z[j], z[j]);
-        cos_out[j] = narrow(select(far[j], c[j], -c[j]));
-        sin_out[j] = narrow(select(x[j] >= splat<VD>(0.0), -s[j], s[j]));
+        s[j] = fma(s[j] * r2[j], r[j], r[j]);
+        // quadrant q: (sin, cos) = (s, c), (c, -s), (-s, -c), (-c, s)
+        const VI odd = (q[j] & 1) != 0;
+        const VF sin_abs = select(odd, c[j], s[j]), cos_abs = select(odd, s[j], c[j]);
+        const VU sin_sign = bits<VU>((q[j] & 2) << 30), cos_sign = bits<VU>(((q[j] + 1) & 2) << 30);
+        sin_out[j] = bits<VF>(bits<VU>(sin_abs) ^ sin_sign);
+        cos_out[j] = bits<VF>(bits<VU>(cos_abs) ^ cos_sign);
     }
 }
 
@@ -258,31 +267,25 @@ GMS_VINLINE void sincos_core(const VD* theta, VFh* cos_out, VFh* sin_out) {
 // interleaved (r cos, r sin) per pair into lo[w] (pairs 0 .. kF/2 - 1) and hi[w].
 template <int W>
 GMS_VINLINE void box_muller(const VU* a, const VU* b, VF* lo, VF* hi) {
-    VD md[2 * W], ed[2 * W], td[2 * W];
+    VF m[W], ef[W], theta[W];
     for (int w = 0; w < W; ++w) {
         const VF u1 = vmax(uniform_of(a[w]), splat<VF>(kMinU1));
-        const VF theta = splat<VF>(kTwoPi) * uniform_of(b[w]);
+        theta[w] = splat<VF>(kTwoPi) * uniform_of(b[w]);
         // u1 = m 2^e with m in [sqrt(1/2), sqrt(2))
         const VU ubits = bits<VU>(u1);
         VU mbits = (ubits & 0x007FFFFFu) | 0x3F800000u;
         const VI big = bits<VI>(mbits > 0x3FB504F3u);  // (-1 where m > sqrt(2): m / 2, e + 1)
         const VI e = bits<VI>(ubits >> 23) - 127 - big;
         mbits -= bits<VU>(big) & (1u << 23);
-        const VF m = bits<VF>(mbits);
-        const VF ef = __builtin_convertvector(e, VF);  // (exact: |e| < 2^8)
-        md[2 * w] = widen(low_half(m));
-        md[2 * w + 1] = widen(high_half(m));
-        ed[2 * w] = widen(low_half(ef));
-        ed[2 * w + 1] = widen(high_half(ef));
-        td[2 * w] = widen(low_half(theta));
-        td[2 * w + 1] = widen(high_half(theta));
+        m[w] = bits<VF>(mbits);
+        ef[w] = __builtin_convertvector(e, VF);  // (exact: |e| < 2^8)
     }
-    VFh lg[2 * W], cs[2 * W], sn[2 * W];
-    log_core<2 * W>(md, ed, lg);
-    sincos_core<2 * W>(td, cs, sn);
+    VF lg[W], cs[W], sn[W];
+    log_core<W>(m, ef, lg);
+    sincos_core<W>(theta, cs, sn);
     for (int w = 0; w < W; ++w) {
-        const VF radius = sqrt(splat<VF>(-2.0f) * join(lg[2 * w], lg[2 * w + 1]));
-        const VF r_cos = radius * join(cs[2 * w], cs[2 * w + 1]), r_sin = radius * join(sn[2 * w], sn[2 * w + 1]);
+        const VF radius = sqrt(splat<VF>(-2.0f) * lg[w]);
+        const VF r_cos = radius * cs[w], r_sin = radius * sn[w];
         lo[w] = zip_low(r_cos, r_sin);
         hi[w] = zip_high(r_cos, r_sin);
     }
