@@ -103,7 +103,11 @@ ROOFLINE_NOTES = {
         "updates of i-1, square roots and divisions of i-2; 5496c9f), 8-9% faster on avx2 (10.8-11.0 ms), "
         "4-5% on avx512, 5% on sse2; and in the closed fit 8 vectors per pass instead of 4 (c561460), 10-11% "
         "faster on avx2 and sse2. Slower than the three stages: their other orders (4-11%), a fourth stage "
-        "for the square roots (7%) or for the residuals apart from the gradients (7%), the moment updates read back from the state arrays (3%)."),
+        "for the square roots (7%) or for the residuals apart from the gradients (7%), the moment updates read back from the state arrays (3%). "
+        "Later (2f4e10f): the normals' log, cos and sin as float32 polynomials instead of double ones made the ddpm step 26% and "
+        "the closed step 8% faster on avx2 (one thread). Not faster: 2 M1 and 3 M1 formed in the loop instead of read from "
+        "their arrays (bit-identical; 11.4-14.5 against 11.0-11.6 ms, the ADAN loop alone, one thread), the closed fit's double square root as a float32 "
+        "square root and reciprocal plus one Newton step in double (0.98-1.00 against 0.94-0.95 ms for the fit alone)."),
 }
 ROOFLINE_TAIL = (
     "The part of the step outside the fit (moments, normals, mixture draw; measured in the section above) "

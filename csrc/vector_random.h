@@ -23,19 +23,7 @@ namespace gms {
 namespace GMS_TARGET_NS {
 using namespace simd;
 
-// the low / high kD lanes of a float vector, and two halves joined (shuffles)
-template <size_t... I>
-GMS_VINLINE VFh low_half_impl(VF v, std::index_sequence<I...>) {
-    return __builtin_shufflevector(v, v, static_cast<int>(I)...);
-}
-template <size_t... I>
-GMS_VINLINE VFh high_half_impl(VF v, std::index_sequence<I...>) {
-    return __builtin_shufflevector(v, v, static_cast<int>(I + kD)...);
-}
-template <size_t... I>
-GMS_VINLINE VF join_impl(VFh lo, VFh hi, std::index_sequence<I...>) {
-    return __builtin_shufflevector(lo, hi, static_cast<int>(I)...);
-}
+// two float vectors interleaved lane by lane: the low halves' lanes (zip_low) or the high halves' (zip_high)
 template <size_t... I>
 GMS_VINLINE VF zip_low_impl(VF a, VF b, std::index_sequence<I...>) {  // a0 b0 a1 b1 ...
     return __builtin_shufflevector(a, b, static_cast<int>(I % 2 ? kF + I / 2 : I / 2)...);
@@ -44,9 +32,6 @@ template <size_t... I>
 GMS_VINLINE VF zip_high_impl(VF a, VF b, std::index_sequence<I...>) {  // a(kF/2) b(kF/2) ...
     return __builtin_shufflevector(a, b, static_cast<int>(I % 2 ? kF + kF / 2 + I / 2 : kF / 2 + I / 2)...);
 }
-GMS_VINLINE VFh low_half(VF v) { return low_half_impl(v, std::make_index_sequence<kD>()); }
-GMS_VINLINE VFh high_half(VF v) { return high_half_impl(v, std::make_index_sequence<kD>()); }
-GMS_VINLINE VF join(VFh lo, VFh hi) { return join_impl(lo, hi, std::make_index_sequence<kF>()); }
 GMS_VINLINE VF zip_low(VF a, VF b) { return zip_low_impl(a, b, std::make_index_sequence<kF>()); }
 GMS_VINLINE VF zip_high(VF a, VF b) { return zip_high_impl(a, b, std::make_index_sequence<kF>()); }
 
