@@ -28,8 +28,8 @@ from typing import Callable, Sequence
 import torch
 
 from ..metrics import fd_digits, frechet_distance_dct, paired_difference, seed_interval, sliced_wasserstein1
-from ..sampling import sample
 from ..moments import central_third_moment, transition_moments
+from ..sampling import sample
 from ..schedule import Schedule
 from ..solvers import get_solver
 from .digits_study import ResultCache
@@ -143,7 +143,8 @@ def _register_controls() -> None:
     from ..solvers import SOLVERS, Solver
 
     if RANK_ONE_CONTROL not in SOLVERS:
-        options = {key: v for key, v in SOLVERS["gms"].options.items() if key not in ("preset", "skew_threshold", "skew_scale")}
+        options = {key: v for key, v in SOLVERS["gms"].options.items()
+                   if key not in ("preset", "skew_threshold", "skew_scale")}
         SOLVERS[RANK_ONE_CONTROL] = Solver(RANK_ONE_CONTROL, 3, rank_one_control_step, options)
 
 
