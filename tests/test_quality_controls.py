@@ -471,6 +471,9 @@ def test_rank_one_control_has_the_mean_and_covariance_of_the_per_image_mixture_d
     x_t = x_one.expand(n, -1, -1, -1).contiguous()
     heads = oracle(x_one, T_).expand(n, -1, -1, -1).contiguous()
     solver, opts = q.row_options(q.RANK_ONE_CONTROL)
+    for unsupported in ({"skew_threshold": 0.1}, {"skew_scale": 0.5}):  # (refused, not silently ignored)
+        with pytest.raises(ValueError, match="unknown option"):
+            gk.step(x_one, oracle(x_one, T_), T_, S_, sched, solver, generator=0, backend="torch", **unsupported)
     x, info = gk.step(x_t, heads, T_, S_, sched, solver, generator=0, backend="torch", return_info=True, **opts)
     x_gms = gk.step(x_t, heads, T_, S_, sched, "gms", generator=0, backend="torch", select="sample")
     m1, delta, s2 = info["m1"][0].flatten(), (info["mu1"] - info["mu2"])[0].flatten(), info["s2"][0].flatten()
