@@ -434,11 +434,6 @@ def fused_config(name: str, options: dict[str, Any], k: StepCoefficients, data_r
 def _build_fused_config(key: tuple) -> FusedStepConfig | None:
     name, items, k, data_range, T, batch, per_sample = key
     o = resolve_options(get_solver(name), {o: v for o, _, v in items})
-    # skew_scale, which no fused kernel implements (like kernels.TORCH_ONLY_OPTIONS): a call that sets a factor
-    # other than 1 runs every step on the float64 torch step, as those options do
-    if "skew_scale" in o and any(v != 1.0 for v in (o["skew_scale"].values() if isinstance(o["skew_scale"], dict)
-                                                     else [o["skew_scale"]])):
-        return None
     return make_config(name, k, data_range, o, T, batch, per_sample)
 
 

@@ -114,14 +114,23 @@ def _fixed_variance_config(solver: str, k, data_range, o: dict, common: dict) ->
     return FusedStepConfig(mode=MODE_FIXED, fixed_var=var, **common)
 
 
-# options the fused kernels do not implement: a step that sets one runs the float64 torch reference
-TORCH_ONLY_OPTIONS = {"variance_interp": 0.0, "variance_scale": 1.0, "skew_threshold": 0.0}
+# options the fused kernels do not implement, with the value that leaves a step as it is: a step that sets
+# another value (for a per-step mapping such as skew_scale's, at any step) runs the float64 torch reference
+TORCH_ONLY_OPTIONS = {"variance_interp": 0.0, "variance_scale": 1.0, "skew_threshold": 0.0, "skew_scale": 1.0}
+
+
+def _sets_torch_only_option(o: dict) -> bool:
+    for name, off in TORCH_ONLY_OPTIONS.items():
+        value = o.get(name, off)
+        if any(v != off for v in (value.values() if isinstance(value, dict) else (value,))):
+            return True
+    return False
 
 
 def make_config(solver: str, k, data_range, o: dict, T: int, batch: int, per_sample: int) -> FusedStepConfig | None:
     """The fused-step config equivalent to ``solver_step(solver, ...)`` with resolved options ``o``;
     None when the step is not one the fused kernels do."""
-    if solver not in FUSABLE_SOLVERS or any(o.get(name, off) != off for name, off in TORCH_ONLY_OPTIONS.items()):
+    if solver not in FUSABLE_SOLVERS or _sets_torch_only_option(o):
         return None
     common = dict(t=k.t, a_t=k.a_t, sigma_t=k.sigma_t, c1=k.c1, c2=k.c2, lam2=k.lam2,
                   has_range=data_range is not None)
