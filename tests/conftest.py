@@ -85,6 +85,23 @@ def image_oracle(schedule, shape=(3, 5, 7), seed=0):
 
 
 @pytest.fixture
+def fused_kernel_calls(monkeypatch):
+    """A list of the backends solvers.solver_step hands a step to: solvers.fused_step is replaced by a stub
+    that records its backend and returns x_t, so a test sees which steps would run in a fused kernel (and
+    which on the float64 torch step) without running one."""
+    import gms_kernels.solvers as solvers
+
+    calls = []
+
+    def fake_fused_step(backend, x_t, *args):
+        calls.append(backend)
+        return x_t.clone(), None
+
+    monkeypatch.setattr(solvers, "fused_step", fake_fused_step)
+    return calls
+
+
+@pytest.fixture
 def host_reads(monkeypatch):
     """A list that collects (method, calling function) for every read of tensor data on the host
     (item, tolist, bool, int, float, numpy, cpu): on a GPU each such read waits for the device's

@@ -1520,20 +1520,14 @@ def test_resolved_weights_are_a_pair_of_python_floats():
     assert type(got) is tuple and [type(w) for w in got] == [float, float] and got == (0.25, 0.75)
 
 
-def test_the_fused_backends_run_every_fusable_solver_and_leave_the_rest_to_the_float64_step(monkeypatch):
+def test_the_fused_backends_run_every_fusable_solver_and_leave_the_rest_to_the_float64_step(fused_kernel_calls):
     """solver_step hands ddpm, ddim and gms to the fused kernel of the backend asked for (Triton has every mode
     the C++ kernel has), and a step whose option no kernel implements (gms with variance_scale) to the float64
     torch step, with no kernel call."""
     import gms_kernels.solvers as solvers
     from gms_kernels.random import SampleNoise
 
-    calls = []
-
-    def fake_fused_step(backend, x_t, *args):
-        calls.append(backend)
-        return x_t.clone(), None
-
-    monkeypatch.setattr(solvers, "fused_step", fake_fused_step)
+    calls = fused_kernel_calls
     sched = gk.Schedule.linear(20)
     k = sched.coefficients(10, 5)
     x, e1, _ = _inputs(18, shape=(2, 1, 2, 2))

@@ -160,20 +160,14 @@ def test_skew_scale_per_step_mapping_is_looked_up_by_t():
         gk.sample(oracle, (3, 3, 5, 7), skew_scale={ts[0]: 0.5}, **kw)
 
 
-def test_skew_scale_never_reaches_a_fused_kernel(monkeypatch):
+def test_skew_scale_never_reaches_a_fused_kernel(fused_kernel_calls):
     """A GMS call with a skew_scale other than 1 runs every step on the float64 torch step on the cpp and triton
     backends (no kernel implements it), its Gaussian last step included; skew_scale = 1 (a number or a mapping of
     ones) still takes the kernel."""
     import gms_kernels.solvers as solvers
     from gms_kernels.random import SampleNoise
 
-    calls = []
-
-    def fake_fused_step(backend, x_t, *args):
-        calls.append(backend)
-        return x_t.clone(), None
-
-    monkeypatch.setattr(solvers, "fused_step", fake_fused_step)
+    calls = fused_kernel_calls
     sched = gk.Schedule.linear(20)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 1, 2, 2, generator=g, dtype=torch.float64)
