@@ -40,7 +40,9 @@ def build_patches_backbone() -> torch.nn.Module:
 def save_embedded(net: torch.nn.Module, path: str | Path = DIGITS_MODEL, config: dict = DIGITS_CONFIG) -> int:
     """Save a MomentNet (its backbone built from ``config``) in the compact shipped format; returns the
     file size in bytes."""
-    state = {k: (v.half() if v.is_floating_point() else v) for k, v in net.state_dict().items()}
+    # (fp16 weights; the heads' per-t output scale, MomentNet.output_scale, stays float32: it spans many orders
+    # of magnitude, below fp16's normal range at large t)
+    state = {k: (v.half() if v.is_floating_point() and k != "output_scale" else v) for k, v in net.state_dict().items()}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"format": EMBEDDED_FORMAT, "config": config, "orders": list(net.orders),
@@ -62,7 +64,13 @@ def _load_embedded(path: str | Path, build, what: str, script: str) -> torch.nn.
         with torch.device("cpu"):  # (the shipped models live on the CPU, whatever torch's default device is)
             net = MomentNet(build(), orders=tuple(data["orders"]), head=data["head"],
                             targets=data.get("targets", "raw"))
-        net.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in data["state"].items()})
+        state = {k: v.float() if v.is_floating_point() else v for k, v in data["state"].items()}
+        if "output_scale" in state:  # (heads with a per-t output scale: the buffer exists only when set)
+            try:
+                net.set_output_scale(state["output_scale"])
+            except ValueError as e:
+                raise ValueError(f"{path}: {e}") from None
+        net.load_state_dict(state)
         _cache[key] = net.eval()
     return _cache[key]
 

@@ -329,7 +329,8 @@ def train_heads(net: nn.Module, data: torch.Tensor, schedule: Schedule | None = 
                 batch_size: int = 128, lr: float = 2e-4, optimizer: str = "adan", ema_decay: float = 0.9999,
                 grad_clip: float = 1.0, checkpoint: str | Path | None = None, checkpoint_every: int = 500,
                 seed: int = 0, time_input: str | None = None, progress: bool = True,
-                log: Callable[[dict], None] | None = None, loss_weighting: str = "uniform") -> TrainResult:
+                log: Callable[[dict], None] | None = None, loss_weighting: str = "uniform",
+                output_scale: bool = False) -> TrainResult:
     """Paper Alg. learning: fit the heads e^n (n >= 2) of a ``MomentNet`` to eps^n with MSE (to (eps - e1)^n
     for a MomentNet with ``targets="central"``).
 
@@ -364,6 +365,14 @@ def train_heads(net: nn.Module, data: torch.Tensor, schedule: Schedule | None = 
     same at every t (3, 15), so these mainly rescale the orders against each other. Their checkpoints are of
     kind ``heads-normalized`` / ``heads-rms``: a checkpoint of another weighting does not resume under them.
 
+    ``output_scale=True`` (a ``MomentNet`` only) sets the heads' per-t output scale before the first step:
+    ``net.set_output_scale`` with sqrt(s_n(t)), the targets' RMS at each t from the same estimate as above (made
+    for this even with ``loss_weighting="uniform"``), so head n returns sqrt(s_n(t)) h_n(x_t, t). With
+    ``"normalized"`` the loss of head n is then (h_n - y_n / sqrt(s_n(t)))^2: the network regresses a target of
+    size about 1 at every t, however small y_n is there. A table the net already holds is replaced. Its
+    checkpoints are of kind ``heads-<weighting>-scaled`` and resume only such a run. The default (False) leaves
+    the net's table as it is (none for every model trained before this option), and training unchanged.
+
     Multi-process (DDP): launch with ``torchrun --nproc_per_node N``, call
     ``gk.distributed.init_from_env()`` (gloo on CPU, nccl on CUDA; put ``net`` on this rank's GPU), then
     this function on every rank with the same arguments; ``batch_size`` is the global batch and must be a
@@ -379,9 +388,17 @@ def train_heads(net: nn.Module, data: torch.Tensor, schedule: Schedule | None = 
 
     central = getattr(net, "targets", "raw") == "central"
     scales, power = None, _SCALE_POWERS.get(loss_weighting)
-    if loss_weighting != "uniform":
+    if output_scale and not callable(getattr(net, "set_output_scale", None)):
+        raise ValueError(f"output_scale=True needs a gk.models.MomentNet (it sets the heads' per-t output scale), "
+                         f"not a {type(net).__name__}")
+    if loss_weighting != "uniform" or output_scale:
         _check_data_and_batch(data, batch_size)  # (before the scales are estimated from data)
-        scales = _target_scales(net, data, schedule, time_input, central, batch_size, seed + 7919)
+        estimate = _target_scales(net, data, schedule, time_input, central, batch_size, seed + 7919)
+        if output_scale:
+            orders = getattr(net, "orders", tuple(sorted(estimate)))
+            net.set_output_scale(torch.stack([estimate[n].sqrt() for n in orders]))
+        if loss_weighting != "uniform":
+            scales = estimate
 
     def loss_terms(wrapped, x_t, t, eps):
         tv = time_values(t, schedule.T, time_input)
@@ -397,6 +414,8 @@ def train_heads(net: nn.Module, data: torch.Tensor, schedule: Schedule | None = 
         return terms
 
     kind = "heads" if scales is None else f"heads-{loss_weighting}"
+    if output_scale:
+        kind = f"heads-{loss_weighting}-scaled"
     result = _loop(net, loss_terms, data, schedule, kind, steps=steps, batch_size=batch_size, lr=lr,
                    optimizer=optimizer, ema_decay=ema_decay, grad_clip=grad_clip, checkpoint=checkpoint,
                    checkpoint_every=checkpoint_every, seed=seed, progress=progress, log=log)

@@ -18,7 +18,9 @@ trains new heads (fresh weights, the same head recipe) on the backbone of an exi
 t-normalised head loss (gk.training.train_heads(loss_weighting="normalized"); the default --head-loss uniform
 is the plain MSE every shipped model was trained with).
 ``--head res_conv`` builds Res+Conv heads (a time-conditioned residual block before the conv head) instead of
-the plain conv heads (``conv``, the default and the shipped models).
+the plain conv heads (``conv``, the default and the shipped models). ``--head-scale`` multiplies each head's output
+by its target's RMS at t (train_heads(output_scale=True), a per-t table saved in the model file; use it with
+``--head-loss normalized``); the shipped models have no such table. Each kind of run keeps checkpoints of its own.
 The shipped model: ``python python/train_digits_model.py --targets central`` (3000 backbone steps, then 1200
 central-moment head steps, on the train split of gk.data.digits: 60% of the images; validation and test are held
 out for choosing and reporting). The raw-heads model it was chosen against: the same command without --targets.
@@ -63,7 +65,7 @@ def main() -> None:
         net = default_model(args.out)
         train_heads(net, data, steps=args.more_head_steps, batch_size=args.head_batch_size, lr=args.head_lr,
                     optimizer="adan", ema_decay=0.999, checkpoint=work / f"more_{heads_file}", seed=args.seed + 2,
-                    loss_weighting=args.head_loss)
+                    loss_weighting=args.head_loss, output_scale=args.head_scale)
         size = save_embedded(net.eval(), args.out)
         print(f"wrote {args.out} ({size / 1e6:.2f} MB)")
         return
@@ -72,7 +74,7 @@ def main() -> None:
         t0 = time.perf_counter()
         train_heads(net, data, steps=args.head_steps, batch_size=args.head_batch_size, lr=args.head_lr,
                     optimizer="adan", ema_decay=0.999, checkpoint=work / f"on_model_{args.targets}_{heads_file}",
-                    seed=args.seed + 1, loss_weighting=args.head_loss)
+                    seed=args.seed + 1, loss_weighting=args.head_loss, output_scale=args.head_scale)
         print(f"heads: {args.head_steps} steps in {time.perf_counter() - t0:.0f} s")
         size = save_embedded(net.eval(), args.out)
         print(f"wrote {args.out} ({size / 1e6:.2f} MB)")
@@ -86,7 +88,8 @@ def main() -> None:
             prm.copy_(prm.half().float())
     net = MomentNet(backbone, orders=(2, 3), head=args.head, targets=args.targets)
     train_heads(net, data, steps=args.head_steps, batch_size=args.head_batch_size, lr=args.head_lr, optimizer="adan",
-                ema_decay=0.999, checkpoint=work / heads_file, seed=args.seed + 1, loss_weighting=args.head_loss)
+                ema_decay=0.999, checkpoint=work / heads_file, seed=args.seed + 1, loss_weighting=args.head_loss,
+                output_scale=args.head_scale)
     size = save_embedded(net, args.out)
     print(f"wrote {args.out} ({size / 1e6:.2f} MB)")
 

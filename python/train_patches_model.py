@@ -21,7 +21,9 @@ trains central-moment heads (MomentNet targets="central") with the same head rec
 ``--head-loss normalized`` trains them with the t-normalised loss (gk.training.train_heads(loss_weighting=
 "normalized")) instead of the plain MSE (``uniform``, the default, which every shipped model used).
 ``--head res_conv`` builds Res+Conv heads (a time-conditioned residual block before the conv head) instead of
-the plain conv heads (``conv``, the default and the shipped models).
+the plain conv heads (``conv``, the default and the shipped models). ``--head-scale`` multiplies each head's output
+by its target's RMS at t (train_heads(output_scale=True), a per-t table saved in the model file; use it with
+``--head-loss normalized``); the shipped models have no such table.
 The shipped model since issue 20: this command on the raw-heads model described above (the stage-1 command's output).
 """
 from __future__ import annotations
@@ -74,7 +76,7 @@ def main() -> None:
         train_heads(net, train, steps=args.head_steps, batch_size=args.head_batch_size, lr=args.head_lr,
                     optimizer="adan", ema_decay=0.999,
                     checkpoint=work / f"heads_{args.targets}{head_run_tag(args)}_on_model.pt", seed=args.seed + 1,
-                    progress=False, loss_weighting=args.head_loss)
+                    progress=False, loss_weighting=args.head_loss, output_scale=args.head_scale)
         print(f"heads: {args.head_steps} steps in {time.perf_counter() - t0:.0f} s")
         size = save_embedded(net.eval(), args.out, PATCHES_CONFIG)
         print(f"wrote {args.out} ({size / 1e6:.2f} MB)")
@@ -105,7 +107,7 @@ def main() -> None:
     t0 = time.perf_counter()
     train_heads(net, train, steps=args.head_steps, batch_size=args.head_batch_size, lr=args.head_lr,
                 optimizer="adan", ema_decay=0.999, checkpoint=work / f"heads{head_run_tag(args)}_from_{best}.pt",
-                seed=args.seed + 1, progress=False, loss_weighting=args.head_loss)
+                seed=args.seed + 1, progress=False, loss_weighting=args.head_loss, output_scale=args.head_scale)
     net.eval()
     losses = eps_losses(net, val, seed=args.seed)
     record["chosen_backbone_steps"] = int(best)

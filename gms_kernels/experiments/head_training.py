@@ -20,10 +20,16 @@ def add_head_options(p: argparse.ArgumentParser, heads_on_help: str) -> None:
                    help="the heads' loss over t (train_heads' loss_weighting): plain MSE (uniform, the shipped "
                         "models), or each squared error divided by an estimate of E[target^2 | t] (normalized) "
                         "or by its square root (rms)")
+    p.add_argument("--head-scale", action="store_true",
+                   help="scale each head's output by its target's RMS at t (train_heads(output_scale=True): a fixed "
+                        "per-t table saved with the model; best with --head-loss normalized, where the heads then "
+                        "regress targets of size about 1 at every t). Off: the shipped models")
 
 
 def head_run_tag(args: argparse.Namespace) -> str:
-    """'' for the shipped kind of run (conv heads, uniform loss), else '_res_conv', '_rms', '_res_conv_rms', ...:
-    put into the checkpoint names, so that a run never resumes the checkpoint of another kind of head or loss."""
+    """'' for the shipped kind of run (conv heads, uniform loss, no output scale), else '_res_conv', '_rms',
+    '_res_conv_rms', '_normalized_scaled', ...: put into the checkpoint names, so that a run never resumes the
+    checkpoint of another kind of head, loss or output scale."""
     head = "" if args.head == "conv" else f"_{args.head}"
-    return head + ("" if args.head_loss == "uniform" else f"_{args.head_loss}")
+    tag = head + ("" if args.head_loss == "uniform" else f"_{args.head_loss}")
+    return tag + ("_scaled" if getattr(args, "head_scale", False) else "")

@@ -132,11 +132,18 @@ class MomentNet(nn.Module):
       e2 = e1^2 + c2 and e3 = e1^3 + 3 e1 c2 + c3 (E[r | x_t] = 0 for the MSE-optimal e1), so every solver reads
       the same thing. Why: the target eps^3 has variance 15 whatever t is, while r^3 has about 15 Var[eps|x_t]^3,
       so at large t the raw heads' regression noise swamps the tiny central moments they have to resolve.
+    - ``output_scale``: None (the default, and every model trained before it existed) or a fixed table
+      [len(orders), T] of positive numbers, one row per head, one column per time index t = 0..T-1: head n's
+      output becomes ``output_scale[n - 2, t] * h_n(x_t, t)``, so that a head whose targets span many orders of
+      magnitude over t (central heads: E[r^4 | t] on the shipped models falls to ~1e-6 of its size at t = 0) can
+      keep its own output O(1). The table is a registered buffer (saved with the weights, never trained); see
+      :meth:`set_output_scale` and ``gk.training.train_heads(output_scale=True)``, which sets it to the targets'
+      RMS at each t.
     ``time_input`` and ``schedule`` are the backbone's. :func:`gms_kernels.training.train_heads` trains either kind.
     """
 
     def __init__(self, backbone: nn.Module, orders: Sequence[int] = (2, 3), head: str | Sequence[str] = "conv",
-                 dropout: float = 0.0, targets: str = "raw"):
+                 dropout: float = 0.0, targets: str = "raw", output_scale: torch.Tensor | None = None):
         super().__init__()
         if targets not in HEAD_TARGETS:
             raise ValueError(f"targets must be one of {', '.join(HEAD_TARGETS)}, got {targets!r}")
@@ -159,6 +166,65 @@ class MomentNet(nn.Module):
         self.channels = int(backbone.eps_channels)
         self.heads = nn.ModuleDict({str(n): _make_head(kind, backbone, self.channels, dropout)
                                     for n, kind in zip(orders, kinds)})
+        self.register_buffer("output_scale", None)  # (a None buffer is not in the state dict: old files load as before)
+        if output_scale is not None:
+            self.set_output_scale(output_scale)
+
+    # -- the per-t output scale of the heads ------------------------------------------------------------
+    def set_output_scale(self, table: torch.Tensor | None) -> "MomentNet":
+        """Set (or, with None, remove) the fixed per-t scale of the heads' outputs: a tensor [len(orders), T]
+        (or [T] for one head) of finite positive numbers, row i for head ``orders[i]``, column t for the time
+        index t. T must be the backbone schedule's T when it has one. Stored as a float32 buffer named
+        ``output_scale`` (in the state dict only when set). ValueError for a table of another shape, or with a
+        value that is not finite or not positive."""
+        if table is None:
+            self.output_scale = None
+            return self
+        if not torch.is_tensor(table):
+            raise ValueError(f"output_scale must be a tensor [{len(self.orders)}, T], got {type(table).__name__}")
+        if table.dim() == 1 and len(self.orders) == 1:
+            table = table[None]
+        schedule = self.schedule
+        T = getattr(schedule, "T", None)
+        if table.dim() != 2 or table.shape[0] != len(self.orders) or table.shape[1] < 1 or \
+                (T is not None and table.shape[1] != int(T)):
+            want = f"[{len(self.orders)}, {T if T is not None else 'T'}]"
+            raise ValueError(f"output_scale must have shape {want} (one row per head {list(self.orders)}, one "
+                             f"column per time index), got {tuple(table.shape)}")
+        if not (table.is_floating_point() or table.dtype in (torch.int32, torch.int64)):
+            raise ValueError(f"output_scale must hold real numbers, got {table.dtype}")
+        if table.device.type != "meta":  # (a meta table, as MomentNet.load builds first, has no values to check)
+            values = table.detach().to(torch.float64)
+            if not torch.isfinite(values).all():
+                raise ValueError("output_scale has non-finite values (NaN or inf)")
+            if not (values > 0).all():
+                raise ValueError(f"output_scale must be positive at every t, got a smallest value of "
+                                 f"{values.min().item()}")
+        device = next((p.device for p in self.heads.parameters()), table.device)
+        self.output_scale = table.detach().to(device=device if table.device.type != "meta" else table.device,
+                                              dtype=torch.float32).clone()
+        return self
+
+    def _scale_at(self, t: torch.Tensor | int | float, batch: int, device: torch.device) -> torch.Tensor:
+        """The table's columns at the time argument ``t`` (as the backbone takes it: see time_input), [heads, B]:
+        the time index t; between two indices the scale is interpolated in log, and held
+        at the table's ends beyond them."""
+        table = self.output_scale
+        T = table.shape[1]
+        tt = torch.as_tensor(t, device=device).to(torch.float64).reshape(-1).expand(batch)
+        mode = self.time_input
+        if mode == "index+1":
+            tt = tt - 1
+        elif mode == "scaled":
+            tt = tt * (T / 1000.0)
+        tt = tt.clamp(0, T - 1)
+        lo = tt.floor().long().clamp(0, T - 1)
+        hi = (lo + 1).clamp(max=T - 1)
+        w = (tt - lo.to(tt.dtype)).to(torch.float32)
+        table = table.to(device)
+        logs = table.log()
+        between = (logs[:, lo] + w * (logs[:, hi] - logs[:, lo])).exp()
+        return torch.where(w == 0, table[:, lo], between)  # (at an index: the table's own value)
 
     # -- what gk.sample reads ------------------------------------------------------------------------
     @property
@@ -192,6 +258,10 @@ class MomentNet(nn.Module):
         themselves predict instead (for ``targets="central"`` the central moments c2, c3; what training fits)."""
         h, temb, eps = self.features(x, t)
         outs = [self.heads[str(n)](h, temb).to(eps.dtype) for n in self.orders]
+        if self.output_scale is not None:
+            scale = self._scale_at(t, eps.shape[0], eps.device).to(eps.dtype)
+            shape = (-1,) + (1,) * (eps.dim() - 1)
+            outs = [o * scale[i].reshape(shape) for i, o in enumerate(outs)]
         if self.targets == "central" and not head_outputs:
             outs = raw_from_central(eps, outs)
         return torch.cat([eps] + outs, dim=1)
@@ -199,15 +269,22 @@ class MomentNet(nn.Module):
     # -- heads alone ---------------------------------------------------------------------------------
     @property
     def head_config(self) -> dict[str, Any]:
-        return {"orders": list(self.orders), "head": self.head, "dropout": self.dropout, "targets": self.targets,
-                "family": getattr(self.backbone, "family", type(self.backbone).__name__),
-                "feature_channels": int(self.backbone.feature_channels),
-                "temb_channels": int(self.backbone.temb_channels), "channels": self.channels}
+        config = {"orders": list(self.orders), "head": self.head, "dropout": self.dropout, "targets": self.targets,
+                  "family": getattr(self.backbone, "family", type(self.backbone).__name__),
+                  "feature_channels": int(self.backbone.feature_channels),
+                  "temb_channels": int(self.backbone.temb_channels), "channels": self.channels}
+        if self.output_scale is not None:  # (only then: the config of a model without the table is as before)
+            config["output_scale"] = list(self.output_scale.shape)
+        return config
 
     def save_heads(self, path: str | os.PathLike) -> None:
-        """Save the heads alone: {format, version, config, state_dict} (a few MB)."""
-        torch.save({"format": HEADS_FORMAT, "version": FORMAT_VERSION, "config": self.head_config,
-                    "state_dict": {k: v.detach().cpu() for k, v in self.heads.state_dict().items()}}, path)
+        """Save the heads alone: {format, version, config, state_dict} (a few MB), plus ``output_scale`` (the
+        per-t table) when the heads have one."""
+        data = {"format": HEADS_FORMAT, "version": FORMAT_VERSION, "config": self.head_config,
+                "state_dict": {k: v.detach().cpu() for k, v in self.heads.state_dict().items()}}
+        if self.output_scale is not None:
+            data["output_scale"] = self.output_scale.detach().cpu()
+        torch.save(data, path)
 
     def load_heads(self, path: str | os.PathLike, data: dict | None = None) -> "MomentNet":
         """Load heads saved by :meth:`save_heads`; their config must match this MomentNet."""
@@ -230,6 +307,14 @@ class MomentNet(nn.Module):
         if not isinstance(state, dict):
             raise ValueError(f"{path}: the heads file has no 'state_dict' dict; save it again with save_heads")
         check_state_dict(self.heads, state, path, f"the heads of MomentNet(orders={self.orders}, head={self.head!r})")
+        table = data.get("output_scale")
+        if table is not None:
+            try:
+                self.set_output_scale(table)
+            except ValueError as e:
+                raise ValueError(f"{path}: {e}") from None
+        else:
+            self.set_output_scale(None)  # (heads trained without the table are used without it)
         self.heads.load_state_dict(state, strict=True)
         return self
 
@@ -270,6 +355,9 @@ class MomentNet(nn.Module):
         :func:`gms_kernels.models.export_diffusers` (same arguments, e.g. ``sample_size``)."""
         from .diffusers_export import export_diffusers
 
+        if self.output_scale is not None:  # (the exported network description has no place for the table yet)
+            raise ValueError("save_pretrained does not export heads with a per-t output scale (output_scale); "
+                             "save the model with save() or gk.embedded.save_embedded instead")
         return export_diffusers(self, directory, **kwargs)
 
     @property
@@ -295,6 +383,12 @@ class MomentNet(nn.Module):
                           targets=heads.get("targets", "raw"))
         except (TypeError, ValueError, KeyError) as e:
             raise ValueError(f"{path}: cannot rebuild the network from its stored config ({type(e).__name__}: {e})") from None
+        table = state.get("output_scale")
+        if table is not None:  # (the table's buffer exists only when set: make it before the check)
+            try:
+                net.set_output_scale(table)
+            except ValueError as e:
+                raise ValueError(f"{path}: {e}") from None
         described = format_call(f"MomentNet[{spec['family']}]", {"orders": heads.get("orders"), "head": heads.get("head")})
         check_state_dict(net, state, path, described)
         if on_meta:
