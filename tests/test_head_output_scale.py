@@ -140,8 +140,12 @@ def test_round_trips_keep_the_table(tmp_path):
     assert torch.equal(heads.output_scale, table.float())
     with torch.no_grad():
         assert torch.equal(heads(x, t), ref)
-    with pytest.raises(ValueError, match="does not export heads with a per-t output scale"):
-        net.save_pretrained(tmp_path / "pipe")
+    from gms_kernels.models import GMSDiffusersModel, export_diffusers
+
+    for export in (lambda: net.save_pretrained(tmp_path / "pipe"), lambda: export_diffusers(net, tmp_path / "pipe2"),
+                   lambda: GMSDiffusersModel.from_network(net, 8)):
+        with pytest.raises(ValueError, match="does not carry heads with a per-t output scale"):
+            export()
     plain = _net()
     plain.save_heads(tmp_path / "plain.pt")
     heads.load_heads(tmp_path / "plain.pt")  # heads saved without a table load without one

@@ -120,6 +120,9 @@ class GMSDiffusersModel(ModelMixin, ConfigMixin):
     @classmethod
     def from_network(cls, net: nn.Module, sample_size: int | Sequence[int] | None = None) -> "GMSDiffusersModel":
         """Wrap ``net`` (a MomentNet or a backbone of gk.models; its weights are copied exactly)."""
+        if getattr(net, "output_scale", None) is not None:  # (the network description has no place for it yet)
+            raise ValueError("the diffusers export does not carry heads with a per-t output scale (output_scale); "
+                             "save the model with save() or gk.embedded.save_embedded instead")
         spec = network_spec(net)
         backbone = net.backbone if isinstance(net, MomentNet) else as_gk_backbone(net)
         channels = int(backbone.eps_channels)

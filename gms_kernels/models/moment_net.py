@@ -355,9 +355,6 @@ class MomentNet(nn.Module):
         :func:`gms_kernels.models.export_diffusers` (same arguments, e.g. ``sample_size``)."""
         from .diffusers_export import export_diffusers
 
-        if self.output_scale is not None:  # (the exported network description has no place for the table yet)
-            raise ValueError("save_pretrained does not export heads with a per-t output scale (output_scale); "
-                             "save the model with save() or gk.embedded.save_embedded instead")
         return export_diffusers(self, directory, **kwargs)
 
     @property
