@@ -66,10 +66,7 @@ def _load_embedded(path: str | Path, build, what: str, script: str) -> torch.nn.
                             targets=data.get("targets", "raw"))
         state = {k: v.float() if v.is_floating_point() else v for k, v in data["state"].items()}
         if "output_scale" in state:  # (heads with a per-t output scale: the buffer exists only when set)
-            try:
-                net.set_output_scale(state["output_scale"])
-            except ValueError as e:
-                raise ValueError(f"{path}: {e}") from None
+            net.output_scale_from_file(state["output_scale"], path)
         net.load_state_dict(state)
         _cache[key] = net.eval()
     return _cache[key]

@@ -31,6 +31,15 @@ def time_values(t: torch.Tensor, T: int, time_input: str = "index") -> torch.Ten
     return t.long() + (time_input == "index+1")
 
 
+def time_indices(values: torch.Tensor, T: int, time_input: str = "index") -> torch.Tensor:
+    """The inverse of :func:`time_values`: the (float64, possibly fractional) time indices of a network's time
+    arguments ``values``."""
+    values = values.to(torch.float64)
+    if time_input == "scaled":
+        return values * (T / 1000.0)
+    return values - int(time_input == "index+1")
+
+
 def time_tensor(t: int, batch: int, T: int, time_input: str = "index",
                 device: torch.device | str = "cpu") -> torch.Tensor:
     """:func:`time_values` of one index for a whole batch."""

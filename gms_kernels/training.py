@@ -399,6 +399,7 @@ def train_heads(net: nn.Module, data: torch.Tensor, schedule: Schedule | None = 
             net.set_output_scale(torch.stack([estimate[n].sqrt() for n in orders]))
         if loss_weighting != "uniform":
             scales = estimate
+    weights = None if scales is None else {n: s.pow(-power) for n, s in scales.items()}  # (float64 [T], per order)
 
     def loss_terms(wrapped, x_t, t, eps):
         tv = time_values(t, schedule.T, time_input)
@@ -409,7 +410,7 @@ def train_heads(net: nn.Module, data: torch.Tensor, schedule: Schedule | None = 
             if scales is None:
                 terms[f"mse_e{n}"] = err.mean()
             else:
-                w = scales[n].pow(-power).to(device=err.device, dtype=err.dtype)[t.to(err.device)]
+                w = weights[n].to(device=err.device, dtype=err.dtype)[t.to(err.device)]
                 terms[f"wmse_e{n}"] = (err * w.reshape(-1, *[1] * (err.dim() - 1))).mean()
         return terms
 

@@ -118,8 +118,7 @@ def acceptance(results: dict, metric: str, args) -> list[str]:
              "|---|---|---|---|---|---|"]
     for k in args.steps:
         vals = {label: [results[(label, k, s)][metric] for s in seeds] for label in args.labels}
-        scaled = [label for label in args.labels
-                  if study.is_baseline(label.split(": ")[-1]) and (" c=" in label or " v=" in label)]
+        scaled = [label for label in args.labels if study.is_variance_scaled(label)]
         best_scaled = min(scaled, key=lambda lb: sum(vals[lb])) if scaled else None
         mine = seed_interval(vals[args.default_row])
         for base in [*args.versus, *([best_scaled] if best_scaled else [])]:
@@ -240,7 +239,7 @@ def paired(args) -> None:
         return f"{diff.mean:+.{d}f} [{diff.low:+.{d}f}, {diff.high:+.{d}f}]{' *' if significant else ''}"
 
     head = ["| row | " + " | ".join(f"K={k}" for k in args.steps) + " |", "|---|" + "---|" * len(args.steps)]
-    scaled = [v for v in args.versus if study.is_baseline(v) and (" c=" in v or " v=" in v)]
+    scaled = [v for v in args.versus if study.is_variance_scaled(v)]
     base = [v for v in args.versus if study.is_baseline(v)]
     lines = []
     groups = [(f"minus {v}", lambda k, v=v: v) for v in args.versus]

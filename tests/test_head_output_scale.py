@@ -273,3 +273,12 @@ def test_scaled_runs_get_checkpoint_names_of_their_own():
     assert len(set(tags.values())) == len(tags)
     assert tags[("conv", "uniform", False)] == "" and tags[("conv", "normalized", True)] == "_normalized_scaled"
     assert head_run_tag(Namespace(head="conv", head_loss="rms")) == "_rms"  # (callers without the option)
+
+
+@pytest.mark.parametrize("time_input", ["index", "index+1", "scaled"])
+def test_the_scale_is_read_at_the_time_index_whatever_the_time_input(time_input):
+    """model_io.time_indices inverts time_values, so the table's column t is the one read for every encoding."""
+    from gms_kernels.model_io import time_indices, time_values
+
+    t = torch.tensor([0, 1, 499, 999])
+    assert torch.equal(time_indices(time_values(t, 1000, time_input), 1000, time_input), t.double())

@@ -539,3 +539,11 @@ def test_skew_shrinkage_regresses_the_exact_kappa3_on_the_heads_per_step(tmp_pat
     q.skew_table_path(bed).parent.mkdir(parents=True)
     q.skew_table_path(bed).write_text(json.dumps({"tables": tables}))
     assert q.load_skew_tables(bed) == tables
+
+
+def test_variance_scaled_rows_are_the_baselines_with_a_scale_or_interpolation():
+    """The rows the acceptance's 'best variance-scaled Gaussian' is chosen from (report and paired)."""
+    for label in ("sn-ddpm c=1.25", "ddpm v=0.5", "central: sn-ddpm c=0.75"):
+        assert q.is_variance_scaled(label), label
+    for label in ("sn-ddpm", "ddpm", "gms closed/sample c=1.25", "central: gms closed/pixel c=0.8", "ddim"):
+        assert not q.is_variance_scaled(label), label

@@ -213,6 +213,13 @@ def is_baseline(label: str) -> bool:
     return label.split()[0] in BASELINE_PREFIXES
 
 
+def is_variance_scaled(label: str) -> bool:
+    """A baseline with a variance scale or interpolation (``c=`` / ``v=``), aliased (``NAME: row``) or not: the
+    rows the acceptance's "best variance-scaled Gaussian" is chosen from."""
+    row = label.split(": ")[-1]
+    return is_baseline(row) and (" c=" in row or " v=" in row)
+
+
 def model_tag(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
 

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..model_io import time_indices
 from ..schedule import Schedule
 from ._common import (GroupNorm32, check_map_location, check_state_dict, format_call, group_count, materialize,
                       read_location, read_torch_file)
@@ -205,18 +206,21 @@ class MomentNet(nn.Module):
                                               dtype=torch.float32).clone()
         return self
 
+    def output_scale_from_file(self, table: torch.Tensor | None, path: str | os.PathLike) -> "MomentNet":
+        """:meth:`set_output_scale` with a table read from ``path`` (None: the file has none), its errors naming
+        the file."""
+        try:
+            return self.set_output_scale(table)
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
+
     def _scale_at(self, t: torch.Tensor | int | float, batch: int, device: torch.device) -> torch.Tensor:
         """The table's columns at the time argument ``t`` (as the backbone takes it: see time_input), [heads, B]:
         the time index t; between two indices the scale is interpolated in log, and held
         at the table's ends beyond them."""
         table = self.output_scale
         T = table.shape[1]
-        tt = torch.as_tensor(t, device=device).to(torch.float64).reshape(-1).expand(batch)
-        mode = self.time_input
-        if mode == "index+1":
-            tt = tt - 1
-        elif mode == "scaled":
-            tt = tt * (T / 1000.0)
+        tt = time_indices(torch.as_tensor(t, device=device).reshape(-1).expand(batch), T, self.time_input)
         tt = tt.clamp(0, T - 1)
         lo = tt.floor().long().clamp(0, T - 1)
         hi = (lo + 1).clamp(max=T - 1)
@@ -307,14 +311,7 @@ class MomentNet(nn.Module):
         if not isinstance(state, dict):
             raise ValueError(f"{path}: the heads file has no 'state_dict' dict; save it again with save_heads")
         check_state_dict(self.heads, state, path, f"the heads of MomentNet(orders={self.orders}, head={self.head!r})")
-        table = data.get("output_scale")
-        if table is not None:
-            try:
-                self.set_output_scale(table)
-            except ValueError as e:
-                raise ValueError(f"{path}: {e}") from None
-        else:
-            self.set_output_scale(None)  # (heads trained without the table are used without it)
+        self.output_scale_from_file(data.get("output_scale"), path)  # (heads saved without one are used without)
         self.heads.load_state_dict(state, strict=True)
         return self
 
@@ -380,12 +377,8 @@ class MomentNet(nn.Module):
                           targets=heads.get("targets", "raw"))
         except (TypeError, ValueError, KeyError) as e:
             raise ValueError(f"{path}: cannot rebuild the network from its stored config ({type(e).__name__}: {e})") from None
-        table = state.get("output_scale")
-        if table is not None:  # (the table's buffer exists only when set: make it before the check)
-            try:
-                net.set_output_scale(table)
-            except ValueError as e:
-                raise ValueError(f"{path}: {e}") from None
+        if "output_scale" in state:  # (the table's buffer exists only when set: make it before the check)
+            net.output_scale_from_file(state["output_scale"], path)
         described = format_call(f"MomentNet[{spec['family']}]", {"orders": heads.get("orders"), "head": heads.get("head")})
         check_state_dict(net, state, path, described)
         if on_meta:
