@@ -341,7 +341,8 @@ def _train_heads(args: argparse.Namespace) -> int:
         _reseed_per_rank(args.seed, rank)
         res = train_heads(net, data, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                           optimizer=args.optimizer, ema_decay=args.ema, checkpoint=args.checkpoint, seed=args.seed,
-                          progress=not args.quiet, loss_weighting=args.head_loss)
+                          progress=not args.quiet, loss_weighting=args.head_loss,
+                          output_scale=args.head_scale)
         if rank == 0:
             write_atomically(args.out, net.save)
             last = {k: v for k, v in res.history[-1].items() if k != "step"} if res.history else {}
@@ -558,6 +559,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="uniform: the paper's MSE; normalized / rms: the error divided by the target's mean square "
                          "/ RMS at each t (gk.train_heads' loss_weighting; on the shipped models neither helped: "
                          "python/results/quality.md, section 5f)")
+    th.add_argument("--head-scale", action="store_true",
+                    help="scale each head's output by its target's RMS at t (gk.train_heads(output_scale=True): a "
+                         "per-t table saved with the model; use with --head-loss normalized; section 5j)")
 
     o = command("oracle", "solver study with exact heads on Gaussian-mixture data", _oracle)
     o.add_argument("--samples", type=int, default=20000, help="samples per solver and K")
