@@ -107,7 +107,10 @@ ROOFLINE_NOTES = {
         "Later (2f4e10f): the normals' log, cos and sin as float32 polynomials instead of double ones made the ddpm step 26% and "
         "the closed step 8% faster on avx2 (one thread). Not faster: 2 M1 and 3 M1 formed in the loop instead of read from "
         "their arrays (bit-identical; 11.4-14.5 against 11.0-11.6 ms, the ADAN loop alone, one thread), the closed fit's double square root as a float32 "
-        "square root and reciprocal plus one Newton step in double (0.98-1.00 against 0.94-0.95 ms for the fit alone)."),
+        "square root and reciprocal plus one Newton step in double (0.98-1.00 against 0.94-0.95 ms for the fit alone). "
+        "Not faster either (2026-11-29, fifteenth session): the three stages run across iterations as one pipeline "
+        "(the last two vectors of iteration k finished in the first passes of k + 1, so it never drains; bit-identical, "
+        "11.03-11.26 against 11.06-11.30 ms, three alternating runs): the out-of-order core already overlaps the drain."),
 }
 ROOFLINE_TAIL = (
     "The part of the step outside the fit (moments, normals, mixture draw; measured in the section above) "
