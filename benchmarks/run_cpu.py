@@ -35,13 +35,19 @@ import gms_kernels as gk  # noqa: E402
 from gms_kernels.backends import backend_available  # noqa: E402
 from cases import FITS, SIZES, interleaved_seconds, make_inputs, median_seconds, runner  # noqa: E402
 
-# Floating-point work per element of the fused C++ step (an FMA counts as 2; sqrt, divide, min and
-# max as 1 each). The ADAN iteration is counted operation by operation in csrc/gms_step.cpp; the
-# other three are estimates from the formulas (moments.py, fit.py, random.py).
-FLOPS_MOMENTS = 60        # x0 moments, clamps, M1/Var/M3, kappa3 (double)
-FLOPS_ADAN_ITER = 96      # residuals 22, gradients 18, three ADAN updates 54, clamp 2 (float)
-FLOPS_CLOSED = 30         # cube root, floor, means (double)
-FLOPS_SAMPLING = 30       # half a Box-Muller pair (log, sqrt, cos, sin) + select (integer Philox work not counted)
+# Floating-point work per element of the fused C++ step, counted operation by operation in the code
+# (csrc/step_target.cpp: moments_vec for the data range [-1, 1], closed_fit_w with cbrt_w, adan_fit and
+# the ADAN loop, box_muller and mix_vec): an FMA counts as 2; a multiply, add, compare, min, max, square
+# root or division as 1 (a division as 1 also where it is a reciprocal estimate and Newton steps); selects,
+# absolute values, signs, conversions and the integer Philox work as 0. Recounted on 2026-11-29: before,
+# moments 60, closed 30 and sampling 30 were estimates and the ADAN iteration was counted as 96 (its
+# numerator as 3 flops, from the form before the state was rescaled: m' + rho v' is one FMA).
+FLOPS_MOMENTS = 64        # x^2 1, x0 mean 7 / var 3 / m2 10 / m3 14, clamps 9, M1 3, Var 2, M3 15 (double)
+FLOPS_ADAN_ITER = 93      # residuals 22, gradients 18, three ADAN updates 51, beta clamp 2 (float)
+FLOPS_ADAN_SETUP = 18     # kappa3 6, float32 range check 4, initial state 5, the mixture's parameters 3
+FLOPS_CLOSED = 67         # var clamp 1, kappa3 6, kappa3 / denom 5, knee line 11, cube root 29, knee choice 2,
+#                           s2 and its floor 5, sqrt 1, delta and sd 3, mu1 mu2 4 (double)
+FLOPS_SAMPLING = 31       # per normal: uniforms 2, log 9, cos / sin 14, radius 2; the draw 4
 
 
 # What was learnt about the ADAN loop on each machine this ran on (the VM's processor changes from
@@ -208,7 +214,8 @@ def nominal_ghz() -> float:
 
 def flops_per_element(fit: str, options: dict | None = None) -> int:
     iters = (FITS[fit] if options is None else options).get("fit_iters", 0)
-    return FLOPS_MOMENTS + FLOPS_SAMPLING + (FLOPS_CLOSED if fit == "closed" else iters * FLOPS_ADAN_ITER)
+    fit_flops = FLOPS_CLOSED if fit == "closed" else FLOPS_ADAN_SETUP + iters * FLOPS_ADAN_ITER
+    return FLOPS_MOMENTS + fit_flops + FLOPS_SAMPLING
 
 
 def flop_floor(elements: int, flops: int, peak_gflops: float, peak_name: str, baseline_s: list[float],
@@ -518,8 +525,9 @@ def targets_report(schedule: gk.Schedule, rounds: int) -> tuple[list[str], list[
                   "work runs):", ""]
         lines += [f"- {t}: {roofs[t][0]:.0f} GFLOP/s = {roofs[t][1]}" for t in targets if t in roofs]
         lines += ["", f"- `benchmarks/cpp/vector_ceilings.cpp`: {ceilings}"]
-    lines += ["", f"Flops per element of the adan-25 step: {flops_adan25} (moments {FLOPS_MOMENTS}, 25 ADAN iterations of "
-              f"{FLOPS_ADAN_ITER}, sampling {FLOPS_SAMPLING}; see the roofline section)."]
+    lines += ["", f"Flops per element of the adan-25 step: {flops_adan25} (moments {FLOPS_MOMENTS}, ADAN set-up "
+              f"{FLOPS_ADAN_SETUP}, 25 iterations of {FLOPS_ADAN_ITER}, sampling {FLOPS_SAMPLING}; counted "
+              "operation by operation, see FLOPS_MOMENTS in benchmarks/run_cpu.py)."]
     avx2 = []
     if "avx2" in targets:
         t = "avx2"
@@ -689,9 +697,9 @@ def main() -> None:
             gb = 20 * n / t["cpp-kernel"][0] / 1e9
             lines.append(f"| {n:,} | {fit} | {f} | {gf:.1f} | {100 * gf / peak:.0f}% | {gb:.2f} | "
                          f"{100 * gb / gbs_peak:.0f}% |")
-        lines += ["", f"Flops per element: ADAN's {FLOPS_ADAN_ITER} per iteration are counted in csrc/gms_step.cpp; "
-                  f"moments ({FLOPS_MOMENTS}), closed fit ({FLOPS_CLOSED}) and sampling ({FLOPS_SAMPLING}) are "
-                  "estimates.", ""]
+        lines += ["", f"Flops per element, counted operation by operation in csrc/step_target.cpp (see FLOPS_MOMENTS in "
+                  f"benchmarks/run_cpu.py): moments {FLOPS_MOMENTS}, closed fit {FLOPS_CLOSED}, ADAN set-up "
+                  f"{FLOPS_ADAN_SETUP} and {FLOPS_ADAN_ITER} per iteration, sampling {FLOPS_SAMPLING}.", ""]
         cifar = stats[("cifar10-b100", "adan-25")]["reference-loop"]
         lines += [flop_floor(x_numel("cifar10-b100"), flops_per_element("adan-25"), peak, peak_name, list(cifar)), ""]
         if ceilings:

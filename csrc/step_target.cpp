@@ -396,13 +396,14 @@ GMS_NO_FMA_FN inline void closed_fit_mix(const ClosedConsts& cs, int n, const do
 //   p  <- p - (sm m' + sv v') / (sn sqrt(n') + eps/c)
 // with sm = (1-b1) lr/(1-b1^k), sv = (1-b2) lr b2/(1-b2^k), sn = sqrt((1-b3)/(1-b3^k)).
 //
-// Flops per element per iteration (fma = 2; sqrt, div, min, max = 1 each):
-//   residuals: s2 1, w1 a / w2 b / r1 3, w1 a^2 / w2 b^2 2, q 3, cubic 3, r2 2, r3 8      = 22
+// Flops per element per iteration (fma = 2; sqrt, div, min, max = 1 each), as the code below does them:
+//   residuals: s2 1, w1 a / w2 b / r1 3, w1 a^2 / w2 b^2 2, q 3, cubic 4, r2 2, r3 7      = 22
 //   gradients: t3 1, r1 + s2 t3 2, 2 r2 1, mu1 mu2 2, P(mu1) P(mu2) 8, g_beta 4         = 18
-//   ADAN, per parameter: dP 1, m' 2, v' 2, u 2, n' 3, sqrt 1, denominator 2,
-//                        numerator 3, div 1, update 1 = 18, times 3                      = 54
+//   ADAN, per parameter: dP 1, m' 2, v' 2, u 2, n' 3, numerator m' + rho v' 2, sqrt 1,
+//                        denominator 2, div 1, update 1 = 17, times 3                    = 51
 //   beta clamp                                                                             =  2
-//   total                                                                                  = 96
+//   total                                                                                  = 93
+// (benchmarks/run_cpu.py counts the rest of the step the same way.)
 // Memory is not the bound (21 arrays read and 15 written per iteration, all in L1).
 //
 // The formulas are written once, over a "pack" P of lanes: T itself in the float64 loop (which
