@@ -126,8 +126,14 @@ def ddpm_large_step(x_t, heads, k, rand, o):
 def sn_ddpm_step(x_t, heads, k, rand, o):
     """SN-DDPM: N(M1, Var) with Var from the eps^2 head (paper appendix Eq. second); ``variance_scale`` c
     samples N(M1, c Var) instead (the variance-scaled control of issue 20)."""
-    mom = scale_spread(transition_moments(x_t, heads[0], heads[1], None, k, o["data_range"]), o["variance_scale"])
-    return _learned_gaussian(mom, k, rand, o)
+    return sn_ddpm_from_moments(transition_moments(x_t, heads[0], heads[1], None, k, o["data_range"]), k, rand, o)
+
+
+def sn_ddpm_from_moments(mom: TransitionMoments, k: StepCoefficients, rand: StepRandomness,
+                         o: dict) -> tuple[torch.Tensor, dict]:
+    """The SN-DDPM step from the transition moments as :func:`~gms_kernels.moments.transition_moments` forms
+    them (a caller may change them first, as python/quality_benchmark.py's excess-variance rows do)."""
+    return _learned_gaussian(scale_spread(mom, o["variance_scale"]), k, rand, o)
 
 
 def analytic_x0_variance(o: dict, k: StepCoefficients) -> float:
@@ -177,8 +183,14 @@ def gms_step(x_t, heads, k, rand, o):
     ``skew_scale`` lambda fits (M1, Var, lambda kappa3) instead: the heads' skew shrunk (lambda < 1) towards the
     Gaussian, mean and variance kept; a mapping {t: lambda} gives each step its own factor (issue 20's
     noise-aware fit: lambda(t) from regressing exact kappa3 on the heads'). The threshold reads the scaled skew."""
-    mom = scale_spread(transition_moments(x_t, heads[0], heads[1], heads[2], k, o["data_range"]),
-                       o["variance_scale"])
+    return gms_from_moments(transition_moments(x_t, heads[0], heads[1], heads[2], k, o["data_range"]), k, rand, o)
+
+
+def gms_from_moments(mom: TransitionMoments, k: StepCoefficients, rand: StepRandomness,
+                     o: dict) -> tuple[torch.Tensor, dict]:
+    """The GMS step (:func:`gms_step`, every option) from the transition moments (M1, Var, M3) as
+    :func:`~gms_kernels.moments.transition_moments` forms them (a caller may change them first)."""
+    mom = scale_spread(mom, o["variance_scale"])
     if k.s == 0 and o["gaussian_last_step"]:
         return _learned_gaussian(mom, k, rand, o)
     mom = scale_skew(mom, skew_scale_at(o["skew_scale"], k.t))
