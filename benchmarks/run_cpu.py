@@ -47,7 +47,7 @@ FLOPS_ADAN_ITER = 93      # residuals 22, gradients 18, three ADAN updates 51, b
 FLOPS_ADAN_SETUP = 18     # kappa3 6, float32 range check 4, initial state 5, the mixture's parameters 3
 FLOPS_CLOSED = 67         # var clamp 1, kappa3 6, kappa3 / denom 5, knee line 11, cube root 29, knee choice 2,
 #                           s2 and its floor 5, sqrt 1, delta and sd 3, mu1 mu2 4 (double)
-FLOPS_SAMPLING = 31       # per normal: uniforms 2, log 9, cos / sin 14, radius 2; the draw 4
+FLOPS_SAMPLING = 31       # per normal: uniforms 2, log 9, cos / sin 14, radius 2; the draw 4 (uniform, compare, sd z, add)
 
 
 # What was learnt about the ADAN loop on each machine this ran on (the VM's processor changes from
