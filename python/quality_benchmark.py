@@ -13,6 +13,9 @@ validation and reported on test (gms_kernels.experiments.quality_study).
     python python/quality_benchmark.py paired --testbed digits --seeds 3 --splits validation --labels ... --versus ...
     # the heads' skew against exact heads of the train data, per step: writes the skew tables rows 'skew=lam' read
     python python/quality_benchmark.py shrinkage --testbed patches --samples 2000
+    # rows with the heads' excess variance shrunk (modifier exvar=, this file's ExcessVarianceShrink):
+    nice -n 5 python python/quality_benchmark.py measure --testbed digits --seeds 3 --run exvar \
+        --labels "sn-ddpm exvar=lam" "gms closed/sample exvar=0.5"
 
 ``--model FILE`` runs the testbed's architecture with other weights (an embedded-format file); the cache keys
 name the weights' hash, so every model keeps its own cells.
@@ -20,6 +23,8 @@ name the weights' hash, so every model keeps its own cells.
 from __future__ import annotations
 
 import argparse
+import json
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -30,6 +35,307 @@ from gms_kernels.devices import cpu_description
 from gms_kernels.experiments import quality_study as study
 from gms_kernels.experiments.digits_study import ResultCache
 from gms_kernels.metrics import paired_difference, seed_interval
+from gms_kernels.model_io import time_indices
+from gms_kernels.models.moment_net import raw_from_central
+from gms_kernels.moments import TransitionMoments, central_third_moment, transition_moments
+from gms_kernels.sampling import sample
+from gms_kernels.schedule import schedule_for
+
+
+# -- a shrinkage of the heads' excess variance (issue 20; quality.md 5l) -----------------------------------------
+# Two row modifiers, read here (not by quality_study.row_options), the rest of the label being an ordinary row;
+# each takes a number in [0, 100] or a table name ("lam" / "lamval": the regression factor lambda_var(t) of the
+# exact excess variance Var - lam2 on the heads', that ``shrinkage`` stores per K, :func:`exvar_tables`):
+# - ``exvar=f``: each step's transition moments, as the sampler forms them (clamps included), become
+#   (M1, lam2 + f (Var - lam2), M3') with kappa3 kept (:func:`shrink_excess_variance`), in solvers registered
+#   here (``sn-ddpm-exvar``, ``gms-exvar``: the library's sn-ddpm and gms steps, solvers.sn_ddpm_from_moments /
+#   gms_from_moments, on the changed moments; the float64 torch path, as every option without a fused kernel);
+# - ``exvarpre=f``: the network wrapped in :class:`ExcessVarianceShrink` (the heads' c2 = e2 - e1^2 times f before
+#   the sampler's clamps; where the clamp on Var[x0|x_t] binds, as it does at large t on the shipped models, the
+#   shrinkage is lost: ``exvar-check`` measures it).
+EXVAR_TABLES = ("lam", "lamval")
+EXVAR_KEYS = ("exvar", "exvarpre")
+EXVAR_SOLVERS = {"sn-ddpm": "sn-ddpm-exvar", "gms": "gms-exvar"}
+_EXVAR = re.compile(r" (?P<key>exvar|exvarpre)=(?P<value>[^ ]+)")
+
+
+def split_exvar(label: str) -> tuple[str, str | None, float | str | None]:
+    """'gms closed/sample exvar=lam' -> ('gms closed/sample', 'exvar', 'lam'); 'sn-ddpm exvarpre=0.5' ->
+    ('sn-ddpm', 'exvarpre', 0.5); a label without either modifier -> (label, None, None)."""
+    found = list(_EXVAR.finditer(label))
+    if not found:
+        return label, None, None
+    if len(found) > 1:
+        raise ValueError(f"row label {label!r} has more than one exvar=/exvarpre= modifier")
+    key, raw = found[0]["key"], found[0]["value"]
+    row = label[:found[0].start()] + label[found[0].end():]
+    try:
+        value: float | str = float(raw)
+    except ValueError:
+        if raw not in EXVAR_TABLES:
+            raise ValueError(f"{key}={raw!r} in {label!r} is neither a number nor one of "
+                             f"{', '.join(EXVAR_TABLES)}") from None
+        return row, key, raw
+    if not 0.0 <= value <= 100.0:
+        raise ValueError(f"{key}={raw} in {label!r} is outside [0, 100]")
+    return row, key, value
+
+
+def exvar_factor_at(factors: float | dict[int, float], t: int) -> float:
+    """``factors`` itself, or its entry for the time index t (a t with no entry is refused)."""
+    if not isinstance(factors, dict):
+        return float(factors)
+    if t not in factors:
+        raise ValueError(f"no exvar factor for t={t} (the table has t = {', '.join(map(str, sorted(factors)))})")
+    return factors[t]
+
+
+def shrink_excess_variance(mom: TransitionMoments, k, f: float) -> TransitionMoments:
+    """(M1, lam2 + f (Var - lam2), M3') whose central third moment, with Var clamped at 0 as the fits take it, is
+    the original one; f = 1 returns ``mom``."""
+    if f == 1.0 or mom.var is None:
+        return mom
+    var = k.lam2 + f * (mom.var - k.lam2)
+    m3 = None
+    if mom.m3 is not None:
+        kappa3 = central_third_moment(mom.m1, mom.var.clamp_min(0.0), mom.m3)
+        m3 = kappa3 + 3 * mom.m1 * var.clamp_min(0.0) + mom.m1**3
+    return TransitionMoments(mom.m1, var, m3)
+
+
+def sn_ddpm_exvar_step(x_t, heads, k, rand, o):
+    """The library's sn-ddpm step with the excess variance times ``exvar`` (a number or {t: factor})."""
+    from gms_kernels.solvers import sn_ddpm_from_moments
+
+    mom = transition_moments(x_t, heads[0], heads[1], None, k, o["data_range"])
+    return sn_ddpm_from_moments(shrink_excess_variance(mom, k, exvar_factor_at(o["exvar"], k.t)), k, rand, o)
+
+
+def gms_exvar_step(x_t, heads, k, rand, o):
+    """The library's gms step (every option) with the transition's excess variance times ``exvar`` (a number or
+    {t: factor}) and its kappa3 kept, before the variance scale, the Gaussian last step and the skew scale."""
+    from gms_kernels.solvers import gms_from_moments
+
+    mom = transition_moments(x_t, heads[0], heads[1], heads[2], k, o["data_range"])
+    return gms_from_moments(shrink_excess_variance(mom, k, exvar_factor_at(o["exvar"], k.t)), k, rand, o)
+
+
+def register_exvar_solvers() -> None:
+    """Adds 'sn-ddpm-exvar' and 'gms-exvar' (option ``exvar``, default 1.0) to the solver table, under names no
+    library solver has (as quality_study registers its rank-one control)."""
+    from gms_kernels.solvers import SOLVERS, Solver
+
+    for base, name in EXVAR_SOLVERS.items():
+        if name not in SOLVERS:
+            step = sn_ddpm_exvar_step if base == "sn-ddpm" else gms_exvar_step
+            SOLVERS[name] = Solver(name, SOLVERS[base].heads, step, dict(SOLVERS[base].options, exvar=1.0))
+
+
+class ExcessVarianceShrink(torch.nn.Module):
+    """A noise-head network whose central second moment of the noise is scaled per time index: with
+    c2 = e2 - e1^2 and c3 = e3 - 3 e1 e2 + 2 e1^3 (the network's Var[eps|x_t] and E[(eps - e1)^3|x_t]), the
+    heads become (e1, e1^2 + f c2, c3 + 3 e1 e2' - 2 e1^3): e1 and c3 as they were, c2 times f = ``factors``
+    (one number, or {t: f} looked up by the time index the sampler calls the network with; a t with no entry
+    is refused). Since Var[x0|x_t] = (sigma_t/a_t)^2 c2 and kappa3[x0|x_t] = -(sigma_t/a_t)^3 c3, every step's
+    transition gets Var' = lam2 + f (Var - lam2) with kappa3 kept *before* the sampler's clamps on the x0 moments
+    (which then act on the shrunk moments: row modifier ``exvarpre``).
+
+    For a MomentNet with ``targets="central"`` (the shipped models) the heads' own outputs (c2, c3) are scaled
+    before the network's raw_from_central, so f = 1 returns exactly the network's output and no c2 is recovered
+    by cancellation; for raw heads the transform runs in float64 (f = 1: the output untouched)."""
+
+    def __init__(self, net: torch.nn.Module, factors: float | dict[int, float]):
+        super().__init__()
+        self.net = net
+        self.factors = {int(t): float(f) for t, f in factors.items()} if isinstance(factors, dict) else float(factors)
+
+    @property
+    def time_input(self) -> str:
+        return getattr(self.net, "time_input", "index")
+
+    @property
+    def schedule(self):
+        return getattr(self.net, "schedule", None)
+
+    @property
+    def output_heads(self) -> int | None:
+        return getattr(self.net, "output_heads", None)
+
+    def factor_at(self, t: torch.Tensor | int | float) -> float:
+        """The factor for the network's time argument ``t`` (as the network takes it: see ``time_input``)."""
+        if not isinstance(self.factors, dict):
+            return self.factors
+        idx = time_indices(torch.as_tensor(t).reshape(-1), schedule_for(self.net).T, self.time_input)
+        if idx.numel() == 0 or not bool((idx == idx[0]).all()) or float(idx[0]) != round(float(idx[0])):
+            raise ValueError(f"exvar factors per t need one integer time index per call, got {idx.tolist()[:4]}")
+        return exvar_factor_at(self.factors, int(round(float(idx[0]))))
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor | int | float) -> torch.Tensor:
+        f = self.factor_at(t)
+        C = x.shape[1]
+        if getattr(self.net, "targets", "raw") == "central":
+            out = self.net(x, t, head_outputs=True)
+            e1, central = out[:, :C], [out[:, (j + 1) * C:(j + 2) * C] for j in range(out.shape[1] // C - 1)]
+            central[0] = central[0] * f
+            return torch.cat([e1, *raw_from_central(e1, central)], dim=1)
+        out = self.net(x, t)
+        if f == 1.0 or out.shape[1] < 2 * C:
+            return out
+        e = out.double()
+        e1, e2 = e[:, :C], e[:, C:2 * C]
+        new_e2 = e1 * e1 + f * (e2 - e1 * e1)
+        heads = [new_e2]
+        if out.shape[1] >= 3 * C:
+            c3 = e[:, 2 * C:3 * C] - 3 * e1 * e2 + 2 * e1**3
+            heads.append(c3 + 3 * e1 * new_e2 - 2 * e1**3)
+        return torch.cat([out[:, :C], *[h.to(out.dtype) for h in heads], out[:, len(heads) * C + C:]], dim=1)
+
+
+def exvar_tables(bed) -> dict[str, dict[int, dict[int, float]]]:
+    """{name: {K: {t: factor}}}: lambda_var of every step of each K's trajectory from the testbed's table file
+    (``shrinkage`` stores it per K in its runs, beside the skew tables), clipped to [0, 100], and 1.0 for t = 0,
+    where the sampler calls the network only for the final denoising step, which reads e1 alone."""
+    path = study.skew_table_path(bed)
+    if not path.exists():
+        raise ValueError(f"no shrinkage tables for {bed.name} ({path}); make them with python "
+                         f"python/quality_benchmark.py shrinkage --testbed {bed.name}")
+    runs = json.loads(path.read_text())["runs"]
+    return {name: {int(k): {0: 1.0, **{int(r["t"]): min(max(float(r["lam_var"]), 0.0), 100.0) for r in rows}}
+                   for k, rows in run["rows"].items()} for name, run in runs.items()}
+
+
+def exvar_factors(value: float | str, steps: int, tables: dict | None) -> float | dict[int, float]:
+    """The factor (or {t: factor}) of a row with ``exvar=value`` / ``exvarpre=value`` in column K = ``steps``."""
+    if isinstance(value, str):
+        if not tables or value not in tables or steps not in tables[value]:
+            raise ValueError(f"exvar={value} needs the table {value!r} for K={steps} (python "
+                             "python/quality_benchmark.py shrinkage --testbed ... writes it)")
+        return dict(tables[value][steps])
+    return float(value)
+
+
+def draw_exvar(model, shape, label: str, steps: int, n: int, seed: int, tables: dict | None = None,
+               skew_tables: dict | None = None, batch: int = 1000, **extra) -> torch.Tensor:
+    """study.draw for a row with ``exvar=`` or ``exvarpre=`` (and the factors of K = ``steps``)."""
+    row, key, value = split_exvar(label)
+    if key is None:
+        return study.draw(model, shape, row, steps, n, seed, batch, skew_tables, **extra)
+    factors = exvar_factors(value, steps, tables)
+    if key == "exvarpre":
+        return study.draw(ExcessVarianceShrink(model, factors), shape, row, steps, n, seed, batch, skew_tables,
+                          **extra)
+    solver, options = study.row_options(row)
+    if solver not in EXVAR_SOLVERS:
+        raise ValueError(f"exvar= needs a row of {', '.join(EXVAR_SOLVERS)}, got {label!r}")
+    register_exvar_solvers()
+    if isinstance(options.get("skew_scale"), str):
+        name = options["skew_scale"]
+        if not skew_tables or name not in skew_tables or steps not in skew_tables[name]:
+            raise ValueError(f"row {label!r} needs the skew table {name!r} for K={steps}")
+        options["skew_scale"] = dict(skew_tables[name][steps])
+    return torch.cat([sample(model, shape=(min(batch, n - i), *shape), steps=steps, solver=EXVAR_SOLVERS[solver],
+                             generator=seed, first_index=i, progress=False, exvar=factors, **options, **extra)
+                      for i in range(0, n, batch)])
+
+
+def measure_exvar(bed, labels, steps, seeds, n_samples: int, cache: ResultCache, log=print) -> dict:
+    """study.measure for rows with ``exvar=`` / ``exvarpre=`` (:func:`draw_exvar`), cached under the full label."""
+    import time
+
+    model, refs, tag = bed.model(), bed.references(), bed.tag
+    parsed = {label: split_exvar(label) for label in labels}
+    tables = exvar_tables(bed) if any(isinstance(v, str) for _, _, v in parsed.values()) else None
+    skew = (study.load_skew_tables(bed) if any(isinstance(study.row_options(r)[1].get("skew_scale"), str)
+                                               for r, _, _ in parsed.values()) else None)
+    out = {}
+    for k in steps:
+        for label in labels:
+            for seed in seeds:
+                def run(label=label, k=k, seed=seed):
+                    t0 = time.perf_counter()
+                    x = draw_exvar(model, bed.shape, label, k, n_samples, seed, tables, skew)
+                    seconds = time.perf_counter() - t0
+                    scores = {f"{r}/{m}": fn(x, ref) for r, ref in refs.items() for m, fn in bed.metrics.items()}
+                    return {**scores, "seconds": seconds}
+                key = f"{bed.name}|{tag}|{label}|{k}|{seed}|{n_samples}"
+                out[(label, k, seed)] = r = cache.get_or_compute(key, run)
+                if log:
+                    log(f"{bed.name} {label:34s} K={k:3d} seed {seed}: "
+                        + " ".join(f"{name} {v:.4f}" for name, v in r.items() if name != "seconds")
+                        + f" ({r['seconds']:.0f} s)")
+    return out
+
+
+@torch.no_grad()
+def exvar_check(net, factors: float | dict[int, float], data: torch.Tensor, steps: int, seed: int = 0,
+                data_range=(-1.0, 1.0)) -> list[dict]:
+    """What the fits see under ``exvar`` and ``exvarpre`` with ``factors``, per step t -> s of K = ``steps`` (the
+    denoising step left out), on x_t = a_t x0 + sigma_t eps of the images ``data`` (one eps each, from ``seed``;
+    the network in float32 as the sampler calls it, the moments in float64 with the sampler's clamps), over all
+    elements: ``var_at_max``: the share whose heads' Var[x0|x_t] exceeds the clamp's maximum (half the range,
+    squared); ``m3_clamped``: the share whose E[x0^3|x_t] the clamp |E[y^3]| <= |E[y]| replaces; for ``exvarpre``
+    (the wrapped network), ``pre_var_ratio`` = mean(Var' - lam2) / mean(Var - lam2) (the factor where no clamp
+    binds) and ``pre_k3_change`` = RMS(kappa3' - kappa3) / RMS(kappa3) (0 where no clamp binds); and the mean
+    standardized skewness |kappa3| / Var^1.5 of the heads (``skew``), under ``exvar`` (``skew_exvar``: kappa3 kept,
+    Var' = lam2 + f (Var - lam2)) and under ``exvarpre`` (``skew_pre``)."""
+    from gms_kernels.moments import x0_moments
+    from gms_kernels.schedule import DATA, trajectory
+
+    schedule = schedule_for(net)
+    wrapped = ExcessVarianceShrink(net, factors)
+    eps = torch.randn(data.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    data, C = data.double(), data.shape[1]
+    c, h = sum(data_range) / 2, (data_range[1] - data_range[0]) / 2
+    ts = trajectory(schedule, steps)
+    rows = []
+    for i, t in enumerate(ts):
+        s = ts[i + 1] if i + 1 < len(ts) else DATA
+        if s == DATA:
+            continue
+        abar = float(schedule.alphas_cumprod[t])
+        x_t = abar**0.5 * data + (1 - abar) ** 0.5 * eps
+        tt = torch.full((x_t.shape[0],), t)
+        k = schedule.coefficients(t, s)
+        f = exvar_factor_at(factors, t)
+
+        def skew(m):
+            var = m.var.clamp_min(0.0)
+            return central_third_moment(m.m1, var, m.m3), float((central_third_moment(m.m1, var, m.m3).abs()
+                                                                  / var.clamp_min(1e-30) ** 1.5).mean())
+        heads = net(x_t.float(), tt).double().split(C, dim=1)
+        mom = transition_moments(x_t, *heads, k, data_range)
+        x0 = x0_moments(x_t, *heads, k.a_t, k.sigma_t)  # (before the clamps)
+        raw_m3_y = (x0.m3 - 3 * c * x0.m2 + 3 * c * c * x0.mean - c**3) / h**3
+        pre = transition_moments(x_t, *wrapped(x_t.float(), tt).double().split(C, dim=1), k, data_range)
+        (k3, sk), (k3_pre, sk_pre) = skew(mom), skew(pre)
+        rows.append({"t": t, "s": s, "factor": f, "var_at_max": float((x0.var > h * h).double().mean()),
+                     "m3_clamped": float((raw_m3_y.abs() > ((x0.mean - c) / h).clamp(-1, 1).abs()).double().mean()),
+                     "pre_var_ratio": float((pre.var - k.lam2).mean() / (mom.var - k.lam2).mean()),
+                     "pre_k3_change": float((k3_pre - k3).pow(2).mean().sqrt() / k3.pow(2).mean().sqrt()),
+                     "skew": sk, "skew_exvar": skew(shrink_excess_variance(mom, k, f))[1], "skew_pre": sk_pre})
+    return rows
+
+
+def check(args) -> None:
+    """exvar_check of each --labels' exvar= / exvarpre= value (a number or a table) on --samples validation
+    images (a seeded subset), per K."""
+    bed = study.testbed(args.testbed, args.model)
+    refs = bed.references()["validation"]
+    pick = torch.randperm(refs.shape[0], generator=torch.Generator().manual_seed(0))[:args.samples].sort().values
+    net = bed.model()
+    for label in args.labels:
+        value = split_exvar(label)[2]
+        tables = exvar_tables(bed) if isinstance(value, str) else None
+        for k in args.steps:
+            print(f"## {bed.name}: factor {value}, K={k}, {len(pick)} validation images\n\n"
+                  "| t -> s | factor | heads' Var[x0\\|x_t] above the clamp | E[x0^3] clamped | exvarpre: "
+                  "mean(Var' - lam2) / mean(Var - lam2) | exvarpre: RMS kappa3 change / RMS kappa3 | mean abs "
+                  "skewness: heads / exvar / exvarpre |\n|---|---|---|---|---|---|---|")
+            for r in exvar_check(net, exvar_factors(value, k, tables), refs[pick], k):
+                print(f"| {r['t']} -> {r['s']} | {r['factor']:.3f} | {r['var_at_max']:.3f} | {r['m3_clamped']:.3f} | "
+                      f"{r['pre_var_ratio']:.3f} | {r['pre_k3_change']:.2g} | {r['skew']:.3g} / "
+                      f"{r['skew_exvar']:.3g} / {r['skew_pre']:.3g} |")
+            print()
 
 
 def _cache(args) -> ResultCache:
@@ -41,7 +347,17 @@ def _cache(args) -> ResultCache:
 
 def measure(args) -> None:
     bed = study.testbed(args.testbed, args.model)
-    study.measure(bed, args.labels, args.steps, range(args.seeds), args.samples, _cache(args))
+    for label in args.labels:  # (every label is read before any sampling)
+        row, key, _ = split_exvar(label)
+        if study.row_options(row)[0] not in EXVAR_SOLVERS and key == "exvar":
+            sys.exit(f"exvar= needs a row of {', '.join(EXVAR_SOLVERS)}, got {label!r}")
+    plain = [label for label in args.labels if split_exvar(label)[1] is None]
+    shrunk = [label for label in args.labels if split_exvar(label)[1] is not None]
+    cache = _cache(args)
+    if plain:
+        study.measure(bed, plain, args.steps, range(args.seeds), args.samples, cache)
+    if shrunk:
+        measure_exvar(bed, shrunk, args.steps, range(args.seeds), args.samples, cache)
 
 
 def diagnose(args) -> None:
@@ -83,7 +399,7 @@ def collect(args) -> dict:
         model_file, row = _split_label(label, aliases)
         bed = study.testbed(args.testbed, model_file)
         tag = bed.tag
-        study.row_options(row)
+        study.row_options(split_exvar(row)[0])
         for k in args.steps:
             for s in range(args.seeds):
                 key = f"{bed.name}|{tag}|{row}|{k}|{s}|{args.samples}"
@@ -283,7 +599,8 @@ def choose(args) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("part", choices=("measure", "diagnose", "report", "choose", "ggf", "shrinkage", "paired"))
+    p.add_argument("part", choices=("measure", "diagnose", "report", "choose", "ggf", "shrinkage", "paired",
+                                    "exvar-check"))
     p.add_argument("--testbed", choices=("digits", "digits-oracle", "patches", "patches-oracle"), default="digits")
     p.add_argument("--model", default=None, help="other weights for the testbed's architecture (embedded format)")
     p.add_argument("--labels", nargs="+", default=None, help="the rows (every part but ggf)")
@@ -314,7 +631,7 @@ def main() -> None:
     print("command: python python/quality_benchmark.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
           file=sys.stderr)
     {"measure": measure, "diagnose": diagnose, "report": report, "choose": choose, "ggf": ggf,
-     "shrinkage": shrinkage, "paired": paired}[args.part](args)
+     "shrinkage": shrinkage, "paired": paired, "exvar-check": check}[args.part](args)
 
 
 if __name__ == "__main__":
