@@ -411,7 +411,7 @@ def collect(args) -> dict:
 
 def table(results: dict, metric: str, args) -> list[str]:
     seeds = list(range(args.seeds))
-    summary = study.summarise(results, metric, args.labels, args.steps, seeds)
+    summary = study.summarise(results, metric, args.labels, args.steps, seeds, baseline=study.is_main_baseline)
     lines = ["| row | " + " | ".join(f"K={k}" for k in args.steps) + " |", "|---|" + "---|" * len(args.steps)]
     for label in args.labels:
         cells = []
@@ -459,7 +459,8 @@ def report(args) -> None:
              f"seeds 0..{args.seeds - 1} (the same initial noise for every row at a seed). Cells: mean ± half-width "
              "of the 95% Student-t interval over seeds (gk.metrics.seed_interval). **Bold**: the best baseline at "
              "that K (lowest mean of the baseline rows: ddpm, sn-ddpm, ddim, their variance-scaled variants and the SDE "
-             "solvers, which run the most steps whose network calls fit in K + 1). "
+             "solvers, which run the most steps whose network calls fit in K + 1; rows of other weights, `NAME: row`, "
+             "are compared against it but never chosen as it). "
              "`+` / `-`: significantly better / worse than it (paired per-seed difference, 95% interval excludes "
              "0: gk.metrics.paired_difference). Lower is better.", ""]
     for split in args.splits:

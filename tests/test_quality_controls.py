@@ -541,6 +541,23 @@ def test_skew_shrinkage_regresses_the_exact_kappa3_on_the_heads_per_step(tmp_pat
     assert q.load_skew_tables(bed) == tables
 
 
+def test_aliased_baselines_are_baselines_but_not_the_main_models():
+    """paired's --versus pool takes a baseline of other weights (``s1: sn-ddpm``) like any other (it used to drop
+    it silently); a report's bold best baseline stays the report's own model's."""
+    for label in ("s1: sn-ddpm", "central: ddpm v=0.5", "raw: ddim"):
+        assert q.is_baseline(label) and not q.is_main_baseline(label), label
+    assert q.is_main_baseline("sn-ddpm c=1.25") and q.is_main_baseline("ddim")
+    for label in ("s1: gms closed/sample", "gms closed/pixel", "control-rank1"):
+        assert not q.is_baseline(label) and not q.is_main_baseline(label), label
+    res = {(lb, 10, s): {"v/fd": v + s} for lb, v in (("ddpm", 5.0), ("s1: ddim", 1.0), ("gms closed/pixel", 3.0))
+           for s in range(3)}
+    out = q.summarise(res, "v/fd", ["ddpm", "s1: ddim", "gms closed/pixel"], [10], range(3),
+                      baseline=q.is_main_baseline)
+    assert out[("gms closed/pixel", 10)]["best_baseline"] == "ddpm"
+    assert q.summarise(res, "v/fd", ["ddpm", "s1: ddim", "gms closed/pixel"], [10],
+                       range(3))[("gms closed/pixel", 10)]["best_baseline"] == "s1: ddim"
+
+
 def test_variance_scaled_rows_are_the_baselines_with_a_scale_or_interpolation():
     """The rows the acceptance's 'best variance-scaled Gaussian' is chosen from (report and paired)."""
     for label in ("sn-ddpm c=1.25", "ddpm v=0.5", "central: sn-ddpm c=0.75"):

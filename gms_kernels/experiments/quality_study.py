@@ -210,7 +210,15 @@ def _number_or_name(key: str, value: str, label: str) -> float | str:
 
 
 def is_baseline(label: str) -> bool:
-    return label.split()[0] in BASELINE_PREFIXES
+    """A baseline row (ddpm, sn-ddpm, ddim, their variance controls, the SDE solvers), aliased (``NAME: row``,
+    another model's weights) or not."""
+    return label.split(": ")[-1].split()[0] in BASELINE_PREFIXES
+
+
+def is_main_baseline(label: str) -> bool:
+    """A baseline row of the report's own model (not aliased): the rows a report's per-K best baseline is chosen
+    from, so that rows of other weights are compared against that model's best, not against each other's."""
+    return ": " not in label and is_baseline(label)
 
 
 def is_variance_scaled(label: str) -> bool:
