@@ -23,6 +23,7 @@ name the weights' hash, so every model keeps its own cells.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import shlex
@@ -38,7 +39,6 @@ from gms_kernels.metrics import paired_difference, seed_interval
 from gms_kernels.model_io import time_indices
 from gms_kernels.models.moment_net import raw_from_central
 from gms_kernels.moments import TransitionMoments, central_third_moment, transition_moments
-from gms_kernels.sampling import sample
 from gms_kernels.schedule import schedule_for
 
 
@@ -224,46 +224,22 @@ def draw_exvar(model, shape, label: str, steps: int, n: int, seed: int, tables: 
     if key == "exvarpre":
         return study.draw(ExcessVarianceShrink(model, factors), shape, row, steps, n, seed, batch, skew_tables,
                           **extra)
-    solver, options = study.row_options(row)
+    solver = study.row_options(row)[0]
     if solver not in EXVAR_SOLVERS:
         raise ValueError(f"exvar= needs a row of {', '.join(EXVAR_SOLVERS)}, got {label!r}")
     register_exvar_solvers()
-    if isinstance(options.get("skew_scale"), str):
-        name = options["skew_scale"]
-        if not skew_tables or name not in skew_tables or steps not in skew_tables[name]:
-            raise ValueError(f"row {label!r} needs the skew table {name!r} for K={steps}")
-        options["skew_scale"] = dict(skew_tables[name][steps])
-    return torch.cat([sample(model, shape=(min(batch, n - i), *shape), steps=steps, solver=EXVAR_SOLVERS[solver],
-                             generator=seed, first_index=i, progress=False, exvar=factors, **options, **extra)
-                      for i in range(0, n, batch)])
+    return study.draw(model, shape, row, steps, n, seed, batch, skew_tables, solver=EXVAR_SOLVERS[solver],
+                      exvar=factors, **extra)
 
 
 def measure_exvar(bed, labels, steps, seeds, n_samples: int, cache: ResultCache, log=print) -> dict:
     """study.measure for rows with ``exvar=`` / ``exvarpre=`` (:func:`draw_exvar`), cached under the full label."""
-    import time
-
-    model, refs, tag = bed.model(), bed.references(), bed.tag
-    parsed = {label: split_exvar(label) for label in labels}
-    tables = exvar_tables(bed) if any(isinstance(v, str) for _, _, v in parsed.values()) else None
-    skew = (study.load_skew_tables(bed) if any(isinstance(study.row_options(r)[1].get("skew_scale"), str)
-                                               for r, _, _ in parsed.values()) else None)
-    out = {}
-    for k in steps:
-        for label in labels:
-            for seed in seeds:
-                def run(label=label, k=k, seed=seed):
-                    t0 = time.perf_counter()
-                    x = draw_exvar(model, bed.shape, label, k, n_samples, seed, tables, skew)
-                    seconds = time.perf_counter() - t0
-                    scores = {f"{r}/{m}": fn(x, ref) for r, ref in refs.items() for m, fn in bed.metrics.items()}
-                    return {**scores, "seconds": seconds}
-                key = f"{bed.name}|{tag}|{label}|{k}|{seed}|{n_samples}"
-                out[(label, k, seed)] = r = cache.get_or_compute(key, run)
-                if log:
-                    log(f"{bed.name} {label:34s} K={k:3d} seed {seed}: "
-                        + " ".join(f"{name} {v:.4f}" for name, v in r.items() if name != "seconds")
-                        + f" ({r['seconds']:.0f} s)")
-    return out
+    parsed = [split_exvar(label) for label in labels]
+    tables = exvar_tables(bed) if any(isinstance(v, str) for _, _, v in parsed) else None
+    skew = (study.load_skew_tables(bed) if any(isinstance(study.row_options(row)[1].get("skew_scale"), str)
+                                               for row, _, _ in parsed) else None)
+    return study.measure(bed, labels, steps, seeds, n_samples, cache, log,
+                         draw_row=functools.partial(draw_exvar, tables=tables, skew_tables=skew))
 
 
 @torch.no_grad()

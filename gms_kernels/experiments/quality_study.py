@@ -17,6 +17,7 @@ hash), so a retrained model never reads another model's numbers.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import re
@@ -234,11 +235,14 @@ def model_tag(path: Path) -> str:
 
 # -- measuring -------------------------------------------------------------------------------------------------
 def draw(model, shape: Sequence[int], label: str, steps: int, n: int, seed: int, batch: int = 1000,
-         skew_tables: dict | None = None, **extra) -> torch.Tensor:
+         skew_tables: dict | None = None, solver: str | None = None, **extra) -> torch.Tensor:
     """``n`` samples of a row in column K = ``steps``: K steps (K + 1 network calls); a solver with several calls
     per step (edm-sde, seeds-2, seeds-3) runs the most steps whose calls fit in those K + 1 (equal network calls).
-    A row with a named skew table (``skew=lam``) takes its factors for K from ``skew_tables[name][K]`` ({t: factor})."""
-    solver, options = row_options(label)
+    A row with a named skew table (``skew=lam``) takes its factors for K from ``skew_tables[name][K]`` ({t: factor}).
+    ``solver`` runs a variant of the row's solver registered in the solver table (an experiment's; its options
+    in ``extra``) with the row's options."""
+    row_solver, options = row_options(label)
+    solver = solver or row_solver
     if isinstance(options.get("skew_scale"), str):
         name = options["skew_scale"]
         if not skew_tables or name not in skew_tables or steps not in skew_tables[name]:
@@ -254,21 +258,26 @@ def draw(model, shape: Sequence[int], label: str, steps: int, n: int, seed: int,
 
 
 def measure(bed: Testbed, labels: Sequence[str], steps: Sequence[int] = STEPS, seeds: Sequence[int] = range(5),
-            n_samples: int = 1000, cache: ResultCache | None = None, log=print) -> dict[tuple[str, int, int], dict]:
-    """{(label, K, seed): {"<reference>/<metric>": value, ..., "seconds": sampling time}}."""
+            n_samples: int = 1000, cache: ResultCache | None = None, log=print,
+            draw_row: Callable[..., torch.Tensor] | None = None) -> dict[tuple[str, int, int], dict]:
+    """{(label, K, seed): {"<reference>/<metric>": value, ..., "seconds": sampling time}}. ``draw_row(model, shape,
+    label, K, n, seed)`` draws rows of an experiment's own kind instead of :func:`draw` (it reads its tables and
+    checks its labels itself: python/quality_benchmark.py's exvar= rows)."""
     cache = cache or ResultCache(None)
     model, refs, tag = bed.model(), bed.references(), bed.tag
     out = {}
-    tables = None
-    for label in labels:
-        if isinstance(row_options(label)[1].get("skew_scale"), str):  # (a bad label is refused before sampling)
-            tables = tables or load_skew_tables(bed)
+    if draw_row is None:
+        tables = None
+        for label in labels:
+            if isinstance(row_options(label)[1].get("skew_scale"), str):  # (a bad label is refused before sampling)
+                tables = tables or load_skew_tables(bed)
+        draw_row = functools.partial(draw, skew_tables=tables)
     for k in steps:
         for label in labels:
             for seed in seeds:
                 def run(label=label, k=k, seed=seed):
                     t0 = time.perf_counter()
-                    x = draw(model, bed.shape, label, k, n_samples, seed, skew_tables=tables)
+                    x = draw_row(model, bed.shape, label, k, n_samples, seed)
                     seconds = time.perf_counter() - t0
                     scores = {f"{r}/{m}": fn(x, ref) for r, ref in refs.items() for m, fn in bed.metrics.items()}
                     return {**scores, "seconds": seconds}
