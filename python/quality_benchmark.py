@@ -497,6 +497,8 @@ def shrinkage(args) -> None:
     images = (lambda sp: digits(sp)[0]) if args.testbed == "digits" else patches
     train, source = images("train"), images(split)
     pick = torch.randperm(source.shape[0], generator=torch.Generator().manual_seed(0))[:args.samples].sort().values
+    if args.heads_mean or args.against:
+        return shrinkage_across_models(args, bed, study.data_oracle(train), source[pick])
     rows = study.skew_shrinkage(bed.model(), study.data_oracle(train), source[pick], args.steps)
     name = "lam" if split == "train" else "lamval"
     path = study.skew_table_path(bed)
@@ -513,6 +515,105 @@ def shrinkage(args) -> None:
         for r in rs:
             print(f"| {k} | {r['t']} -> {r['s']} | {r['lam']:.4f} | {r['corr']:.3f} | {r['rms_head']:.3g} / "
                   f"{r['rms_exact']:.3g} | {r['lam_var']:.4f} | {r['corr_var']:.3f} |")
+
+
+class HeadsMean(torch.nn.Module):
+    """The mean of several noise-head networks' outputs (E[eps], E[eps^2], E[eps^3]): with one shared backbone,
+    an ensemble of heads trained with different seeds, whose noise averages out as far as it is seed-specific."""
+
+    def __init__(self, nets: list[torch.nn.Module]):
+        super().__init__()
+        self.nets = torch.nn.ModuleList(nets)
+
+    def forward(self, x: torch.Tensor, t) -> torch.Tensor:
+        return torch.stack([net(x, t) for net in self.nets]).mean(dim=0)
+
+
+class AsExactHeads(torch.nn.Module):
+    """A network called as study.skew_shrinkage calls its exact heads (float64 x_t, an int t)."""
+
+    def __init__(self, net: torch.nn.Module):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x: torch.Tensor, t: int) -> torch.Tensor:
+        return self.net(x.float(), torch.full((x.shape[0],), t)).double()
+
+
+def shrinkage_across_models(args, bed, exact, x0) -> None:
+    """shrinkage with --heads-mean (the exact kappa3 regressed on the mean heads of the testbed's model and those
+    files) or --against FILE (the testbed's model's kappa3 regressed on that model's: how far two head-training
+    seeds agree); prints the table, writes none."""
+    net = bed.model()
+    others = [study.testbed(args.testbed, f).model() for f in (args.heads_mean or [args.against])]
+    if args.heads_mean:
+        net, what = HeadsMean([net, *others]), f"the mean heads of {1 + len(others)} models against the exact ones"
+    else:
+        exact, what = AsExactHeads(others[0]), f"the heads against those of {args.against}"
+    rows = study.skew_shrinkage(net, exact, x0, args.steps)
+    print(f"{bed.name}: {what}, x_t of {len(x0)} {args.x_split} images\n")
+    print("| K | t -> s | lambda (kappa3) | corr | RMS kappa3 heads / reference | lambda (Var - lam2) | corr |\n"
+          "|---|---|---|---|---|---|---|")
+    for k, rs in rows.items():
+        for r in rs:
+            print(f"| {k} | {r['t']} -> {r['s']} | {r['lam']:.4f} | {r['corr']:.3f} | {r['rms_head']:.3g} / "
+                  f"{r['rms_exact']:.3g} | {r['lam_var']:.4f} | {r['corr_var']:.3f} |")
+
+
+@torch.no_grad()
+def mean_error_moments(net, exact, x0: torch.Tensor, times, seed: int = 0, batch: int = 250) -> list[dict]:
+    """Whether the heads' central moments are the backbone's mean error: with m = E[eps|x_t] and the exact central
+    moments c2, k3 of eps (``exact``: e.g. study.data_oracle of the train images), and the backbone's e1 off by
+    d = m - e1, heads trained on (eps - e1)^n learn at best c2 + d^2 and k3 + 3 d c2 + d^3 (expand
+    ((eps - m) + d)^n). Per t, over all elements of x_t = a_t x0 + sigma_t eps of ``x0`` (one eps each, from
+    ``seed``): the correlation of the heads' c2 / k3 with the exact ones and with these d-shifted ones, and RMSs."""
+    from gms_kernels.schedule import Schedule
+
+    schedule = Schedule.linear()
+    eps = torch.randn(x0.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    x0, C = x0.double(), x0.shape[1]
+
+    def central(e):
+        e1, e2, e3 = e[:, :C], e[:, C:2 * C], e[:, 2 * C:3 * C]
+        return e1, e2 - e1 * e1, e3 - 3 * e1 * e2 + 2 * e1**3
+
+    def corr(a, b):
+        return float(torch.corrcoef(torch.stack([a.flatten(), b.flatten()]))[0, 1])
+
+    rows = []
+    for t in times:
+        abar = float(schedule.alphas_cumprod[t])
+        x_t = abar**0.5 * x0 + (1 - abar) ** 0.5 * eps
+        tt = torch.full((x_t.shape[0],), t)
+        head = torch.cat([net(x_t[i:i + batch].float(), tt[i:i + batch]).double() for i in range(0, len(x_t), batch)])
+        true = torch.cat([exact(x_t[i:i + batch], t).double() for i in range(0, len(x_t), batch)])
+        (e1, c2h, k3h), (m, c2, k3) = central(head), central(true)
+        d = m - e1
+        rows.append({"t": t, "rms_d": float(d.pow(2).mean().sqrt()), "rms_c2": float(c2.pow(2).mean().sqrt()),
+                     "corr_c2": corr(c2h, c2), "corr_c2_d": corr(c2h, c2 + d * d),
+                     "rms_k3h": float(k3h.pow(2).mean().sqrt()), "rms_k3": float(k3.pow(2).mean().sqrt()),
+                     "rms_k3_d": float((k3 + 3 * d * c2 + d**3).pow(2).mean().sqrt()),
+                     "corr_k3": corr(k3h, k3), "corr_k3_d": corr(k3h, k3 + 3 * d * c2 + d**3)})
+    return rows
+
+
+def mean_error(args) -> None:
+    """mean_error_moments of the testbed's model on --samples images of --x-split at --times (exact heads: the
+    train images), as a Markdown table."""
+    from gms_kernels.data import digits, patches
+
+    bed = study.testbed(args.testbed, args.model)
+    images = (lambda sp: digits(sp)[0]) if args.testbed == "digits" else patches
+    train, source = images("train"), images(args.x_split)
+    pick = torch.randperm(source.shape[0], generator=torch.Generator().manual_seed(0))[:args.samples].sort().values
+    rows = mean_error_moments(bed.model(), study.data_oracle(train), source[pick], args.times)
+    print(f"{bed.name}: x_t of {len(pick)} {args.x_split} images; d = E[eps|x_t] (exact) - e1 (backbone)\n")
+    print("| t | RMS d | RMS c2 exact | corr c2 heads: exact / exact + d^2 | RMS k3: heads / exact / exact + 3 d c2 + d^3 "
+          "| corr k3 heads: exact / exact + 3 d c2 + d^3 |\n|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['t']} | {r['rms_d']:.3g} | {r['rms_c2']:.3g} | {r['corr_c2']:.3f} / {r['corr_c2_d']:.3f} | "
+              f"{r['rms_k3h']:.3g} / {r['rms_k3']:.3g} / {r['rms_k3_d']:.3g} | {r['corr_k3']:.3f} / "
+              f"{r['corr_k3_d']:.3f} |")
 
 
 def paired(args) -> None:
@@ -577,7 +678,7 @@ def choose(args) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("part", choices=("measure", "diagnose", "report", "choose", "ggf", "shrinkage", "paired",
-                                    "exvar-check"))
+                                    "exvar-check", "mean-error"))
     p.add_argument("--testbed", choices=("digits", "digits-oracle", "patches", "patches-oracle"), default="digits")
     p.add_argument("--model", default=None, help="other weights for the testbed's architecture (embedded format)")
     p.add_argument("--labels", nargs="+", default=None, help="the rows (every part but ggf)")
@@ -599,16 +700,20 @@ def main() -> None:
     p.add_argument("--ggf-tol", type=float, default=0.5, help="ggf: GGF's relative tolerance eps_rel")
     p.add_argument("--x-split", choices=("train", "validation"), default="train",
                    help="shrinkage: the images whose x_t the heads are compared on (exact heads: the train images)")
+    p.add_argument("--heads-mean", nargs="*", default=[], metavar="FILE",
+                   help="shrinkage: regress on the mean heads of the model and these (same backbone); writes no table")
+    p.add_argument("--against", default=None, metavar="FILE",
+                   help="shrinkage: regress the model's kappa3 on this model's instead of the exact one; writes no table")
     p.add_argument("--run", default="main", help="this run's cache file name (parallel runs need their own)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    if args.part not in ("ggf", "shrinkage") and not args.labels:
+    if args.part not in ("ggf", "shrinkage", "mean-error") and not args.labels:
         p.error(f"{args.part} needs --labels")
     torch.set_num_threads(1)
     print("command: python python/quality_benchmark.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
           file=sys.stderr)
     {"measure": measure, "diagnose": diagnose, "report": report, "choose": choose, "ggf": ggf,
-     "shrinkage": shrinkage, "paired": paired, "exvar-check": check}[args.part](args)
+     "shrinkage": shrinkage, "paired": paired, "exvar-check": check, "mean-error": mean_error}[args.part](args)
 
 
 if __name__ == "__main__":
