@@ -16,6 +16,11 @@ validation and reported on test (gms_kernels.experiments.quality_study).
     # rows with the heads' excess variance shrunk (modifier exvar=, this file's ExcessVarianceShrink):
     nice -n 5 python python/quality_benchmark.py measure --testbed digits --seeds 3 --run exvar \
         --labels "sn-ddpm exvar=lam" "gms closed/sample exvar=0.5"
+    # how far two models' kappa3 agree, or the exact kappa3 against the mean heads of several (no table written):
+    python python/quality_benchmark.py shrinkage --testbed digits --samples 1079 --against OTHER.pt
+    python python/quality_benchmark.py shrinkage --testbed digits --samples 1079 --heads-mean SEED1.pt SEED2.pt
+    # the heads' c2 / k3 against the exact ones shifted by the backbone's mean error:
+    python python/quality_benchmark.py mean-error --testbed digits --samples 1079 --times 50 200 600 950
 
 ``--model FILE`` runs the testbed's architecture with other weights (an embedded-format file); the cache keys
 name the weights' hash, so every model keeps its own cells.
