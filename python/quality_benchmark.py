@@ -514,7 +514,12 @@ def shrinkage(args) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(stored, indent=1))
     print(f"wrote table {name!r} to {path}\n")
-    print("| K | t -> s | lambda (kappa3) | corr | RMS kappa3 heads / exact | lambda (Var - lam2) | corr |\n"
+    print_shrinkage(rows, "exact")
+
+
+def print_shrinkage(rows: dict[int, list[dict]], reference: str) -> None:
+    """study.skew_shrinkage's rows as a Markdown table (``reference``: what the heads were regressed on)."""
+    print(f"| K | t -> s | lambda (kappa3) | corr | RMS kappa3 heads / {reference} | lambda (Var - lam2) | corr |\n"
           "|---|---|---|---|---|---|---|")
     for k, rs in rows.items():
         for r in rs:
@@ -557,12 +562,7 @@ def shrinkage_across_models(args, bed, exact, x0) -> None:
         exact, what = AsExactHeads(others[0]), f"the heads against those of {args.against}"
     rows = study.skew_shrinkage(net, exact, x0, args.steps)
     print(f"{bed.name}: {what}, x_t of {len(x0)} {args.x_split} images\n")
-    print("| K | t -> s | lambda (kappa3) | corr | RMS kappa3 heads / reference | lambda (Var - lam2) | corr |\n"
-          "|---|---|---|---|---|---|---|")
-    for k, rs in rows.items():
-        for r in rs:
-            print(f"| {k} | {r['t']} -> {r['s']} | {r['lam']:.4f} | {r['corr']:.3f} | {r['rms_head']:.3g} / "
-                  f"{r['rms_exact']:.3g} | {r['lam_var']:.4f} | {r['corr_var']:.3f} |")
+    print_shrinkage(rows, "reference")
 
 
 @torch.no_grad()

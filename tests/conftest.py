@@ -76,6 +76,18 @@ def paper_oracle():
     return gk.GaussianMixtureOracle([0.4, 0.6], [[-0.4], [0.3]], [0.12, 0.05], gk.Schedule.linear())
 
 
+def small_central_moment_net(seed: int = 0, in_channels: int = 1):
+    """A small MomentNet with central heads whose (zero-initialised) heads were given some output."""
+    torch.manual_seed(seed)
+    backbone = gk.models.PytorchDDPMUNet(T=1000, ch=32, ch_mult=(1,), attn=(), num_res_blocks=1, dropout=0.0,
+                                         in_channels=in_channels)
+    net = gk.models.MomentNet(backbone, targets="central").eval()
+    for head in net.heads.values():
+        for p in head.parameters():
+            torch.nn.init.normal_(p, std=0.05)
+    return net
+
+
 def image_oracle(schedule, shape=(3, 5, 7), seed=0):
     """A 3-component mixture over odd-shaped 'images' in [-1, 1]."""
     g = torch.Generator().manual_seed(seed)

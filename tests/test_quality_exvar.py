@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import gms_kernels as gk
-from conftest import image_oracle
+from conftest import image_oracle, small_central_moment_net
 from gms_kernels.experiments import quality_study as q
 from gms_kernels.moments import central_third_moment, last_step_variance_cap, transition_moments, x0_moments
 
@@ -25,17 +25,6 @@ def _unregister_exvar_solvers():
         gk.solvers.SOLVERS.pop(name, None)
 
 
-def _central_net():
-    torch.manual_seed(0)
-    backbone = gk.models.PytorchDDPMUNet(T=1000, ch=32, ch_mult=(1,), attn=(), num_res_blocks=1, dropout=0.0,
-                                         in_channels=1)
-    net = gk.models.MomentNet(backbone, targets="central").eval()
-    for head in net.heads.values():  # give the zero-initialised heads some output
-        for p in head.parameters():
-            torch.nn.init.normal_(p, std=0.05)
-    return net
-
-
 def _central(out, C):
     e1, e2, e3 = (out[:, j * C:(j + 1) * C].double() for j in range(3))
     return e1, e2 - e1**2, e3 - 3 * e1 * e2 + 2 * e1**3
@@ -43,7 +32,7 @@ def _central(out, C):
 
 @torch.no_grad()
 def test_central_net_scales_the_heads_c2_exactly_and_keeps_e1_and_c3():
-    net = _central_net()
+    net = small_central_moment_net()
     x, t = torch.randn(4, 1, 8, 8), torch.full((4,), 500)
     heads = net(x, t, head_outputs=True)  # e1, c2, c3 as the heads predict them
     out = qb.ExcessVarianceShrink(net, 0.3)(x, t)
@@ -57,7 +46,7 @@ def test_central_net_scales_the_heads_c2_exactly_and_keeps_e1_and_c3():
 
 @torch.no_grad()
 def test_factor_one_is_the_network_bit_for_bit():
-    net = _central_net()
+    net = small_central_moment_net()
     x, t = torch.randn(5, 1, 8, 8), torch.tensor([999] * 5)
     assert torch.equal(qb.ExcessVarianceShrink(net, 1.0)(x, t), net(x, t))
     assert torch.equal(qb.ExcessVarianceShrink(net, {999: 1.0, 0: 0.5})(x, t), net(x, t))

@@ -6,26 +6,15 @@ from pathlib import Path
 
 import torch
 
-import gms_kernels as gk
+from conftest import small_central_moment_net
 from gms_kernels.experiments import quality_study as q
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 import quality_benchmark as qb  # noqa: E402
 
 
-def _net(seed: int):
-    torch.manual_seed(seed)
-    backbone = gk.models.PytorchDDPMUNet(T=1000, ch=32, ch_mult=(1,), attn=(), num_res_blocks=1, dropout=0.0,
-                                         in_channels=1)
-    net = gk.models.MomentNet(backbone, targets="central").eval()
-    for head in net.heads.values():  # give the zero-initialised heads some output
-        for p in head.parameters():
-            torch.nn.init.normal_(p, std=0.05)
-    return net
-
-
 def test_heads_mean_averages_the_outputs_and_as_exact_heads_calls_in_float32():
-    a, b = _net(0), _net(1)
+    a, b = small_central_moment_net(0), small_central_moment_net(1)
     x, t = torch.randn(2, 1, 8, 8), torch.full((2,), 300)
     with torch.no_grad():
         assert torch.allclose(qb.HeadsMean([a, b])(x, t), (a(x, t) + b(x, t)) / 2, atol=1e-7)
@@ -36,7 +25,7 @@ def test_heads_mean_averages_the_outputs_and_as_exact_heads_calls_in_float32():
 def test_a_network_against_itself_agrees_fully_and_the_mean_of_copies_is_the_network():
     """--against with the model itself: lambda = corr = 1 at every step; --heads-mean of identical copies regresses
     exactly as the model alone."""
-    net, x0 = _net(0), torch.rand(6, 1, 8, 8) * 2 - 1
+    net, x0 = small_central_moment_net(0), torch.rand(6, 1, 8, 8) * 2 - 1
     exact = q.data_oracle(x0)
     for rows in q.skew_shrinkage(net, qb.AsExactHeads(net), x0, [3]).values():
         for r in rows:
