@@ -400,6 +400,13 @@ def train_heads(net: nn.Module, data: torch.Tensor, schedule: Schedule | None = 
         if loss_weighting != "uniform":
             scales = estimate
     weights = None if scales is None else {n: s.pow(-power) for n, s in scales.items()}  # (float64 [T], per order)
+    placed: dict[tuple, torch.Tensor] = {}  # the weights moved to the loss's device and dtype once, not every step
+
+    def weight_at(n: int, t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        key = (n, like.device, like.dtype)
+        if key not in placed:
+            placed[key] = weights[n].to(device=like.device, dtype=like.dtype)
+        return placed[key][t.to(like.device)]
 
     def loss_terms(wrapped, x_t, t, eps):
         tv = time_values(t, schedule.T, time_input)
@@ -407,10 +414,10 @@ def train_heads(net: nn.Module, data: torch.Tensor, schedule: Schedule | None = 
         terms = {}
         for n in range(2, orders + 1):
             err = (heads[:, (n - 2) * C:(n - 1) * C] - base**n).pow(2)
-            if scales is None:
+            if weights is None:
                 terms[f"mse_e{n}"] = err.mean()
             else:
-                w = weights[n].to(device=err.device, dtype=err.dtype)[t.to(err.device)]
+                w = weight_at(n, t, err)
                 terms[f"wmse_e{n}"] = (err * w.reshape(-1, *[1] * (err.dim() - 1))).mean()
         return terms
 

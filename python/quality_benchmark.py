@@ -281,8 +281,8 @@ def exvar_check(net, factors: float | dict[int, float], data: torch.Tensor, step
 
         def skew(m):
             var = m.var.clamp_min(0.0)
-            return central_third_moment(m.m1, var, m.m3), float((central_third_moment(m.m1, var, m.m3).abs()
-                                                                  / var.clamp_min(1e-30) ** 1.5).mean())
+            k3 = central_third_moment(m.m1, var, m.m3)
+            return k3, float((k3.abs() / var.clamp_min(1e-30) ** 1.5).mean())
         heads = net(x_t.float(), tt).double().split(C, dim=1)
         mom = transition_moments(x_t, *heads, k, data_range)
         x0 = x0_moments(x_t, *heads, k.a_t, k.sigma_t)  # (before the clamps)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import gms_kernels as gk
-from conftest import image_oracle
+from conftest import image_oracle, small_central_moment_net
 from gms_kernels.experiments import quality_study as q
 from gms_kernels.models.moment_net import raw_from_central
 from gms_kernels.moments import central_third_moment, scale_spread, transition_moments
@@ -245,11 +245,7 @@ def _tiny_backbone():
 
 
 def test_central_momentnet_returns_raw_moments_and_round_trips(tmp_path):
-    torch.manual_seed(0)
-    net = gk.models.MomentNet(_tiny_backbone(), targets="central").eval()
-    for head in net.heads.values():  # give the zero-initialised heads some output
-        for p in head.parameters():
-            torch.nn.init.normal_(p, std=0.05)
+    net = small_central_moment_net()
     x, t = torch.randn(3, 1, 8, 8), torch.tensor([10, 500, 990])
     with torch.no_grad():
         out, heads = net(x, t), net(x, t, head_outputs=True)
