@@ -375,19 +375,20 @@ def _add_common(p: argparse.ArgumentParser, out: str) -> None:
 
 
 def _add_gms_args(p: argparse.ArgumentParser) -> None:
-    """GMS's options; left out, each takes the library's default (gms_kernels.solvers.SOLVERS['gms'])."""
+    """GMS's options; left out, each takes the model's own (its solver_defaults: the embedded digits model samples
+    per pixel), else the library's default (gms_kernels.solvers.SOLVERS['gms'])."""
     from .solvers import PRESETS
 
     p.add_argument("--preset", choices=sorted(PRESETS["gms"]), default=None,
                    help="GMS: a named option set (official: what the official GMS code runs); options below override it")
     p.add_argument("--fit", default=None, choices=["closed", "adan"], help="GMS: the mixture fit")
     p.add_argument("--select", default=None, choices=["sample", "pixel"],
-                   help="GMS: one mixture component per sample or per pixel")
+                   help="GMS: one mixture component per sample or per pixel (default: the model's choice, else sample)")
     p.add_argument("--fit-iters", type=int, default=None, help="GMS with --fit adan: ADAN iterations per step")
 
 
 def _gms_options(args: argparse.Namespace) -> dict:
-    """The GMS options named on the command line (the library's defaults fill in the rest)."""
+    """The GMS options named on the command line (the model's and the library's defaults fill in the rest)."""
     names = ("preset", "fit", "select", "fit_iters", "adan_precision")
     return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
 

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from .files import json_ready, save_atomically
-from .model_io import check_positive_ints
+from .model_io import adapt_model, check_positive_ints
 from .progress import progress_bar
 from .sampling import check_sample_args, sample
 
@@ -71,16 +71,21 @@ def init_from_env() -> bool:
     return True
 
 
-def solver_settings(sample_kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Every option the solver will run with (its defaults filled in), so that a resumed run whose library
-    defaults changed is refused instead of mixing shards of two samplers."""
+def solver_settings(sample_kwargs: dict[str, Any], model: Any = None) -> dict[str, Any]:
+    """Every option the solver will run with (the model's and the library's defaults filled in), so that a
+    resumed run whose defaults changed is refused instead of mixing shards of two samplers."""
     import inspect
 
-    from .solvers import get_solver, resolve_options
+    from .solvers import get_solver, resolve_options, with_model_defaults
 
     own = inspect.signature(sample).parameters
     named = {k: v for k, v in sample_kwargs.items() if k not in own}
-    resolved = resolve_options(get_solver(sample_kwargs.get("solver", own["solver"].default)), named)
+    spec = get_solver(sample_kwargs.get("solver", own["solver"].default))
+    if model is None:  # (gk.sample's embedded digits model)
+        from .embedded import default_model
+
+        model = default_model()
+    resolved = resolve_options(spec, with_model_defaults(spec, named, adapt_model(model)))
     return {k: v for k, v in resolved.items() if k != "oracle"}  # (an object: its weights are the model's)
 
 
@@ -101,7 +106,7 @@ def sample_shards(model: Callable, out_dir: str | Path, num_samples: int, sample
     rank, size = world()
     meta = {"num_samples": num_samples, "shard_size": shard_size, "seed": seed, "shape": list(sample_shape),
             "options": {k: json_ready(v, k) for k, v in sample_kwargs.items() if k not in _NOT_RECORDED},
-            "solver_options": json_ready(solver_settings(sample_kwargs), "solver options")}
+            "solver_options": json_ready(solver_settings(sample_kwargs, model), "solver options")}
     manifest = out / "manifest.json"
     if rank == 0:
         if manifest.exists() and json.loads(manifest.read_text()) != meta:

@@ -7,9 +7,12 @@
   split) with central-moment e2/e3 heads (python/train_patches_model.py).
 
 Both ship central heads because they won the issue-20 choice on validation (python/results/quality.md).
+Each carries the GMS options chosen on its own validation split (``solver_defaults``, :data:`SOLVER_DEFAULTS`),
+which ``gk.sample`` uses in place of the library's defaults.
 """
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import torch
@@ -23,6 +26,16 @@ PATCHES_MODEL = ASSETS / "patches_gms.pt"
 PATCHES_CONFIG = dict(T=1000, ch=32, ch_mult=(1, 2), attn=(), num_res_blocks=1, dropout=0.0, in_channels=1)
 PATCHES_SHAPE = (1, 8, 8)
 _cache: dict[str, torch.nn.Module] = {}
+
+# The solver options each shipped model samples with unless the caller names others (the model's
+# ``solver_defaults``, read by gk.sample), keyed by the first 12 hex digits of its file's SHA-256: they were chosen
+# for those weights on their own validation split (python/results/quality.md, section 7), so a retrained file
+# gets none until they are chosen again. Digits: one component per pixel (the library's per-image default is the
+# worst GMS variant on digits); patches: the library's defaults, which won there.
+SOLVER_DEFAULTS = {
+    "3d2a54b4d17d": {"gms": {"fit": "closed", "select": "pixel"}},   # digits_gms.pt
+    "e70272e465a5": {"gms": {"fit": "closed", "select": "sample"}},  # patches_gms.pt
+}
 
 
 def build_digits_backbone() -> torch.nn.Module:
@@ -68,8 +81,15 @@ def _load_embedded(path: str | Path, build, what: str, script: str) -> torch.nn.
         if "output_scale" in state:  # (heads with a per-t output scale: the buffer exists only when set)
             net.output_scale_from_file(state["output_scale"], path)
         net.load_state_dict(state)
+        net.solver_defaults = SOLVER_DEFAULTS.get(file_tag(path), {})
         _cache[key] = net.eval()
     return _cache[key]
+
+
+def file_tag(path: str | Path) -> str:
+    """The first 12 hex digits of a file's SHA-256: what names a model file in result caches and in
+    :data:`SOLVER_DEFAULTS`."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
 
 
 def default_model(path: str | Path = DIGITS_MODEL) -> torch.nn.Module:

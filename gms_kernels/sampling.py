@@ -15,7 +15,8 @@ from .schedule import DATA, Schedule, StepCoefficients, schedule_for, trajectory
 from .backends import resolve_backend
 from .devices import generator_device, module_device
 from .sde import SAMPLERS, EpsFunction
-from .solvers import StepRandomness, denoise_coefficients, get_solver, resolve_options, solver_step
+from .solvers import (StepRandomness, denoise_coefficients, get_solver, resolve_options, solver_step,
+                      with_model_defaults)
 
 Model = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -103,7 +104,9 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
     which ``ggf``'s step decisions can amplify: :func:`gms_kernels.sde.sample_ggf`). ``callback``
     receives, after every step, a dict with the keys of :func:`callback_info` (step, t, s, sigma, x,
     denoised: the same for every solver) and the step's fitted quantities. Solver options (e.g. fit,
-    select, fit_iters, eta) go in ``solver_options``. ``backend`` picks the fused GMS step as in
+    select, fit_iters, eta) go in ``solver_options``; those not named there come from the model's
+    ``solver_defaults`` where it has them (:func:`gms_kernels.solvers.with_model_defaults`: the embedded digits
+    model samples GMS with ``select="pixel"``, chosen on its validation split), else from the library's defaults. ``backend`` picks the fused GMS step as in
     :func:`step`. The samples are made on ``device``: by default x_T's device, else the device of the
     model's weights, else the CPU.
     """
@@ -192,6 +195,7 @@ def _plan(model: Model | None, steps: int, solver: str, schedule: Schedule | Non
     check_model_heads(model, spec.heads, spec.name)
     if spec.name == "exact" and "oracle" not in solver_options:
         solver_options = dict(solver_options, oracle=model)
+    solver_options = with_model_defaults(spec, solver_options, model)
     resolve_options(spec, solver_options)
     data_range = check_data_range(data_range)
     schedule = schedule_for(model, schedule)

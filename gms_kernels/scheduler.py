@@ -141,8 +141,9 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
             ``"analytic-dpm"`` (1, with ``solver_options={"gamma": table}``), or ``"seeds-1"`` (1; SEEDS-1, the
             exponential SDE step in the noise prediction). EDM-SDE, SEEDS-2 and GGF make two network calls per
             step on states only their sampler holds, so they have no scheduler form: use ``gk.sample``.
-        fit, select, fit_iters: GMS options (ignored by the other solvers; None: ``gk.step``'s defaults); eta:
-            DDIM's eta.
+        fit, select, fit_iters: GMS options (ignored by the other solvers; None: ``gk.step``'s defaults, for the
+            scheduler does not see the model: ``gk.models.export_diffusers`` writes a model's own options, its
+            ``solver_defaults``, here); eta: DDIM's eta.
         preset: GMS: a named option set under the options above, e.g. ``"official"`` (what the official GMS
             code runs; see ``gms_kernels.solvers.PRESETS``).
         data_range: range of the data for the official clamps (like ``clip_sample``); ``None`` = off.

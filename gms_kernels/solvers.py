@@ -421,6 +421,31 @@ def resolve_options(solver: Solver, options: dict[str, Any]) -> dict[str, Any]:
     return o
 
 
+def with_model_defaults(solver: Solver, options: dict[str, Any], model: Any) -> dict[str, Any]:
+    """The caller's ``options`` over the options ``model`` recommends for ``solver``.
+
+    A model may carry ``solver_defaults``, a mapping {solver name: {option: value}} (the shipped models carry the
+    settings chosen on their own validation split, ``gms_kernels.embedded``). They take the place of the library's
+    defaults, and give way to every option the caller names, a preset included: a preset the caller names sets its
+    options over the model's, as it does over the library's. ValueError for a malformed or invalid table."""
+    table = getattr(model, "solver_defaults", None)
+    if table is None:
+        return dict(options)
+    if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
+        raise ValueError(f"the model's solver_defaults must map solver names to option dicts, got {table!r}")
+    recommended = dict(table.get(solver.name, {}))
+    try:
+        resolve_options(solver, recommended)
+    except ValueError as err:
+        raise ValueError(f"the model's solver_defaults for {solver.name!r}: {err}") from None
+    preset = options.get("preset")
+    if preset is not None:
+        recommended.pop("preset", None)
+        for key in PRESETS.get(solver.name, {}).get(preset, {}):  # (an unknown preset is refused by resolve_options)
+            recommended.pop(key, None)
+    return {**recommended, **options}
+
+
 def _real(value: Any, name: str, low: float, high: float, what: str, open_low: bool = False) -> float:
     """``value`` as a float, refused unless it is a real number in [low, high] (or (low, high])."""
     ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)

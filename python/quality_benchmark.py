@@ -660,9 +660,10 @@ def paired(args) -> None:
 
 
 def choose(args) -> None:
-    """The defaults' choice on validation: mean rank of each candidate over (testbed, K), both testbeds."""
+    """The defaults' choice on validation: mean rank of each candidate over (testbed, K), on ``--testbeds`` (both:
+    the library's defaults; one: that shipped model's own ``solver_defaults``)."""
     scores, lines = {}, []
-    for bed_name in ("digits", "patches"):
+    for bed_name in args.testbeds:
         sub = argparse.Namespace(**{**vars(args), "testbed": bed_name,
                                     "alias": getattr(args, f"alias_{bed_name}")})
         results = collect(sub)
@@ -671,7 +672,7 @@ def choose(args) -> None:
             for k in args.steps:
                 scores[(bed_name, label, k)] = sum(results[(label, k, s)][metric] for s in range(args.seeds)) / args.seeds
     ranks = study.mean_ranks(scores, args.labels)
-    cols = [(b, k) for b in ("digits", "patches") for k in args.steps]
+    cols = [(b, k) for b in args.testbeds for k in args.steps]
     lines += ["| candidate | " + " | ".join(f"{b} K={k}" for b, k in cols) + " | mean rank |",
               "|---|" + "---|" * (len(cols) + 1)]
     for label in sorted(args.labels, key=ranks.get):
@@ -698,6 +699,8 @@ def main() -> None:
     p.add_argument("--default-row", default=None, help="report: the acceptance table of this row (first split/metric)")
     p.add_argument("--versus", nargs="*", default=["sn-ddpm", "ddpm"],
                    help="report: the acceptance's baselines; paired: the rows every --labels row is compared with")
+    p.add_argument("--testbeds", nargs="+", choices=("digits", "patches"), default=["digits", "patches"],
+                   help="choose: the testbeds whose validation cells rank the candidates")
     p.add_argument("--alias-digits", nargs="*", default=[], metavar="NAME=FILE", help="choose: the digits aliases")
     p.add_argument("--alias-patches", nargs="*", default=[], metavar="NAME=FILE", help="choose: the patches aliases")
     p.add_argument("--metrics", nargs="+", default=None)

@@ -85,11 +85,13 @@ def test_ddpm_pipeline_runs_gms_from_the_saved_directory(digits_dir):
     initial noise from the generator, then GMSScheduler.step at each of scheduler.timesteps."""
     pipe = quiet_pipe(digits_dir)
     assert isinstance(pipe.scheduler, gk.GMSScheduler) and pipe.scheduler.config.solver == "gms"
+    # (the scheduler carries the digits model's own GMS options: tests/test_model_solver_defaults.py)
+    assert (pipe.scheduler.config.fit, pipe.scheduler.config.select) == ("closed", "pixel")
     images = pipe(batch_size=3, num_inference_steps=5, generator=torch.Generator().manual_seed(0),
                   output_type="pt").images
     assert images.shape == (3, 1, 8, 8) and torch.isfinite(images).all()
 
-    net, sched, g = default_model(), gk.GMSScheduler(), torch.Generator().manual_seed(0)
+    net, sched, g = default_model(), gk.GMSScheduler(select="pixel"), torch.Generator().manual_seed(0)
     x = torch.randn((3, 1, 8, 8), generator=g)
     sched.set_timesteps(5)
     for t in sched.timesteps:

@@ -76,7 +76,7 @@ def testbed(name: str, model_file: str | Path | None = None) -> Testbed:
 
     if name == "digits":
         path = Path(model_file or e.DIGITS_MODEL)
-        return Testbed("digits", lambda: e.default_model(path), model_tag(path), e.DIGITS_SHAPE, _digits_refs,
+        return Testbed("digits", lambda: e.default_model(path), e.file_tag(path), e.DIGITS_SHAPE, _digits_refs,
                        {"fd": fd_digits}, "fd")
     if name in ("digits-oracle", "patches-oracle"):
         if model_file is not None:
@@ -88,7 +88,7 @@ def testbed(name: str, model_file: str | Path | None = None) -> Testbed:
                        base.metrics, base.primary)
     if name == "patches":
         path = Path(model_file or e.PATCHES_MODEL)
-        return Testbed("patches", lambda: e.patches_model(path), model_tag(path), e.PATCHES_SHAPE, _patches_refs,
+        return Testbed("patches", lambda: e.patches_model(path), e.file_tag(path), e.PATCHES_SHAPE, _patches_refs,
                        {"fd_dct": frechet_distance_dct,
                         "swd": lambda x, y: sliced_wasserstein1(x, y, n_projections=256)}, "fd_dct")
     raise ValueError(f"unknown testbed {name!r}; valid: digits, digits-oracle, patches, patches-oracle")
@@ -176,7 +176,7 @@ def row_options(label: str) -> tuple[str, dict]:
     ``"gms closed/pixel glast=0"``, ``"gms preset=official"``, ``"gms adan/pixel lr=paper"`` (``lr``: a number
     or a name of ``gk.fit.PAPER_LR_TABLES``), ``"gms closed/sample skew=lam"`` (``skew``: skew_scale, a number or
     a name of :data:`SKEW_TABLES`, which :func:`measure` reads from the testbed's table file);
-    ``"gms"`` alone is the library's defaults."""
+    ``"gms"`` alone is the model's defaults (its ``solver_defaults``, else the library's)."""
     m = _ROW.match(label)
     if m is None:
         raise ValueError(f"cannot read row label {label!r}")
@@ -227,10 +227,6 @@ def is_variance_scaled(label: str) -> bool:
     rows the acceptance's "best variance-scaled Gaussian" is chosen from."""
     row = label.split(": ")[-1]
     return is_baseline(row) and (" c=" in row or " v=" in row)
-
-
-def model_tag(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
 
 
 # -- measuring -------------------------------------------------------------------------------------------------

@@ -100,14 +100,15 @@ class GMSDiffusersModel(ModelMixin, ConfigMixin):
     Config: ``network`` (:func:`network_spec`), ``in_channels``, ``out_channels``, ``sample_size``
     (read by ``DDPMPipeline`` to size the noise), ``num_train_timesteps`` and ``time_input`` (how the
     0-based index ``timestep`` becomes the network's time argument), ``trained_betas`` (the training
-    schedule, so that ``gk.sample`` on the reloaded network uses it; None if the network had none).
+    schedule, so that ``gk.sample`` on the reloaded network uses it; None if the network had none),
+    ``solver_defaults`` (the network's own solver options, ``gk.solvers.with_model_defaults``; None if none).
     ``self.net`` is the gms_kernels network; ``gk.sample`` and ``gk.models.load`` use it directly.
     """
 
     @register_to_config
     def __init__(self, network: dict | None = None, in_channels: int = 3, out_channels: int = 9,
                  sample_size: int | Sequence[int] = 32, num_train_timesteps: int = 1000, time_input: str = "index",
-                 trained_betas: Sequence[float] | None = None):
+                 trained_betas: Sequence[float] | None = None, solver_defaults: dict | None = None):
         super().__init__()
         if network is None:
             raise ValueError("GMSDiffusersModel needs the network description (config 'network'); build it with "
@@ -116,6 +117,8 @@ class GMSDiffusersModel(ModelMixin, ConfigMixin):
         self._time_input = check_time_input(time_input)
         if trained_betas is not None:
             self.net.schedule = Schedule.from_betas(trained_betas)
+        if solver_defaults:
+            self.net.solver_defaults = solver_defaults
 
     @classmethod
     def from_network(cls, net: nn.Module, sample_size: int | Sequence[int] | None = None) -> "GMSDiffusersModel":
@@ -136,7 +139,8 @@ class GMSDiffusersModel(ModelMixin, ConfigMixin):
         T = schedule.T if schedule is not None else int(getattr(backbone, "T", 1000))
         model = cls(network=spec, in_channels=channels, out_channels=_output_channels(net, channels),
                     sample_size=sample_size, num_train_timesteps=T, time_input=getattr(net, "time_input", "index"),
-                    trained_betas=None if schedule is None else schedule.betas.tolist())
+                    trained_betas=None if schedule is None else schedule.betas.tolist(),
+                    solver_defaults=json_ready(getattr(net, "solver_defaults", None) or None, "solver_defaults"))
         # (a bare UNet2DModel is wrapped by as_gk_backbone: its weights are copied from the wrapper, whose keys
         # the rebuilt network has)
         source = net if isinstance(net, MomentNet) else backbone
@@ -164,14 +168,29 @@ def backbone_family(net: nn.Module) -> str | None:
 
 
 def _scheduler_for(net: nn.Module, **scheduler_kwargs: Any):
-    """GMSScheduler on the network's training betas (the named linear schedule when they are exactly it)."""
-    from ..scheduler import GMSScheduler
+    """GMSScheduler on the network's training betas (the named linear schedule when they are exactly it), with the
+    network's own solver options (``solver_defaults``) under the ones ``scheduler_kwargs`` name."""
+    from ..scheduler import _GMS_KEYS, GMSScheduler
+    from ..solvers import get_solver, with_model_defaults
 
     schedule = getattr(net, "schedule", None) or Schedule.linear()
     kwargs: dict[str, Any] = {"num_train_timesteps": schedule.T}
     if not torch.equal(schedule.betas, Schedule.linear(schedule.T).betas):
         kwargs["trained_betas"] = schedule.betas.tolist()
-    return GMSScheduler(**{**kwargs, **scheduler_kwargs})
+    named = {k: v for k, v in scheduler_kwargs.items() if k in _GMS_KEYS and v is not None}
+    named.update(scheduler_kwargs.get("solver_options") or {})
+    merged = with_model_defaults(get_solver(scheduler_kwargs.get("solver", "gms")), named, net)
+    solver_options = dict(scheduler_kwargs.get("solver_options") or {})
+    for key, value in merged.items():
+        if key not in named:
+            if key in _GMS_KEYS:
+                kwargs[key] = value
+            else:
+                solver_options[key] = value
+    if solver_options:
+        kwargs["solver_options"] = solver_options
+    caller = {k: v for k, v in scheduler_kwargs.items() if k != "solver_options" and not (k in _GMS_KEYS and v is None)}
+    return GMSScheduler(**{**kwargs, **caller})
 
 
 def export_diffusers(net: nn.Module, directory: str | os.PathLike, *, sample_size: int | Sequence[int] | None = None,
