@@ -109,6 +109,11 @@ class OptionalBuildExt(build_ext):
             # Python's CFLAGS carry -fwrapv, which makes int index arithmetic wrap: the compiler
             # must then keep a separate pointer per array in the ADAN loop (spilled: ~25% slower)
             flags.append("-fno-wrapv")
+        if self._accepts(["-fno-predictive-commoning"], _PLAIN_PROBE):
+            # GCC's predictive commoning keeps the ADAN loop's parameters, loaded in its first pipeline stage,
+            # in registers until its third instead of loading them again; with 16 vector registers (AVX2, SSE2)
+            # they spill to the stack and rotate there: 4-5% slower on AVX2 (ROOFLINE_NOTES, benchmarks/run_cpu.py)
+            flags.append("-fno-predictive-commoning")
         link = []
         if self._accepts(["-fopenmp"], _OPENMP_PROBE, link=True):
             flags.append("-fopenmp")

@@ -3,6 +3,7 @@ working tree, side by side in one process.
 
     python benchmarks/compare_build.py --commit b623af6 [--rounds 8] [--threads 2]
     python benchmarks/compare_build.py --ablate cbrt sqrt --target avx2 [--threads 1]
+    python benchmarks/compare_build.py --without-flag -fno-predictive-commoning --target avx2
 
 ``--commit``: builds the earlier commit's csrc/ (with the flags setup.py used then: -march=native
 -mprefer-vector-width=512, renamed to the module ``_C_<commit>`` so that both load together) into a
@@ -14,6 +15,9 @@ Prints a Markdown table (fastest / median call and the ratio to the earlier buil
 (``--target``: avx2 or avx512, the flags of setup.py) once as it is and once per named part replaced
 by the identity (ABLATIONS: the results are wrong, only their time counts), and times them against
 each other, the first being the baseline. The installed extension is not used.
+
+``--without-flag``: the working tree's csrc/ for one target built as setup.py builds it and once without one of
+its compiler flags (COMMON), timed against each other in the same way.
 """
 from __future__ import annotations
 
@@ -46,8 +50,8 @@ ABLATIONS = {
 }
 # one target's flags, as setup.py compiles it (X86_TARGETS), built as the single "baseline" target
 TARGET_FLAGS = {"avx512": (["-march=x86-64-v4", "-mprefer-vector-width=512"], 64), "avx2": (["-march=x86-64-v3"], 32)}
-COMMON = ["-O3", "-fno-math-errno", "-Wno-unknown-pragmas", "-fno-wrapv", "-fopenmp", "-fvisibility=hidden",
-          "-std=c++17", "-fPIC"]
+COMMON = ["-O3", "-fno-math-errno", "-Wno-unknown-pragmas", "-fno-wrapv", "-fno-predictive-commoning", "-fopenmp",
+          "-fvisibility=hidden", "-std=c++17", "-fPIC"]
 
 
 def _write_sources(files: dict[str, str], name: str, out: Path) -> Path:
@@ -78,10 +82,12 @@ def build_previous(commit: str, out: Path) -> Path:
     return so
 
 
-def build_ablated(part: str | None, target: str, out: Path) -> Path:
+def build_ablated(part: str | None, target: str, out: Path, without: str | None = None) -> Path:
     """The working tree's extension for one target, with `part` (a key of ABLATIONS) replaced by the
-    identity, or as it is (None), compiled as module _C_<part or 'as_is'> into out; its path."""
-    name = f"_C_{part or 'as_is'}"
+    identity, or as it is (None), compiled as module _C_<part or 'as_is'> into out (without the flag
+    `without` of COMMON: module _C_without); its path."""
+    name = "_C_without" if without else f"_C_{part or 'as_is'}"
+    common = [f for f in COMMON if f != without]
     files = {str(f.relative_to(REPO)): f.read_text() for f in (REPO / "csrc").iterdir()}
     if part is not None:
         old, new = ABLATIONS[part]
@@ -90,10 +96,10 @@ def build_ablated(part: str | None, target: str, out: Path) -> Path:
     src = _write_sources(files, name, out / name)
     flags, vbytes = TARGET_FLAGS[target]
     obj = out / f"{name}-target.o"
-    subprocess.run(["g++", *COMMON, *flags, "-mtune=native", "-DGMS_TARGET_NS=baseline", f"-DGMS_VBYTES={vbytes}",
+    subprocess.run(["g++", *common, *flags, "-mtune=native", "-DGMS_TARGET_NS=baseline", f"-DGMS_VBYTES={vbytes}",
                     f"-I{src}", "-c", str(src / "step_target.cpp"), "-o", str(obj)], check=True)
     so = out / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
-    subprocess.run(["g++", *COMMON, "-shared", *_includes(src), str(src / "gms_step.cpp"), str(obj), "-o", str(so)],
+    subprocess.run(["g++", *common, "-shared", *_includes(src), str(src / "gms_step.cpp"), str(obj), "-o", str(so)],
                    check=True)
     return so
 
@@ -124,7 +130,9 @@ def main() -> None:
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--commit")
     what.add_argument("--ablate", nargs="+", choices=sorted(ABLATIONS))
-    p.add_argument("--target", choices=sorted(TARGET_FLAGS), default="avx2", help="(--ablate) the target built")
+    what.add_argument("--without-flag", choices=COMMON)
+    p.add_argument("--target", choices=sorted(TARGET_FLAGS), default="avx2",
+                   help="(--ablate, --without-flag) the target built")
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
@@ -135,6 +143,10 @@ def main() -> None:
             earlier = Earlier(load(build_previous(args.commit, Path(tmp))), extra_args=3)
             builds = [(f"{args.commit} (as built)", earlier, None)] + [
                 (f"now, {t}", current, t) for t in current.cpu_info()["supported"]]
+        elif args.without_flag:
+            builds = [(f"{args.target}, as setup.py builds it", load(build_ablated(None, args.target, Path(tmp))), None),
+                      (f"{args.target}, without {args.without_flag}",
+                       load(build_ablated(None, args.target, Path(tmp), args.without_flag)), None)]
         else:
             builds = [(f"{args.target}, {part or 'as it is'}" + (" replaced by the identity" if part else ""),
                        load(build_ablated(part, args.target, Path(tmp))), None) for part in [None, *args.ablate]]

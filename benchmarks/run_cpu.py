@@ -116,7 +116,13 @@ ROOFLINE_NOTES = {
         "square root and reciprocal plus one Newton step in double (0.98-1.00 against 0.94-0.95 ms for the fit alone). "
         "Not faster either (2026-11-29, fifteenth session): the three stages run across iterations as one pipeline "
         "(the last two vectors of iteration k finished in the first passes of k + 1, so it never drains; bit-identical, "
-        "11.03-11.26 against 11.06-11.30 ms, three alternating runs): the out-of-order core already overlaps the drain."),
+        "11.03-11.26 against 11.06-11.30 ms, three alternating runs): the out-of-order core already overlaps the drain. "
+        "What did pay (2026-11-29, sixteenth session): the compiled avx2 loop spilled 39 of its 128 instructions' "
+        "operands to the stack, 18 of them because GCC's predictive commoning kept the parameters loaded in the first "
+        "stage in registers (rotated through stack slots) until the third instead of loading them again; built with "
+        "-fno-predictive-commoning (setup.py) the loop has 21 stack operands and ADAN-25 is 3-4% faster on avx2 and "
+        "2-3% on avx512, the closed and sn-ddpm steps unchanged (`python benchmarks/compare_build.py --without-flag="
+        "-fno-predictive-commoning --target avx2`, two runs; avx512 one)."),
 }
 ROOFLINE_TAIL = (
     "The part of the step outside the fit (moments, normals, mixture draw; measured in the section above) "
@@ -132,7 +138,8 @@ ADAN_LOOP_TARGETS = {
 
 
 def adan_loop_flags(target: str) -> list[str]:
-    return ["-O3", *ADAN_LOOP_TARGETS[target][2], "-mtune=native", "-fno-math-errno", "-fno-wrapv", "-fopenmp"]
+    return ["-O3", *ADAN_LOOP_TARGETS[target][2], "-mtune=native", "-fno-math-errno", "-fno-wrapv",
+            "-fno-predictive-commoning", "-fopenmp"]
 
 
 # The mnemonics of the compiled ADAN loop by unit: square roots and divisions on the divider, the

@@ -4,7 +4,8 @@
 // (this is a shared VM: single runs swing by 30%). Compiled for one target as setup.py compiles it:
 //
 //   g++ -O3 -march=x86-64-v4 -mprefer-vector-width=512 -DGMS_TARGET_NS=avx512 -DGMS_VBYTES=64 \
-//       -fno-math-errno -fno-wrapv -fopenmp -std=c++17 benchmarks/cpp/adan_loop_bench.cpp -o /tmp/b && /tmp/b 2.8
+//       -fno-math-errno -fno-wrapv -fno-predictive-commoning -fopenmp -std=c++17 benchmarks/cpp/adan_loop_bench.cpp \
+//       -o /tmp/b && /tmp/b 2.8
 //   (AVX2: -march=x86-64-v3 -DGMS_TARGET_NS=avx2 -DGMS_VBYTES=32)
 //
 // (the argument: the nominal clock in GHz).
