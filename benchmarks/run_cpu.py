@@ -122,7 +122,10 @@ ROOFLINE_NOTES = {
         "stage in registers (rotated through stack slots) until the third instead of loading them again; built with "
         "-fno-predictive-commoning (setup.py) the loop has 21 stack operands and ADAN-25 is 3-4% faster on avx2 and "
         "2-3% on avx512, the closed and sn-ddpm steps unchanged (`python benchmarks/compare_build.py --without-flag="
-        "-fno-predictive-commoning --target avx2`, two runs; avx512 one)."),
+        "-fno-predictive-commoning --target avx2`, two runs; avx512 one). Then the third stage reading its numerators and "
+        "n' back from the state arrays instead of carrying them from the second (kAdanReadBack: 107 instructions, 10 "
+        "stack operands): 2% faster on avx2 (10.34-10.38 against 10.53-10.59 ms, one thread, three alternating runs), "
+        "1-2% on avx512, 12% slower on sse2, so only the 256- and 512-bit targets read back."),
 }
 ROOFLINE_TAIL = (
     "The part of the step outside the fit (moments, normals, mixture draw; measured in the section above) "

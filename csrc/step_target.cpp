@@ -546,10 +546,29 @@ GMS_VINLINE AdanPending<P> adan_moment_step(AdanBlock<T>& s, int i, const AdanGr
             adan_moments<FIRST>(s.mbe + i, s.vbe + i, s.nbe + i, s.gbe + i, g.be, c)};
 }
 
+// Where stage 3 of the float32 loop gets the numerators and n': carried from stage 2 in registers, or read
+// back from the state arrays stage 2 wrote a pass earlier (the same values: bit-identical). Reading back
+// frees six vector registers; with AVX2's 16 the carried values spilled to the stack, and reading back is
+// 2% faster on avx2 and 1-2% on avx512, but 12% slower on sse2 (benchmarks/cpp/adan_loop_bench.cpp, one
+// thread, three alternating runs, AMD EPYC Zen 4, 2026-11-29).
+constexpr bool kAdanReadBack = GMS_VBYTES >= 32;
+
+// Stage 2's output for the lanes at i, from the state arrays it wrote.
+template <typename P, typename T>
+GMS_VINLINE AdanPending<P> adan_read_back(const AdanBlock<T>& s, int i, const AdanPacks<P>& c) {
+    using L = Lanes<P, T>;
+    const auto numerator = [&](const T* m, const T* v, const T* n) -> AdanNumerator<P> {
+        return {L::load(m + i) + c.rho * L::load(v + i), L::load(n + i)};
+    };
+    return {numerator(s.ma, s.va, s.na), numerator(s.mb, s.vb, s.nb), numerator(s.mbe, s.vbe, s.nbe)};
+}
+
 // Stage 3 for the lanes at i: p <- p - num / (sigma sqrt(n') + eps/(c sm)), beta clamped to [lo, hi].
 template <typename P, typename T>
-GMS_VINLINE void adan_update(AdanBlock<T>& s, int i, const AdanPending<P>& p, const AdanPacks<P>& c) {
+GMS_VINLINE void adan_update(AdanBlock<T>& s, int i, const AdanPending<P>& carried, const AdanPacks<P>& c) {
     using L = Lanes<P, T>;
+    AdanPending<P> p = carried;
+    if constexpr (kAdanReadBack && std::is_same<P, VF>::value) p = adan_read_back(s, i, c);
     L::store(s.a + i, L::load(s.a + i) - pack_div(p.a.num, pack_sqrt(p.a.n) * c.sigma + c.eps_a));
     L::store(s.b + i, L::load(s.b + i) - pack_div(p.b.num, pack_sqrt(p.b.n) * c.sigma + c.eps_b));
     const P be = L::load(s.be + i) - pack_div(p.be.num, pack_sqrt(p.be.n) * c.sigma + c.eps_be);
