@@ -105,9 +105,9 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
     receives, after every step, a dict with the keys of :func:`callback_info` (step, t, s, sigma, x,
     denoised: the same for every solver) and the step's fitted quantities. Solver options (e.g. fit,
     select, fit_iters, eta) go in ``solver_options``; those not named there come from the model's
-    ``solver_defaults`` where it has them (:func:`gms_kernels.solvers.with_model_defaults`: the embedded digits
-    model samples GMS with ``select="pixel"``, chosen on its validation split), else from the library's defaults. ``backend`` picks the fused GMS step as in
-    :func:`step`. The samples are made on ``device``: by default x_T's device, else the device of the
+    ``solver_defaults`` where it has them (:func:`gms_kernels.solvers.with_model_defaults`: the embedded
+    digits model samples GMS with ``select="pixel"``, chosen on its validation split), else from the
+    library's defaults. ``backend`` picks the fused GMS step as in :func:`step`. The samples are made on ``device``: by default x_T's device, else the device of the
     model's weights, else the CPU.
     """
     with torch.no_grad():  # a block, not a decorator: mutmut skips decorated functions

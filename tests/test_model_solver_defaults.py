@@ -104,3 +104,7 @@ def test_the_diffusers_export_keeps_the_models_options(tmp_path):
     export_diffusers(net, tmp_path / "c", sample_size=8, preset="official")
     config = json.loads((tmp_path / "c" / "scheduler" / "scheduler_config.json").read_text())
     assert config["preset"] == "official" and config["select"] is None and config["solver_options"] == {"var_floor": 0.2}
+    net.solver_defaults = {"ddim": {"eta": 0.5}}  # (eta is one of GMSScheduler's own arguments)
+    export_diffusers(net, tmp_path / "d", sample_size=8, solver="ddim")
+    config = json.loads((tmp_path / "d" / "scheduler" / "scheduler_config.json").read_text())
+    assert config["eta"] == 0.5 and config["solver_options"] is None and config["select"] is None

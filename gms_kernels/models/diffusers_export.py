@@ -177,19 +177,16 @@ def _scheduler_for(net: nn.Module, **scheduler_kwargs: Any):
     kwargs: dict[str, Any] = {"num_train_timesteps": schedule.T}
     if not torch.equal(schedule.betas, Schedule.linear(schedule.T).betas):
         kwargs["trained_betas"] = schedule.betas.tolist()
-    named = {k: v for k, v in scheduler_kwargs.items() if k in _GMS_KEYS and v is not None}
-    named.update(scheduler_kwargs.get("solver_options") or {})
-    merged = with_model_defaults(get_solver(scheduler_kwargs.get("solver", "gms")), named, net)
-    solver_options = dict(scheduler_kwargs.get("solver_options") or {})
-    for key, value in merged.items():
+    # the network's own options under the ones the caller names, split as GMSScheduler takes them
+    as_arguments = _GMS_KEYS + ("eta",)
+    caller = {k: v for k, v in scheduler_kwargs.items() if not (k in as_arguments and v is None)}
+    extra = dict(caller.pop("solver_options", None) or {})
+    named = {**{k: v for k, v in caller.items() if k in as_arguments}, **extra}
+    for key, value in with_model_defaults(get_solver(caller.get("solver", "gms")), named, net).items():
         if key not in named:
-            if key in _GMS_KEYS:
-                kwargs[key] = value
-            else:
-                solver_options[key] = value
-    if solver_options:
-        kwargs["solver_options"] = solver_options
-    caller = {k: v for k, v in scheduler_kwargs.items() if k != "solver_options" and not (k in _GMS_KEYS and v is None)}
+            (kwargs if key in as_arguments else extra)[key] = value
+    if extra:
+        kwargs["solver_options"] = extra
     return GMSScheduler(**{**kwargs, **caller})
 
 
