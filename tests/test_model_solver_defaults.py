@@ -90,6 +90,18 @@ def test_the_shard_manifest_records_the_models_options(tmp_path):
         distributed.sample_shards(net, tmp_path, 2, (1, 8, 8), shard_size=2, progress=False, steps=2)
 
 
+def test_a_saved_moment_net_keeps_its_options(tmp_path):
+    net = small_central_moment_net(3)
+    net.save(tmp_path / "plain.pt")
+    assert getattr(gk.models.load(tmp_path / "plain.pt"), "solver_defaults", None) is None
+    net.solver_defaults = {"gms": {"select": "pixel", "weights": (0.25, 0.75)}}
+    net.save(tmp_path / "own.pt")
+    loaded = gk.models.load(tmp_path / "own.pt")
+    assert loaded.solver_defaults == {"gms": {"select": "pixel", "weights": [0.25, 0.75]}}
+    kw = dict(shape=(3, 1, 8, 8), steps=2, generator=1, progress=False, backend="torch")
+    assert torch.equal(gk.sample(loaded, **kw), gk.sample(net, **kw))
+
+
 def test_the_diffusers_export_keeps_the_models_options(tmp_path):
     net = small_central_moment_net(3)
     net.solver_defaults = {"gms": {"select": "pixel", "var_floor": 0.2}}

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..files import json_ready
 from ..model_io import time_indices
 from ..schedule import Schedule
 from ._common import (GroupNorm32, check_map_location, check_state_dict, format_call, group_count, materialize,
@@ -344,8 +345,11 @@ class MomentNet(nn.Module):
                     "schedule_betas": None if schedule is None else schedule.betas.clone()}
         if family == "diffusers":
             backbone["eps_only"] = self.backbone.eps_only
+        extra = {}
+        if getattr(self, "solver_defaults", None):  # (its own solver options: gk.solvers.with_model_defaults)
+            extra["solver_defaults"] = json_ready(self.solver_defaults, "solver_defaults")
         torch.save({"format": NET_FORMAT, "version": FORMAT_VERSION, "backbone": backbone, "heads": self.head_config,
-                    "state_dict": {k: v.detach().cpu() for k, v in self.state_dict().items()}}, path)
+                    "state_dict": {k: v.detach().cpu() for k, v in self.state_dict().items()}, **extra}, path)
 
     def save_pretrained(self, directory: str | os.PathLike, **kwargs: Any) -> Any:
         """A ``DDPMPipeline`` directory with this network and a GMSScheduler: see
@@ -390,6 +394,8 @@ class MomentNet(nn.Module):
         betas = spec.get("schedule_betas")
         if betas is not None:
             net.schedule = Schedule.from_betas(betas)
+        if data.get("solver_defaults"):
+            net.solver_defaults = data["solver_defaults"]
         return net.eval()
 
 
