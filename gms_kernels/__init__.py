@@ -10,6 +10,7 @@ from .solvers import SOLVERS, solver_step
 from .sampling import estimate_gamma, sample, step
 from .oracle import GaussianMixtureOracle
 from .sdedit import SDEditResult, sdedit, stroke_guide
+from .tuning import OptionChoice, choose_options
 from . import data, metrics
 
 __version__ = "0.1.0"
@@ -19,7 +20,7 @@ __all__ = [
     "TransitionMoments", "X0Moments", "transition_moments", "x0_moments",
     "MixtureParams", "fit_adan", "fit_closed", "mixture_raw_moments", "sample_mixture",
     "SOLVERS", "solver_step", "estimate_gamma", "sample", "step", "GaussianMixtureOracle",
-    "SDEditResult", "sdedit", "stroke_guide", "data", "metrics", "models", "inception", "GMSScheduler", "GMSSchedulerOutput",
+    "SDEditResult", "sdedit", "stroke_guide", "OptionChoice", "choose_options", "data", "metrics", "models", "inception", "GMSScheduler", "GMSSchedulerOutput",
     "train_heads", "train_backbone", "reproduce",
 ]
 

@@ -45,6 +45,7 @@ from gms_kernels.model_io import time_indices
 from gms_kernels.models.moment_net import raw_from_central
 from gms_kernels.moments import TransitionMoments, central_third_moment, transition_moments
 from gms_kernels.schedule import schedule_for
+from gms_kernels.tuning import mean_ranks
 
 
 # -- a shrinkage of the heads' excess variance (issue 20; quality.md 5l) -----------------------------------------
@@ -671,7 +672,7 @@ def choose(args) -> None:
         for label in args.labels:
             for k in args.steps:
                 scores[(bed_name, label, k)] = sum(results[(label, k, s)][metric] for s in range(args.seeds)) / args.seeds
-    ranks = study.mean_ranks(scores, args.labels)
+    ranks = mean_ranks(scores, args.labels)
     cols = [(b, k) for b in args.testbeds for k in args.steps]
     lines += ["| candidate | " + " | ".join(f"{b} K={k}" for b, k in cols) + " | mean rank |",
               "|---|" + "---|" * (len(cols) + 1)]

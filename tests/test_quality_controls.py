@@ -380,12 +380,6 @@ def test_scheduler_takes_the_preset_and_leaves_unnamed_options_to_the_library():
         gk.GMSScheduler(preset="nope")
 
 
-def test_mean_ranks_average_the_per_cell_ranks():
-    scores = {("digits", "a", 5): 1.0, ("digits", "b", 5): 2.0, ("digits", "c", 5): 3.0,
-              ("patches", "a", 5): 9.0, ("patches", "b", 5): 2.0, ("patches", "c", 5): 5.0}
-    assert q.mean_ranks(scores, ["a", "b", "c"]) == {"a": 2.0, "b": 1.5, "c": 2.5}
-
-
 def test_cli_preset_reaches_the_sampler_and_the_manifest(tmp_path):
     import json
 

@@ -305,18 +305,6 @@ def summarise(results: dict[tuple[str, int, int], dict], metric: str, labels: Se
     return out
 
 
-def mean_ranks(scores: dict[tuple[str, str, int], float], candidates: Sequence[str]) -> dict[str, float]:
-    """The choice rule for the defaults: ``scores[(testbed, label, K)]`` are validation means (lower is better);
-    each candidate's rank (1 = best) is taken per (testbed, K) among the candidates and averaged over them."""
-    cells = sorted({(bed, k) for bed, _, k in scores})
-    ranks: dict[str, list[int]] = {c: [] for c in candidates}
-    for bed, k in cells:
-        order = sorted(candidates, key=lambda c: scores[(bed, c, k)])
-        for place, c in enumerate(order, start=1):
-            ranks[c].append(place)
-    return {c: sum(r) / len(r) for c, r in ranks.items()}
-
-
 # -- diagnostics -----------------------------------------------------------------------------------------------
 @torch.no_grad()
 def fit_diagnostics(model, shape: Sequence[int], label: str, steps: int, n: int = 500, seed: int = 0,

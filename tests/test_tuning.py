@@ -1,0 +1,71 @@
+"""gk.choose_options: a model's own solver options chosen on held-out data by the rule the shipped models' were."""
+import pytest
+import torch
+
+import gms_kernels as gk
+from gms_kernels.solvers import get_solver, resolve_options
+from gms_kernels.tuning import GMS_CANDIDATES, mean_ranks
+
+from conftest import small_central_moment_net
+
+CANDIDATES = {"per image": {"fit": "closed", "select": "sample"}, "per pixel": {"fit": "closed", "select": "pixel"},
+              "adan-3": {"fit": "adan", "fit_iters": 3, "select": "pixel"}}
+
+
+def spread_score(x, reference):
+    """Lower is better: how far the samples' per-pixel mean and spread are from the reference's."""
+    return float((x.mean(0) - reference.mean(0)).abs().mean() + (x.std(0) - reference.std(0)).abs().mean())
+
+
+def test_mean_ranks_average_the_per_cell_ranks():
+    scores = {("digits", "a", 5): 1.0, ("digits", "b", 5): 2.0, ("digits", "c", 5): 3.0,
+              ("patches", "a", 5): 9.0, ("patches", "b", 5): 2.0, ("patches", "c", 5): 5.0}
+    assert mean_ranks(scores, ["a", "b", "c"]) == {"a": 2.0, "b": 1.5, "c": 2.5}
+
+
+def test_every_cell_is_the_candidates_own_sampling_run_and_the_best_has_the_lowest_mean_rank():
+    net = small_central_moment_net(5)
+    reference = torch.rand(40, 1, 8, 8) * 1.6 - 0.8
+    net.solver_defaults = {"gms": {"var_floor": 0.6, "select": "pixel"}}  # (must not reach the candidates)
+    choice = gk.choose_options(net, reference, spread_score, candidates=CANDIDATES, steps=(2, 3), seeds=2,
+                               n_samples=24, progress=False, backend="torch")
+    net.solver_defaults = None
+    for name, options in CANDIDATES.items():
+        for k in (2, 3):
+            want = [spread_score(gk.sample(net, shape=(24, 1, 8, 8), steps=k, generator=seed, progress=False,
+                                           backend="torch", **options), reference) for seed in (0, 1)]
+            assert choice.values[(name, k)] == pytest.approx(want, rel=1e-6, abs=1e-7)
+    means = {(None, c, k): sum(v) / 2 for (c, k), v in choice.values.items()}
+    assert choice.ranks == mean_ranks(means, list(CANDIDATES))
+    assert choice.ranks[choice.best] == min(choice.ranks.values())
+    assert choice.options == CANDIDATES[choice.best]
+    rows = [line for line in choice.table().splitlines()[2:]]
+    assert len(rows) == 3 and rows[0].startswith(f"| {choice.best} |") and rows[0].endswith(
+        f"| {choice.ranks[choice.best]:.2f} |")
+    net.solver_defaults = {"gms": choice.options}  # what the docstring says to do with it
+    assert torch.equal(gk.sample(net, shape=(4, 1, 8, 8), steps=2, generator=0, progress=False, backend="torch"),
+                       gk.sample(net, shape=(4, 1, 8, 8), steps=2, generator=0, progress=False, backend="torch",
+                                 **CANDIDATES[choice.best]))
+
+
+def test_the_default_candidates_are_valid_gms_options():
+    for options in GMS_CANDIDATES.values():
+        resolve_options(get_solver("gms"), options)
+    assert {"fit": "closed", "select": "pixel"} in GMS_CANDIDATES.values()
+    assert {"preset": "official"} in GMS_CANDIDATES.values()
+
+
+def never_called(x, reference):
+    raise AssertionError("sampled before checking the request")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"candidates": {"bad": {"select": "row"}}}, "select"),
+    ({"candidates": {}}, "at least one candidate"),
+    ({"select": "pixel"}, "select: gms options go in the candidates"),
+    ({"seeds": 0}, "seeds and n_samples must be >= 1"),
+])
+def test_a_bad_request_is_refused_before_any_sampling(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        gk.choose_options(small_central_moment_net(), torch.zeros(4, 1, 8, 8), never_called, steps=(2,),
+                          progress=False, **kwargs)
