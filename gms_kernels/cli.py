@@ -206,6 +206,72 @@ def _sample(args: argparse.Namespace) -> int:
     return 0
 
 
+CHOOSE_METRICS = ("fd-digits", "fd-dct", "swd", "fid")
+
+
+def _choice_score(metric: str, inception: str | None):
+    """choose-options' score(samples, reference), lower is better."""
+    from . import metrics
+
+    if metric == "fd-digits":
+        return metrics.fd_digits
+    if metric == "fd-dct":
+        return metrics.frechet_distance_dct
+    if metric == "swd":
+        return lambda x, y: metrics.sliced_wasserstein1(x, y, n_projections=256)
+    if inception is None:
+        raise UsageError("--metric fid needs --inception FILE (pt_inception-2015-12-05-6726825d.pth)")
+    from .inception import load_fid_inception
+
+    net = load_fid_inception(inception)
+    reference_stats: dict[int, tuple] = {}
+
+    def fid(x, reference):  # (the reference's statistics once, not once per run)
+        key = id(reference)
+        if key not in reference_stats:
+            reference_stats[key] = metrics.fid_statistics(reference, net)
+        return metrics.fid(x, reference_stats[key], inception=net)
+    return fid
+
+
+def _choose_options(args: argparse.Namespace) -> int:
+    """Choose the model's own GMS options on held-out data (gk.choose_options) and print them; --out saves the
+    network with them as its defaults."""
+    from .embedded import default_model
+    from .tuning import choose_options
+
+    if args.model is None:
+        model = default_model()
+        reference = args.reference or "digits"
+        metric = args.metric or "fd-digits"
+    else:
+        if args.reference is None or args.metric is None:
+            raise UsageError("--model needs --reference (held-out data, not the training data) and --metric")
+        model, reference, metric = _load_model(args.model, args.kind), args.reference, args.metric
+    if args.out is not None and not callable(getattr(model, "save", None)):
+        raise UsageError(f"--out saves a gk.models.MomentNet (its save() keeps the chosen options); this model is a "
+                         f"{type(model).__name__}: leave --out out and set model.solver_defaults yourself")
+    if reference == "digits":
+        from .data import digits
+
+        x_ref = digits("validation")[0]
+    else:
+        x_ref = _training_data(reference)
+    score = _choice_score(metric, args.inception)
+    choice = choose_options(model, x_ref, score, steps=args.steps, seeds=args.seeds, n_samples=args.samples,
+                            trajectory=args.trajectory, backend=args.backend, progress=not args.quiet)
+    name = "the validation digits" if reference == "digits" else reference
+    print(f"{metric} against {name} ({x_ref.shape[0]} images), lower is better; mean ± 95% half-width over "
+          f"{args.seeds} seed(s) of {args.samples} samples:\n")
+    print(choice.table())
+    print(f"\nchosen: {choice.best}: solver_defaults = {{'gms': {choice.options}}}")
+    if args.out is not None:
+        model.solver_defaults = {"gms": choice.options}
+        model.save(args.out)
+        print(f"wrote {args.out} (gk.models.load gives the network with these defaults)")
+    return 0
+
+
 def _key_values(pairs: Sequence[str] | None, flag: str = "--load-option") -> dict:
     """``flag`` KEY=VALUE pairs: VALUE read as JSON (numbers, lists, true/false), else as text."""
     import json
@@ -569,6 +635,24 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--steps", type=int, nargs="+", default=[2, 5, 10, 20, 50], help="the K values")
     o.add_argument("--datasets", nargs="+", default=["1d", "8gauss"], choices=["1d", "8gauss"], help="data sets")
     _add_common(o, "gms_out")
+
+    co = command("choose-options", "choose a model's own GMS options on held-out data (gk.choose_options: each "
+                                   "candidate at every K over seeds, the lowest mean rank of the metric wins)",
+                 _choose_options)
+    co.add_argument("--model", help="a checkpoint for gk.models.load (default: the embedded digits model)")
+    co.add_argument("--kind", default="auto", help="the checkpoint's format (see gk.models.load), or torchscript")
+    co.add_argument("--reference", help="held-out data: a .npy / .pt tensor [N, C, H, W] in the data range, or "
+                                        "'digits' (the validation digits; the default without --model)")
+    co.add_argument("--metric", choices=CHOOSE_METRICS, default=None,
+                    help="the score, lower is better (default without --model: fd-digits)")
+    co.add_argument("--inception", help="--metric fid: the local FID Inception weights file")
+    co.add_argument("--steps", type=int, nargs="+", default=[5, 10, 20], help="the K values")
+    co.add_argument("--seeds", type=int, default=3, help="seeds per (candidate, K)")
+    co.add_argument("--samples", type=int, default=1000, help="samples per run")
+    co.add_argument("--trajectory", default="even", choices=TRAJECTORY_KINDS, help="which time indices are visited")
+    co.add_argument("--backend", default="auto", choices=BACKENDS, help="where the fused GMS step runs")
+    co.add_argument("--out", default=None, help="save the network (a MomentNet) with the chosen options here")
+    co.add_argument("--quiet", action="store_true", help="no progress bar")
 
     e = command("sdedit", "stroke-based editing (SDEdit) of images with any solver", _sdedit)
     e.add_argument("--model", required=True, help="network returning the heads [e1, e2, e3] along dim 1")

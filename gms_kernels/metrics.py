@@ -193,27 +193,40 @@ def fid(samples: torch.Tensor, reference: torch.Tensor | str | os.PathLike | Non
     """FID with the FID InceptionV3 of ``gms_kernels.inception`` (torch only, nothing downloaded).
 
     ``samples``: images [N, C, H, W] (C = 1 or 3) in ``data_range``, rounded to 8 bits as saved
-    images are. ``reference``: images likewise, or the path of a pytorch-fid .npz statistics file.
+    images are. ``reference``: images likewise, the path of a pytorch-fid .npz statistics file, or
+    statistics (mu, sigma) from :func:`fid_statistics` (to score many runs against one reference).
     The network comes from ``weights_path``, the local file pt_inception-2015-12-05-6726825d.pth
     (see gms_kernels.inception for where to get it), loaded on ``device`` (default: the samples'),
     or is passed ready-made as ``inception`` (e.g. ``load_fid_inception(path, device="cuda")``).
     ``preprocess`` (for the network loaded from ``weights_path``): "pytorch-fid" (default) or
     "torch-fidelity" (TF 1.x resize), to compare with statistics made by either.
     """
-    from .inception import inception_features, load_fid_inception, WEIGHTS_FILE, WEIGHTS_URL
+    from .inception import load_fid_inception, WEIGHTS_FILE, WEIGHTS_URL
 
     if inception is None and weights_path is None:
         raise ValueError(f"FID needs InceptionV3 weights and nothing is downloaded: pass weights_path= the local "
                          f"file {WEIGHTS_FILE} (from {WEIGHTS_URL})")
-    from_stats = isinstance(reference, (str, bytes)) or hasattr(reference, "__fspath__")
-    if not from_stats and not torch.is_tensor(reference):
-        raise ValueError("reference must be images [N, C, H, W] or a pytorch-fid .npz statistics path")
+    from_file = isinstance(reference, (str, bytes)) or hasattr(reference, "__fspath__")
+    given = isinstance(reference, tuple) and len(reference) == 2 and all(torch.is_tensor(r) for r in reference)
+    if not (from_file or given or torch.is_tensor(reference)):
+        raise ValueError("reference must be images [N, C, H, W], a pytorch-fid .npz statistics path or "
+                         "statistics (mu, sigma)")
     net = inception if inception is not None else load_fid_inception(
         weights_path, preprocess, device=samples.device if device is None else device)
-    stats = gaussian_stats(inception_features(samples, net, data_range, batch_size))
-    ref = load_stats(reference) if from_stats else gaussian_stats(inception_features(reference, net, data_range,
-                                                                                     batch_size))
-    return frechet_distance(*stats, *ref)
+    if from_file:
+        ref = load_stats(reference)
+    else:
+        ref = reference if given else fid_statistics(reference, net, data_range, batch_size)
+    return frechet_distance(*fid_statistics(samples, net, data_range, batch_size), *ref)
+
+
+def fid_statistics(images: torch.Tensor, inception: torch.nn.Module, data_range: tuple[float, float] = (-1.0, 1.0),
+                   batch_size: int = 200) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (mu, sigma) of the FID Inception features of images [N, C, H, W] in ``data_range`` (what
+    :func:`fid` compares; also what pytorch-fid's .npz files hold)."""
+    from .inception import inception_features
+
+    return gaussian_stats(inception_features(images, inception, data_range, batch_size))
 
 
 # -- confidence over seeds ---------------------------------------------------------------------------------

@@ -122,6 +122,9 @@ def test_fid_through_the_public_function(weights_file, tmp_path):
     same = metrics.fid(a, tmp_path / "a.npz", weights_path=weights_file)
     shifted = metrics.fid((a + 0.5).clamp(-1, 1), str(tmp_path / "a.npz"), inception=net)
     assert shifted > 1.0 and abs(same) < 1e-4 * shifted
+    # statistics computed once and passed as (mu, sigma): the same distance as from the .npz
+    given = metrics.fid((a + 0.5).clamp(-1, 1), metrics.fid_statistics(a, net), inception=net)
+    assert given == pytest.approx(shifted, rel=1e-9)
     with pytest.raises(ValueError, match="reference must be images"):
         metrics.fid(a, None, inception=net)
 

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 import gms_kernels as gk
+from gms_kernels.cli import main
 from gms_kernels.solvers import get_solver, resolve_options
 from gms_kernels.tuning import GMS_CANDIDATES, mean_ranks
 
@@ -69,3 +70,32 @@ def test_a_bad_request_is_refused_before_any_sampling(kwargs, message):
     with pytest.raises(ValueError, match=message):
         gk.choose_options(small_central_moment_net(), torch.zeros(4, 1, 8, 8), never_called, steps=(2,),
                           progress=False, **kwargs)
+
+
+def test_cli_choose_options_prints_the_choice_and_saves_the_network_with_it(tmp_path, capsys):
+    small_central_moment_net(3).save(tmp_path / "net.pt")
+    torch.save(torch.rand(16, 1, 8, 8) * 1.6 - 0.8, tmp_path / "val.pt")
+    run = ["choose-options", "--model", str(tmp_path / "net.pt"), "--reference", str(tmp_path / "val.pt"),
+           "--metric", "swd", "--steps", "2", "--seeds", "1", "--samples", "8", "--quiet", "--backend", "torch"]
+    assert main(run + ["--out", str(tmp_path / "chosen.pt")]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "candidate" not in line]
+    assert sorted(r.split(" | ")[0][2:] for r in rows) == sorted(GMS_CANDIDATES)
+    best = next(line for line in out.splitlines() if line.startswith("chosen: ")).split(": ")[1]
+    assert rows[0].startswith(f"| {best} |")
+    assert gk.models.load(tmp_path / "chosen.pt").solver_defaults == {"gms": GMS_CANDIDATES[best]}
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--reference", "val.pt"], "--model needs --reference (held-out data, not the training data) and --metric"),
+    (["--reference", "val.pt", "--metric", "fid"], "--metric fid needs --inception FILE"),
+])
+def test_cli_choose_options_refuses_an_incomplete_request_in_one_line(tmp_path, capsys, monkeypatch, extra, message):
+    small_central_moment_net(3).save(tmp_path / "net.pt")
+    torch.save(torch.zeros(4, 1, 8, 8), tmp_path / "val.pt")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("gms_kernels.tuning.choose_options", never_called)
+    with pytest.raises(SystemExit) as exc:
+        main(["choose-options", "--model", "net.pt", *extra])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
