@@ -53,9 +53,13 @@ class OptionChoice:
     values: dict[tuple[str, int], list[float]] = field(default_factory=dict)
     ranks: dict[str, float] = field(default_factory=dict)
 
+    def _order(self) -> list[str]:
+        """The candidates by mean rank, ties in the order they were given."""
+        return sorted(self.candidates, key=lambda c: (self.ranks[c], list(self.candidates).index(c)))
+
     @property
     def best(self) -> str:
-        return min(self.candidates, key=lambda c: (self.ranks[c], list(self.candidates).index(c)))
+        return self._order()[0]
 
     @property
     def options(self) -> dict[str, Any]:
@@ -65,12 +69,12 @@ class OptionChoice:
         """Markdown: mean ± 95% half-width over seeds per K, and the mean rank; best first."""
         lines = ["| candidate | " + " | ".join(f"K={k}" for k in self.steps) + " | mean rank |",
                  "|---|" + "---|" * (len(self.steps) + 1)]
-        for c in sorted(self.candidates, key=lambda c: (self.ranks[c], list(self.candidates).index(c))):
+        for c in self._order():
             cells = []
             for k in self.steps:
                 v = self.values[(c, k)]
-                cells.append(f"{seed_interval(v).mean:.4g} ± {seed_interval(v).half_width:.2g}" if len(v) > 1
-                             else f"{v[0]:.4g}")
+                iv = seed_interval(v) if len(v) > 1 else None
+                cells.append(f"{iv.mean:.4g} ± {iv.half_width:.2g}" if iv else f"{v[0]:.4g}")
             lines.append(f"| {c} | " + " | ".join(cells) + f" | {self.ranks[c]:.2f} |")
         return "\n".join(lines)
 
