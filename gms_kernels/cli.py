@@ -209,7 +209,7 @@ def _sample(args: argparse.Namespace) -> int:
 CHOOSE_METRICS = ("fd-digits", "fd-dct", "swd", "fid")
 
 
-def _choice_score(metric: str, inception: str | None):
+def _choice_score(metric: str, inception: str | None, reference):
     """choose-options' score(samples, reference), lower is better."""
     from . import metrics
 
@@ -219,19 +219,11 @@ def _choice_score(metric: str, inception: str | None):
         return metrics.frechet_distance_dct
     if metric == "swd":
         return lambda x, y: metrics.sliced_wasserstein1(x, y, n_projections=256)
-    if inception is None:
-        raise UsageError("--metric fid needs --inception FILE (pt_inception-2015-12-05-6726825d.pth)")
-    from .inception import load_fid_inception
+    from .inception import load_fid_inception  # (fid: _choose_options has checked that inception is given)
 
     net = load_fid_inception(inception)
-    reference_stats: dict[int, tuple] = {}
-
-    def fid(x, reference):  # (the reference's statistics once, not once per run)
-        key = id(reference)
-        if key not in reference_stats:
-            reference_stats[key] = metrics.fid_statistics(reference, net)
-        return metrics.fid(x, reference_stats[key], inception=net)
-    return fid
+    reference_stats = metrics.fid_statistics(reference, net)  # (once, not once per run)
+    return lambda x, _reference: metrics.fid(x, reference_stats, inception=net)
 
 
 def _choose_options(args: argparse.Namespace) -> int:
@@ -251,13 +243,15 @@ def _choose_options(args: argparse.Namespace) -> int:
     if args.out is not None and not callable(getattr(model, "save", None)):
         raise UsageError(f"--out saves a gk.models.MomentNet (its save() keeps the chosen options); this model is a "
                          f"{type(model).__name__}: leave --out out and set model.solver_defaults yourself")
+    if metric == "fid" and args.inception is None:
+        raise UsageError("--metric fid needs --inception FILE (pt_inception-2015-12-05-6726825d.pth)")
     if reference == "digits":
         from .data import digits
 
         x_ref = digits("validation")[0]
     else:
         x_ref = _training_data(reference)
-    score = _choice_score(metric, args.inception)
+    score = _choice_score(metric, args.inception, x_ref)
     choice = choose_options(model, x_ref, score, steps=args.steps, seeds=args.seeds, n_samples=args.samples,
                             trajectory=args.trajectory, backend=args.backend, progress=not args.quiet)
     name = "the validation digits" if reference == "digits" else reference

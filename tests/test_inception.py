@@ -155,3 +155,23 @@ def test_torchmetrics_takes_the_module(state):
     m.update(real, real=True)
     m.update(real, real=False)
     assert abs(float(m.compute())) < 1e-2
+
+
+def test_cli_choose_options_scores_fid_against_reference_statistics_made_once(weights_file, tmp_path, capsys,
+                                                                            monkeypatch):
+    from conftest import small_central_moment_net
+    from gms_kernels.cli import main
+
+    small_central_moment_net(3).save(tmp_path / "net.pt")
+    torch.save(torch.rand(6, 1, 8, 8) * 1.6 - 0.8, tmp_path / "val.pt")
+    seen = []
+    real = metrics.fid_statistics
+    monkeypatch.setattr(metrics, "fid_statistics", lambda images, *a, **k: seen.append(images.shape[0]) or
+                        real(images, *a, **k))
+    assert main(["choose-options", "--model", str(tmp_path / "net.pt"), "--reference", str(tmp_path / "val.pt"),
+                 "--metric", "fid", "--inception", str(weights_file), "--steps", "2", "--seeds", "1", "--samples", "3",
+                 "--quiet", "--backend", "torch"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("fid against") and "chosen: " in out
+    # the reference's statistics once, then one per run (6 candidates x 1 K x 1 seed)
+    assert seen == [6] + [3] * 6
