@@ -240,7 +240,9 @@ def _choose_options(args: argparse.Namespace) -> int:
         if args.reference is None or args.metric is None:
             raise UsageError("--model needs --reference (held-out data, not the training data) and --metric")
         model, reference, metric = _load_model(args.model, args.kind), args.reference, args.metric
-    if args.out is not None and not callable(getattr(model, "save", None)):
+    from .models import MomentNet
+
+    if args.out is not None and not isinstance(model, MomentNet):  # (e.g. TorchScript: its save() would drop them)
         raise UsageError(f"--out saves a gk.models.MomentNet (its save() keeps the chosen options); this model is a "
                          f"{type(model).__name__}: leave --out out and set model.solver_defaults yourself")
     if metric == "fid" and args.inception is None:

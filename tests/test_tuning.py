@@ -86,16 +86,21 @@ def test_cli_choose_options_prints_the_choice_and_saves_the_network_with_it(tmp_
     assert gk.models.load(tmp_path / "chosen.pt").solver_defaults == {"gms": GMS_CANDIDATES[best]}
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--reference", "val.pt"], "--model needs --reference (held-out data, not the training data) and --metric"),
-    (["--reference", "val.pt", "--metric", "fid"], "--metric fid needs --inception FILE"),
+@pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
+@pytest.mark.parametrize("model, extra, message", [
+    ("net.pt", ["--reference", "val.pt"], "--model needs --reference (held-out data, not the training data) and "
+                                          "--metric"),
+    ("net.pt", ["--reference", "val.pt", "--metric", "fid"], "--metric fid needs --inception FILE"),
+    ("ts.pt", ["--reference", "val.pt", "--metric", "swd", "--out", "x.pt"], "--out saves a gk.models.MomentNet"),
 ])
-def test_cli_choose_options_refuses_an_incomplete_request_in_one_line(tmp_path, capsys, monkeypatch, extra, message):
+def test_cli_choose_options_refuses_an_incomplete_request_in_one_line(tmp_path, capsys, monkeypatch, model, extra,
+                                                                      message):
     small_central_moment_net(3).save(tmp_path / "net.pt")
+    torch.jit.script(torch.nn.Identity()).save(str(tmp_path / "ts.pt"))
     torch.save(torch.zeros(4, 1, 8, 8), tmp_path / "val.pt")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("gms_kernels.tuning.choose_options", never_called)
     with pytest.raises(SystemExit) as exc:
-        main(["choose-options", "--model", "net.pt", *extra])
+        main(["choose-options", "--model", model, *extra])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
