@@ -438,9 +438,8 @@ def with_model_defaults(solver: Solver, options: dict[str, Any], model: Any) -> 
         resolve_options(solver, recommended)
     except ValueError as err:
         raise ValueError(f"the model's solver_defaults for {solver.name!r}: {err}") from None
-    preset = options.get("preset")
+    preset = options.get("preset")  # (the model's own preset, if any, is replaced below as every named option is)
     if preset is not None:
-        recommended.pop("preset", None)
         for key in PRESETS.get(solver.name, {}).get(preset, {}):  # (an unknown preset is refused by resolve_options)
             recommended.pop(key, None)
     return {**recommended, **options}

@@ -54,6 +54,16 @@ def test_a_named_preset_sets_its_options_over_the_models():
     assert o["select"] == "pixel"  # (the caller's own option over the preset)
 
 
+def test_a_preset_the_caller_names_is_checked_as_usual_whatever_the_model_carries():
+    model = Recommends({"gms": {"preset": "official", "select": "pixel"}, "sn-ddpm": {"variance_scale": 2.0}})
+    o = resolve_options(GMS, with_model_defaults(GMS, {}, model))
+    assert (o["fit"], o["select"]) == ("adan", "pixel")  # (the model's preset under the model's own select)
+    with pytest.raises(ValueError, match="unknown preset 'nope'"):
+        gk.sample(model, shape=(2, 1, 8, 8), steps=2, progress=False, preset="nope")
+    with pytest.raises(ValueError, match="unknown option.* preset for solver 'sn-ddpm'"):
+        gk.sample(model, shape=(2, 1, 8, 8), steps=2, progress=False, solver="sn-ddpm", preset="official")
+
+
 @pytest.mark.parametrize("table, message", [
     ({"gms": "pixel"}, "must map solver names to option dicts"),
     (["gms"], "must map solver names to option dicts"),
