@@ -125,7 +125,12 @@ ROOFLINE_NOTES = {
         "-fno-predictive-commoning --target avx2`, two runs; avx512 one). Then the third stage reading its numerators and "
         "n' back from the state arrays instead of carrying them from the second (kAdanReadBack: 107 instructions, 10 "
         "stack operands): 2% faster on avx2 (10.34-10.38 against 10.53-10.59 ms, one thread, three alternating runs), "
-        "1-2% on avx512, 12% slower on sse2, so only the 256- and 512-bit targets read back."),
+        "1-2% on avx512, 12% slower on sse2, so only the 256- and 512-bit targets read back. Then GCC's "
+        "pre-register-allocation scheduling with register pressure (-fschedule-insns -fsched-pressure, off by default "
+        "on x86) for the float32 ADAN loop alone on avx2 (GMS_ADAN_SCHEDULE, a function attribute; bit-identical): 3% "
+        "faster (9.92-10.05 against 10.22-10.38 ms, one thread, three alternating runs; ADAN-25 5.33-5.37 against "
+        "5.49-5.54 ms in compare_build.py, two runs). As flags for the whole file it also made the sn-ddpm step 4% "
+        "slower; on avx512 it was no faster and on sse2 6% slower; on the closed fit (its own attribute) 3-4% slower."),
 }
 ROOFLINE_TAIL = (
     "The part of the step outside the fit (moments, normals, mixture draw; measured in the section above) "

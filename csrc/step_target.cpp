@@ -594,8 +594,17 @@ void adan_iteration(AdanBlock<double>& s, int n, const AdanPacks<double>& packs)
 // on avx2, 4-5% on avx512 and 5% on sse2 (the loop of benchmarks/cpp/adan_loop_bench.cpp, one
 // thread, AMD EPYC Zen 4, 2026-11-29; four stages, the square roots apart from the divisions, were
 // slower again).
+// GCC's pre-register-allocation scheduling with register pressure (off by default on x86) for this loop on
+// avx2, whose 16 registers it overfills: 3% faster there (the same with the flags for the whole file, which made
+// the sn-ddpm step 4% slower); slower on avx512 and 6% slower on sse2 (benchmarks/cpp/adan_loop_bench.cpp and
+// benchmarks/compare_build.py, AMD EPYC Zen 4, GCC 12, 2026-11-29). Bit-identical: it only reorders.
+#if defined(__GNUC__) && !defined(__clang__) && GMS_VBYTES == 32
+#define GMS_ADAN_SCHEDULE __attribute__((optimize("schedule-insns", "sched-pressure")))
+#else
+#define GMS_ADAN_SCHEDULE
+#endif
 template <bool FIRST>
-void adan_iteration(AdanBlock<float>& s, int n, const AdanPacks<VF>& packs) {
+GMS_ADAN_SCHEDULE void adan_iteration(AdanBlock<float>& s, int n, const AdanPacks<VF>& packs) {
     // (a local copy, as above: read through the reference, the constants were reloaded after the
     // state stores, which may alias them)
     const AdanPacks<VF> c = packs;
