@@ -17,9 +17,9 @@ import torch
 import torch.distributed as dist
 
 from .files import json_ready, save_atomically
-from .model_io import adapt_model, check_positive_ints
+from .model_io import check_positive_ints
 from .progress import progress_bar
-from .sampling import check_sample_args, sample
+from .sampling import check_sample_args, sample, sampled_model
 
 SHARD_FORMAT = "gms_kernels.shard/1"
 _NOT_RECORDED = ("callback",)  # sampling arguments that do not change the samples
@@ -81,11 +81,7 @@ def solver_settings(sample_kwargs: dict[str, Any], model: Any = None) -> dict[st
     own = inspect.signature(sample).parameters
     named = {k: v for k, v in sample_kwargs.items() if k not in own}
     spec = get_solver(sample_kwargs.get("solver", own["solver"].default))
-    if model is None:  # (gk.sample's embedded digits model)
-        from .embedded import default_model
-
-        model = default_model()
-    resolved = resolve_options(spec, with_model_defaults(spec, named, adapt_model(model)))
+    resolved = resolve_options(spec, with_model_defaults(spec, named, sampled_model(model)))
     return {k: v for k, v in resolved.items() if k != "oracle"}  # (an object: its weights are the model's)
 
 

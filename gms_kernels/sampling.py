@@ -107,17 +107,15 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
     select, fit_iters, eta) go in ``solver_options``; those not named there come from the model's
     ``solver_defaults`` where it has them (:func:`gms_kernels.solvers.with_model_defaults`: the embedded
     digits model samples GMS with ``select="pixel"``, chosen on its validation split), else from the
-    library's defaults. ``backend`` picks the fused GMS step as in :func:`step`. The samples are made on ``device``: by default x_T's device, else the device of the
-    model's weights, else the CPU.
+    library's defaults. ``backend`` picks the fused GMS step as in :func:`step`. The samples are made
+    on ``device``: by default x_T's device, else the device of the model's weights, else the CPU.
     """
     with torch.no_grad():  # a block, not a decorator: mutmut skips decorated functions
-        if model is None:  # the embedded digits model
-            from .embedded import DIGITS_SHAPE, default_model
+        if model is None and shape is None and x_T is None:  # the embedded digits model's shape
+            from .embedded import DIGITS_SHAPE
 
-            model = default_model()
-            if shape is None and x_T is None:
-                shape = (16, *DIGITS_SHAPE)
-        model = adapt_model(model)  # a raw diffusers UNet2DModel / GMSDiffusersModel
+            shape = (16, *DIGITS_SHAPE)
+        model = sampled_model(model)
         plan = _plan(model, steps, solver, schedule, trajectory, data_range, time_input, solver_options)
         spec, solver_options, data_range, schedule, time_input, ts = plan
 
@@ -214,13 +212,19 @@ def check_sample_args(model: Model | None = None, steps: int = 10, solver: str =
     caller can refuse a bad request before it writes anything). (``dtype`` and ``callback`` are
     accepted so that :func:`sample`'s keyword arguments pass through; a dtype the model cannot take
     shows only when it is called.)"""
+    model = sampled_model(model)
+    _plan(model, steps, solver, schedule, trajectory, data_range, time_input, solver_options)
+    resolve_backend(backend, _sample_device(model, device))
+
+
+def sampled_model(model: Model | None) -> Model:
+    """The network :func:`sample` runs for ``model``: the embedded digits model for None, a raw diffusers
+    ``UNet2DModel`` / ``GMSDiffusersModel`` made a gms_kernels model, anything else as it is."""
     if model is None:
         from .embedded import default_model
 
         model = default_model()
-    model = adapt_model(model)
-    _plan(model, steps, solver, schedule, trajectory, data_range, time_input, solver_options)
-    resolve_backend(backend, _sample_device(model, device))
+    return adapt_model(model)
 
 
 def _same_device(a: torch.device | str, b: torch.device | str) -> bool:

@@ -15,6 +15,7 @@ import torch
 
 from .metrics import seed_interval
 from .progress import progress_bar
+from .sampling import sample
 from .solvers import get_solver, resolve_options
 
 # The GMS candidates of python/results/quality.md, section 7 (those that took the first three places there on
@@ -93,8 +94,6 @@ def choose_options(model: Any, reference: torch.Tensor, score: Callable[[torch.T
     sample's shape (default: ``reference``'s). ``sample_kwargs`` go to every :func:`gms_kernels.sample` call
     (e.g. ``trajectory``, ``backend``, ``data_range``). Then ``model.solver_defaults = {solver: choice.options}``
     makes the winner the model's default. Every option set is checked before any sampling."""
-    from .sampling import sample
-
     spec = get_solver(solver)
     candidates = {name: dict(o) for name, o in (GMS_CANDIDATES if candidates is None else candidates).items()}
     if not candidates:
