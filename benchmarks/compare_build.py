@@ -4,6 +4,7 @@ working tree, side by side in one process.
     python benchmarks/compare_build.py --commit b623af6 [--rounds 8] [--threads 2]
     python benchmarks/compare_build.py --ablate cbrt sqrt --target avx2 [--threads 1]
     python benchmarks/compare_build.py --without-flag -fno-predictive-commoning --target avx2
+    python benchmarks/compare_build.py --against HEAD --target avx2
 
 ``--commit``: builds the earlier commit's csrc/ (with the flags setup.py used then: -march=native
 -mprefer-vector-width=512, renamed to the module ``_C_<commit>`` so that both load together) into a
@@ -15,6 +16,9 @@ Prints a Markdown table (fastest / median call and the ratio to the earlier buil
 (``--target``: avx2 or avx512, the flags of setup.py) once as it is and once per named part replaced
 by the identity (ABLATIONS: the results are wrong, only their time counts), and times them against
 each other, the first being the baseline. The installed extension is not used.
+
+``--against``: the csrc/ of a revision and of the working tree, both built for one target as setup.py
+builds it, timed against each other in the same way (the revision first, as the baseline).
 
 ``--without-flag``: the working tree's csrc/ for one target built as setup.py builds it and once without one of
 its compiler flags (COMMON), timed against each other in the same way.
@@ -68,13 +72,18 @@ def _includes(src: Path) -> list[str]:
     return [f"-I{sysconfig.get_paths()['include']}", f"-I{pybind11.get_include()}", f"-I{src}"]
 
 
+def csrc_files(commit: str | None = None) -> dict[str, str]:
+    """csrc/ (path -> text) of the working tree, or of `commit`."""
+    if commit is None:
+        return {str(f.relative_to(REPO)): f.read_text() for f in (REPO / "csrc").iterdir()}
+    git = lambda *a: subprocess.run(["git", *a], cwd=REPO, check=True, capture_output=True, text=True).stdout
+    return {f: git("show", f"{commit}:{f}") for f in git("ls-tree", "--name-only", commit, "csrc/").split()}
+
+
 def build_previous(commit: str, out: Path) -> Path:
     """The extension of `commit`, compiled as module _C_<commit> into out; its path."""
     name = f"_C_{commit}"
-    files = subprocess.run(["git", "ls-tree", "--name-only", commit, "csrc/"], cwd=REPO, check=True,
-                           capture_output=True, text=True).stdout.split()
-    src = _write_sources({f: subprocess.run(["git", "show", f"{commit}:{f}"], cwd=REPO, check=True,
-                                            capture_output=True, text=True).stdout for f in files}, name, out)
+    src = _write_sources(csrc_files(commit), name, out)
     so = out / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
     subprocess.run(["g++", "-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno", "-fno-wrapv",
                     "-fopenmp", "-fvisibility=hidden", "-std=c++17", "-shared", "-fPIC", *_includes(src),
@@ -82,17 +91,10 @@ def build_previous(commit: str, out: Path) -> Path:
     return so
 
 
-def build_ablated(part: str | None, target: str, out: Path, without: str | None = None) -> Path:
-    """The working tree's extension for one target, with `part` (a key of ABLATIONS) replaced by the
-    identity, or as it is (None), compiled as module _C_<part or 'as_is'> into out (without the flag
-    `without` of COMMON: module _C_without); its path."""
-    name = "_C_without" if without else f"_C_{part or 'as_is'}"
+def build_target(files: dict[str, str], name: str, target: str, out: Path, without: str | None = None) -> Path:
+    """csrc/ `files` compiled for one target with setup.py's flags (without the flag `without` of
+    COMMON), as the single "baseline" target of module `name` in out; its path."""
     common = [f for f in COMMON if f != without]
-    files = {str(f.relative_to(REPO)): f.read_text() for f in (REPO / "csrc").iterdir()}
-    if part is not None:
-        old, new = ABLATIONS[part]
-        assert files["csrc/step_target.cpp"].count(old) == 1, f"the {part} line moved: update ABLATIONS"
-        files["csrc/step_target.cpp"] = files["csrc/step_target.cpp"].replace(old, new)
     src = _write_sources(files, name, out / name)
     flags, vbytes = TARGET_FLAGS[target]
     obj = out / f"{name}-target.o"
@@ -102,6 +104,17 @@ def build_ablated(part: str | None, target: str, out: Path, without: str | None 
     subprocess.run(["g++", *common, "-shared", *_includes(src), str(src / "gms_step.cpp"), str(obj), "-o", str(so)],
                    check=True)
     return so
+
+
+def build_ablated(part: str | None, target: str, out: Path) -> Path:
+    """The working tree's extension for one target, with `part` (a key of ABLATIONS) replaced by the
+    identity, or as it is (None), compiled as module _C_<part or 'as_is'> into out; its path."""
+    files = csrc_files()
+    if part is not None:
+        old, new = ABLATIONS[part]
+        assert files["csrc/step_target.cpp"].count(old) == 1, f"the {part} line moved: update ABLATIONS"
+        files["csrc/step_target.cpp"] = files["csrc/step_target.cpp"].replace(old, new)
+    return build_target(files, f"_C_{part or 'as_is'}", target, out)
 
 
 def load(path: Path):
@@ -129,10 +142,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--commit")
+    what.add_argument("--against", metavar="REV")
     what.add_argument("--ablate", nargs="+", choices=sorted(ABLATIONS))
     what.add_argument("--without-flag", choices=COMMON)
     p.add_argument("--target", choices=sorted(TARGET_FLAGS), default="avx2",
-                   help="(--ablate, --without-flag) the target built")
+                   help="(--against, --ablate, --without-flag) the target built")
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
@@ -143,10 +157,15 @@ def main() -> None:
             earlier = Earlier(load(build_previous(args.commit, Path(tmp))), extra_args=3)
             builds = [(f"{args.commit} (as built)", earlier, None)] + [
                 (f"now, {t}", current, t) for t in current.cpu_info()["supported"]]
+        elif args.against:
+            builds = [(f"{args.target}, {args.against}",
+                       load(build_target(csrc_files(args.against), "_C_rev", args.target, Path(tmp))), None),
+                      (f"{args.target}, working tree", load(build_ablated(None, args.target, Path(tmp))), None)]
         elif args.without_flag:
             builds = [(f"{args.target}, as setup.py builds it", load(build_ablated(None, args.target, Path(tmp))), None),
                       (f"{args.target}, without {args.without_flag}",
-                       load(build_ablated(None, args.target, Path(tmp), args.without_flag)), None)]
+                       load(build_target(csrc_files(), "_C_without", args.target, Path(tmp), args.without_flag)),
+                       None)]
         else:
             builds = [(f"{args.target}, {part or 'as it is'}" + (" replaced by the identity" if part else ""),
                        load(build_ablated(part, args.target, Path(tmp))), None) for part in [None, *args.ablate]]

@@ -45,8 +45,9 @@ from cases import FITS, SIZES, interleaved_seconds, make_inputs, median_seconds,
 FLOPS_MOMENTS = 64        # x^2 1, x0 mean 7 / var 3 / m2 10 / m3 14, clamps 9, M1 3, Var 2, M3 15 (double)
 FLOPS_ADAN_ITER = 93      # residuals 22, gradients 18, three ADAN updates 51, beta clamp 2 (float)
 FLOPS_ADAN_SETUP = 18     # kappa3 6, float32 range check 4, initial state 5, the mixture's parameters 3
-FLOPS_CLOSED = 67         # var clamp 1, kappa3 6, kappa3 / denom 5, knee line 11, cube root 29, knee choice 2,
-#                           s2 and its floor 5, sqrt 1, delta and sd 3, mu1 mu2 4 (double)
+FLOPS_CLOSED = 52         # var clamp 1, kappa3 6, kappa3 / denom 5, knee line 2, cube root 24, knee choice 2,
+#                           s2 and its floor 5, sqrt 1, delta and sd 2, mu1 mu2 4 (double; recounted 2026-11-29,
+#                           seventeenth session: 67 before the knee's division and the regular cube root)
 FLOPS_SAMPLING = 31       # per normal: uniforms 2, log 9, cos / sin 14, radius 2; the draw 4 (uniform, compare, sd z, add)
 
 

@@ -11,7 +11,6 @@
 //   vmax, vmin maxpd / minpd on x86 (the same select, one instruction);
 //   any        whether a comparison holds in some lane;
 //   mul_wide   32 x 32 -> 64-bit products of the low words of 64-bit lanes (Philox);
-//   recip      a reciprocal estimate refined by Newton steps (the log's and the knee's divisions);
 //   sqrt_pos   a square root of s >= 0 (the draw's standard deviation);
 //   widen, widen_int, widen_u32, low_words, pack_low_words
 //              half-width <-> full-width conversions and the Philox word packing, one instruction each on
@@ -335,18 +334,6 @@ GMS_VINLINE VQ pack_low_words(VQ lo, VQ hi) {
 #else
     return (lo & splat<VQ>(0xFFFFFFFFull)) | (hi << 32);
 #endif
-}
-
-// 1 / d for 2^-100 <= d <= 2^100, to 2^-28 relative or better: an estimate refined by a Newton step
-// in double. AVX-512: vrcp14pd (2^-14) -> 2^-28; elsewhere the float32 reciprocal (a float
-// division, correctly rounded: 2^-24) -> 2^-48.
-GMS_VINLINE VD recip(VD d) {
-#if GMS_VBYTES == 64 && defined(__AVX512F__)
-    const VD r = bits<VD>(_mm512_rcp14_pd(bits<__m512d>(d)));
-#else
-    const VD r = widen(splat<VFh>(1.0f) / narrow(d));
-#endif
-    return fma(r, fma(-d, r, splat<VD>(1.0)), r);
 }
 
 // x / d for d > 0 finite, within 2 ulp. On Intel AVX-512 cores the 14-bit reciprocal estimate and

@@ -19,7 +19,7 @@ from gms_kernels import random as rng
 from gms_kernels.fit import MixtureParams, fit_adan, moment_residuals
 from gms_kernels.kernels import MODE_ADAN, MODE_CLOSED, MODE_DENOISE, MODE_GAUSSIAN, NonFiniteInput, make_config
 from gms_kernels.mixture import sample_mixture as torch_sample_mixture
-from gms_kernels.moments import TransitionMoments, transition_moments
+from gms_kernels.moments import TransitionMoments, central_third_moment, transition_moments
 from gms_kernels.random import SampleNoise
 from gms_kernels.schedule import DATA
 from gms_kernels.solvers import SOLVERS, resolve_options
@@ -244,6 +244,31 @@ def test_mixture_step_matches_reference_on_extreme_heads(kind, fit, t, s, dr):
     g = torch.Generator().manual_seed(7 * t + len(kind))
     x = torch.randn(3, 5, 7, generator=g) * (20 if dr is None else 1)
     _check_step(x, _heads(kind, x.shape, g), t, s, opts=FITS[fit], dr=dr, seed=3, first=5)
+
+
+@pytest.mark.parametrize("select", ["sample", "pixel"])
+@pytest.mark.parametrize("dr", [(-1.0, 1.0), None])
+def test_closed_fit_where_kappa3_is_exactly_zero(dr, select):
+    """x = e1 = e2 = e3 = 0 gives M1 = M3 = 0 and kappa3 = 0 exactly. The C++ closed fit takes a cube
+    root without special cases for passes of 32 elements whose |kappa3 / denom| are all in [2^-900,
+    inf), and the general one otherwise: here the first passes are regular, later ones hold zeros
+    alone, one zero among regular elements, or zeros in every other element; all match the reference."""
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(2, 3, 8, 16, generator=g)
+    e1, e2, e3 = _heads("random", x.shape, g)
+    zero = torch.zeros(x.shape, dtype=torch.bool)
+    flat = zero.view(2, -1)
+    flat[0, 128:160] = True  # a whole pass
+    flat[0, 200] = True  # one element of a pass
+    flat[1, ::2] = True  # every other element of the second sample
+    for v in (x, e1, e2, e3):
+        v[zero] = 0.0
+    cfg, x_s, p, ref = _check_step(x, (e1, e2, e3), 500, 400, opts={"select": select}, dr=dr)
+    assert cfg.mode == MODE_CLOSED
+    k = SCHED.coefficients(500, 400)
+    mom = transition_moments(x.double(), e1.double(), e2.double(), e3.double(), k, dr)
+    assert (central_third_moment(mom.m1, mom.var.clamp_min(0), mom.m3)[zero] == 0).all()
+    assert torch.equal(p.mu1[zero], p.mu2[zero])  # delta = 0 there
 
 
 @pytest.mark.parametrize("dr", [(-1.0, 1.0), (0.0, 255.0), None])
