@@ -102,3 +102,30 @@ def test_study_over_seeds_reports_intervals_convergence_and_ggf():
     assert "| seeds-3 (data) | " in text and " ± " in text and "(best baseline)" in text
     assert "## Convergence to the exact sampler (issue 23)" in text and "| (a) | redraw | 0.5 | 0.0078 |" in text
     assert "2 seeds (0, 1" in text and "200 samples per seed" in text
+
+
+def test_the_oracles_own_defaults_are_chosen_on_validation_seeds_and_tested_on_the_test_seeds():
+    """python/oracle_defaults.py in small: the choice samples the validation seeds only, against fresh data of
+    the first of them; the test's chosen-default row is the oracle sampled with its solver_defaults in force, and
+    its table pairs every other row against it."""
+    from gms_kernels.experiments import oracle_study as study
+    from gms_kernels.tuning import GMS_CANDIDATES
+
+    n, steps = 64, (2,)
+    oracle, choice = study.choose_oracle_defaults("8gauss", n, steps)
+    assert set(choice.candidates) == set(GMS_CANDIDATES) and choice.best in GMS_CANDIDATES
+    reference = study.fresh_data(oracle, n, study.VALIDATION_SEEDS[0])
+    name = "closed, per pixel, GMS on the last step"
+    want = [metrics.sliced_wasserstein1(gk.sample(oracle, shape=(n, 2), steps=2, generator=seed, progress=False,
+                                                  data_range=None, dtype=torch.float64, backend="torch",
+                                                  **GMS_CANDIDATES[name]), reference)
+            for seed in study.VALIDATION_SEEDS]
+    assert choice.values[(name, 2)] == want
+    oracle.solver_defaults = {"gms": choice.options}
+    values = study.measure_oracle_defaults(oracle, n, steps, seeds=(0, 1))
+    fresh = study.fresh_data(oracle, n, 1)
+    chosen = gk.sample(oracle, shape=(n, 2), steps=2, generator=1, progress=False, data_range=None,
+                       dtype=torch.float64, backend="torch", **choice.options)
+    assert values[("gms (the oracle's chosen default)", 2)][1] == metrics.sliced_wasserstein1(chosen, fresh)
+    table = study.defaults_test_table(values, steps).splitlines()
+    assert len(table) == 2 + len(study.DEFAULTS_TEST_ROWS) and "[" not in table[2] and all("[" in r for r in table[3:])

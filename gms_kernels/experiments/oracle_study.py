@@ -144,6 +144,68 @@ def score_samples(x: torch.Tensor, fresh: torch.Tensor, which: Sequence[str] = t
     return {m: fns[m]() for m in which}
 
 
+# The oracle's validation split for choosing its GMS options (gk.choose_options): sampler seeds and fresh data apart
+# from the test's (run_study's seeds 0-4, whose fresh data use seeds 12345-12349)
+VALIDATION_SEEDS = (100, 101, 102)
+# the rows the chosen options are tested against: (label, solver, options); "gms" with no options is the model's
+# default once it carries the choice, "gms (library default)" names the library's options in full
+DEFAULTS_TEST_ROWS: list[tuple[str, str, dict]] = [
+    ("gms (the oracle's chosen default)", "gms", {}),
+    ("gms (library default)", "gms", {"fit": "closed", "select": "sample", "gaussian_last_step": True}),
+    ("sn-ddpm", "sn-ddpm", {}),
+    ("ddpm", "ddpm", {}),
+]
+
+
+def choose_oracle_defaults(name: str, n_samples: int = 1000, steps: Sequence[int] = (5, 10, 20),
+                           progress: bool = False):
+    """gk.choose_options for one data set's oracle on its validation split (VALIDATION_SEEDS; W1 against fresh
+    data drawn with the first of them), over gk.tuning.GMS_CANDIDATES: the rule the shipped models' options were
+    chosen by. Returns (oracle, choice)."""
+    from ..tuning import choose_options
+
+    oracle = DATASETS[name][1](Schedule.linear(1000))
+    reference = fresh_data(oracle, n_samples, VALIDATION_SEEDS[0])
+    choice = choose_options(oracle, reference, metrics.sliced_wasserstein1, steps=steps, seeds=len(VALIDATION_SEEDS),
+                            first_seed=VALIDATION_SEEDS[0], n_samples=n_samples, progress=progress, data_range=None,
+                            dtype=torch.float64, backend="torch")
+    return oracle, choice
+
+
+def measure_oracle_defaults(oracle: GaussianMixtureOracle, n_samples: int = 1000, steps: Sequence[int] = (5, 10, 20),
+                         seeds: Sequence[int] = (0, 1, 2, 3, 4)) -> dict[tuple[str, int], list[float]]:
+    """W1 of every DEFAULTS_TEST_ROWS row at every K on the test seeds (fresh data as in run_study), with the
+    oracle's own ``solver_defaults`` in force: {(label, K): one value per seed}."""
+    values: dict[tuple[str, int], list[float]] = {}
+    for sd in seeds:
+        fresh = fresh_data(oracle, n_samples, sd)
+        for label, solver, options in DEFAULTS_TEST_ROWS:
+            for K in steps:
+                x = sample(oracle, shape=(n_samples, *oracle.data_shape), steps=K, solver=solver, generator=sd,
+                           progress=False, data_range=None, dtype=torch.float64, backend="torch", **options)
+                values.setdefault((label, K), []).append(metrics.sliced_wasserstein1(x, fresh))
+    return values
+
+
+def defaults_test_table(values: dict[tuple[str, int], list[float]], steps: Sequence[int]) -> str:
+    """Markdown: every row's mean ± 95% half-width per K, and the chosen default minus the row, paired over seeds."""
+    from ..metrics import paired_difference, seed_interval
+
+    labels = [label for label, _, _ in DEFAULTS_TEST_ROWS]
+    lines = ["| solver | " + " | ".join(f"K={k}" for k in steps) + " |", "|---|" + "---|" * len(steps)]
+    for label in labels:
+        cells = []
+        for k in steps:
+            iv = seed_interval(values[(label, k)])
+            cell = f"{iv.mean:.4f} ± {iv.half_width:.4f}"
+            if label != labels[0]:
+                diff, significant = paired_difference(values[(labels[0], k)], values[(label, k)])
+                cell += f" [{diff.mean:+.4f} ({diff.low:+.4f}, {diff.high:+.4f}){' *' if significant else ''}]"
+            cells.append(cell)
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def density_panel(ax, x: torch.Tensor | None, grid: torch.Tensor, density: torch.Tensor, bins: int = 120,
                   color: str = "tab:blue") -> None:
     """A histogram of 1-D samples on [-1, 1] (clamped) under the true density curve."""
