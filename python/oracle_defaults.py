@@ -46,7 +46,9 @@ def main() -> None:
                      f"{study.defaults_test_table(values, args.steps)}\n")
         print(parts[-1], flush=True)
     text = (f"# The oracle benchmark's own GMS options (issue 20)\n\nCommand: `{command}` ({cpu_description()}, one "
-            f"torch thread, {time.perf_counter() - t0:.0f} s).\n\n{__doc__.split(chr(10) + chr(10))[0]}\n\n"
+            f"torch thread, {time.perf_counter() - t0:.0f} s).\n\n{__doc__.split(chr(10) + chr(10))[0]} In one "
+            "dimension one component per image and per pixel are the same sampler: their rows tie, and the tie goes "
+            "to the candidate listed first.\n\n"
             + "\n".join(parts))
     Path(args.out).write_text(text)
     print(f"wrote {args.out}")

@@ -19,6 +19,7 @@ from ..images import save_figure
 from ..oracle import GaussianMixtureOracle
 from ..sampling import sample
 from ..schedule import Schedule
+from ..tuning import OptionChoice, choose_options
 
 DEFAULT_STEPS = (2, 5, 10, 20, 50)
 PLOT_STEPS = (5, 10, 20)
@@ -158,12 +159,11 @@ DEFAULTS_TEST_ROWS: list[tuple[str, str, dict]] = [
 
 
 def choose_oracle_defaults(name: str, n_samples: int = 1000, steps: Sequence[int] = (5, 10, 20),
-                           progress: bool = False):
+                           progress: bool = False) -> tuple[GaussianMixtureOracle, OptionChoice]:
     """gk.choose_options for one data set's oracle on its validation split (VALIDATION_SEEDS; W1 against fresh
     data drawn with the first of them), over gk.tuning.GMS_CANDIDATES: the rule the shipped models' options were
-    chosen by. Returns (oracle, choice)."""
-    from ..tuning import choose_options
-
+    chosen by. Returns (oracle, choice). (In one dimension one component per image and per pixel are the same
+    sampler: their rows tie, and the tie goes to the candidate listed first.)"""
     oracle = DATASETS[name][1](Schedule.linear(1000))
     reference = fresh_data(oracle, n_samples, VALIDATION_SEEDS[0])
     choice = choose_options(oracle, reference, metrics.sliced_wasserstein1, steps=steps, seeds=len(VALIDATION_SEEDS),
@@ -173,7 +173,7 @@ def choose_oracle_defaults(name: str, n_samples: int = 1000, steps: Sequence[int
 
 
 def measure_oracle_defaults(oracle: GaussianMixtureOracle, n_samples: int = 1000, steps: Sequence[int] = (5, 10, 20),
-                         seeds: Sequence[int] = (0, 1, 2, 3, 4)) -> dict[tuple[str, int], list[float]]:
+                            seeds: Sequence[int] = (0, 1, 2, 3, 4)) -> dict[tuple[str, int], list[float]]:
     """W1 of every DEFAULTS_TEST_ROWS row at every K on the test seeds (fresh data as in run_study), with the
     oracle's own ``solver_defaults`` in force: {(label, K): one value per seed}."""
     values: dict[tuple[str, int], list[float]] = {}
