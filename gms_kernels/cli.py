@@ -247,6 +247,8 @@ def _choose_options(args: argparse.Namespace) -> int:
                          f"{type(model).__name__}: leave --out out and set model.solver_defaults yourself")
     if metric == "fid" and args.inception is None:
         raise UsageError("--metric fid needs --inception FILE (pt_inception-2015-12-05-6726825d.pth)")
+    if args.first_seed < 0:
+        raise UsageError(f"--first-seed must be >= 0, got {args.first_seed}")
     if reference == "digits":
         from .data import digits
 
@@ -255,7 +257,8 @@ def _choose_options(args: argparse.Namespace) -> int:
         x_ref = _training_data(reference)
     score = _choice_score(metric, args.inception, x_ref)
     choice = choose_options(model, x_ref, score, steps=args.steps, seeds=args.seeds, n_samples=args.samples,
-                            trajectory=args.trajectory, backend=args.backend, progress=not args.quiet)
+                            first_seed=args.first_seed, trajectory=args.trajectory, backend=args.backend,
+                            progress=not args.quiet)
     name = "the validation digits" if reference == "digits" else reference
     print(f"{metric} against {name} ({x_ref.shape[0]} images), lower is better; mean ± 95% half-width over "
           f"{args.seeds} seed(s) of {args.samples} samples:\n")
@@ -644,6 +647,8 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--inception", help="--metric fid: the local FID Inception weights file")
     co.add_argument("--steps", type=int, nargs="+", default=[5, 10, 20], help="the K values")
     co.add_argument("--seeds", type=int, default=3, help="seeds per (candidate, K)")
+    co.add_argument("--first-seed", type=int, default=0,
+                    help="the first of those seeds (keep them apart from the seeds you will test with)")
     co.add_argument("--samples", type=int, default=1000, help="samples per run")
     co.add_argument("--trajectory", default="even", choices=TRAJECTORY_KINDS, help="which time indices are visited")
     co.add_argument("--backend", default="auto", choices=BACKENDS, help="where the fused GMS step runs")

@@ -73,12 +73,17 @@ def test_a_bad_request_is_refused_before_any_sampling(kwargs, message):
                           progress=False, **kwargs)
 
 
-def test_cli_choose_options_prints_the_choice_and_saves_the_network_with_it(tmp_path, capsys):
+def test_cli_choose_options_prints_the_choice_and_saves_the_network_with_it(tmp_path, capsys, monkeypatch):
     small_central_moment_net(3).save(tmp_path / "net.pt")
     torch.save(torch.rand(16, 1, 8, 8) * 1.6 - 0.8, tmp_path / "val.pt")
     run = ["choose-options", "--model", str(tmp_path / "net.pt"), "--reference", str(tmp_path / "val.pt"),
-           "--metric", "swd", "--steps", "2", "--seeds", "1", "--samples", "8", "--quiet", "--backend", "torch"]
+           "--metric", "swd", "--steps", "2", "--seeds", "1", "--samples", "8", "--quiet", "--backend", "torch",
+           "--first-seed", "7"]
+    seen = {}
+    real = gk.tuning.choose_options
+    monkeypatch.setattr("gms_kernels.tuning.choose_options", lambda *a, **k: seen.update(k) or real(*a, **k))
     assert main(run + ["--out", str(tmp_path / "chosen.pt")]) == 0
+    assert seen["first_seed"] == 7 and seen["seeds"] == 1
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| ") and "candidate" not in line]
     assert sorted(r.split(" | ")[0][2:] for r in rows) == sorted(GMS_CANDIDATES)
@@ -93,6 +98,7 @@ def test_cli_choose_options_prints_the_choice_and_saves_the_network_with_it(tmp_
                                           "--metric"),
     ("net.pt", ["--reference", "val.pt", "--metric", "fid"], "--metric fid needs --inception FILE"),
     ("ts.pt", ["--reference", "val.pt", "--metric", "swd", "--out", "x.pt"], "--out saves a gk.models.MomentNet"),
+    ("net.pt", ["--reference", "val.pt", "--metric", "swd", "--first-seed", "-1"], "--first-seed must be >= 0"),
 ])
 def test_cli_choose_options_refuses_an_incomplete_request_in_one_line(tmp_path, capsys, monkeypatch, model, extra,
                                                                       message):
