@@ -786,7 +786,9 @@ inline void draw_block(const NoiseSource& src, int64_t e0, int n, float* __restr
         // group of four and keeps its own pair)
         alignas(64) uint64_t index[kBlock];
         alignas(64) uint32_t k0[kBlock], k1[kBlock], c0[kBlock], c1[kBlock];
-        alignas(64) uint32_t w0[kBlock], w1[kBlock], w2[kBlock], w3[kBlock];
+        // (w0, w1 zeroed only because GCC's -Wmaybe-uninitialized, on with Python's -Wall, cannot see that
+        // philox_block writes the n words normal_pairs reads; this path serves samples of fewer than 16 elements)
+        alignas(64) uint32_t w0[kBlock] = {}, w1[kBlock] = {}, w2[kBlock], w3[kBlock];
         alignas(64) float pairs[2 * kBlock];
         for (int e = 0; e < n; ++e) {
             const uint64_t seed = static_cast<uint64_t>(src.seeds[i]);
