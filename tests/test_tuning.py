@@ -5,7 +5,8 @@ import torch
 import gms_kernels as gk
 from gms_kernels.cli import main
 from gms_kernels.solvers import get_solver, resolve_options
-from gms_kernels.tuning import GMS_CANDIDATES, mean_ranks
+from gms_kernels.metrics import seed_interval
+from gms_kernels.tuning import GMS_CANDIDATES, OptionChoice, mean_ranks
 
 from conftest import small_central_moment_net
 
@@ -22,6 +23,50 @@ def test_mean_ranks_average_the_per_cell_ranks():
     scores = {("digits", "a", 5): 1.0, ("digits", "b", 5): 2.0, ("digits", "c", 5): 3.0,
               ("patches", "a", 5): 9.0, ("patches", "b", 5): 2.0, ("patches", "c", 5): 5.0}
     assert mean_ranks(scores, ["a", "b", "c"]) == {"a": 2.0, "b": 1.5, "c": 2.5}
+
+
+def test_mean_ranks_take_cells_of_any_kind():
+    """A cell may be None (gk.choose_options) or a data set's name, both in one table: cells are ordered by their
+    repr, never compared with each other."""
+    scores = {(None, "a", 5): 1.0, (None, "b", 5): 2.0, ("digits", "a", 5): 3.0, ("digits", "b", 5): 1.0}
+    assert mean_ranks(scores, ["a", "b"]) == {"a": 1.5, "b": 1.5}
+
+
+def test_the_table_is_markdown_best_first_with_intervals_where_there_are_seeds():
+    choice = OptionChoice("gms", {"a": {}, "b": {}}, (5, 10))
+    choice.values = {("a", 5): [1.0, 3.0], ("a", 10): [2.0, 2.5], ("b", 5): [0.5, 0.7], ("b", 10): [4.0]}
+    choice.ranks = {"a": 2.0, "b": 1.0}
+    cell = lambda v: f"{seed_interval(v).mean:.4g} ± {seed_interval(v).half_width:.2g}"
+    assert choice.table().splitlines() == [
+        "| candidate | K=5 | K=10 | mean rank |",
+        "|---|---|---|---|",
+        f"| b | {cell([0.5, 0.7])} | 4 | 1.00 |",
+        f"| a | {cell([1.0, 3.0])} | {cell([2.0, 2.5])} | 2.00 |",
+    ]
+    assert choice.best == "b" and choice.options == {}
+
+
+def test_choose_options_defaults_and_what_every_run_is_given(monkeypatch):
+    """The defaults (K = 5, 10, 20; seeds 0, 1, 2; 1000 samples; a progress bar) and each sample() call: the
+    candidate's options named in full (so a model's own cannot fill any in), the caller's other arguments, and a
+    shape from the reference unless one is given."""
+    calls, bars = [], []
+    monkeypatch.setattr("gms_kernels.tuning.sample", lambda model, **kw: calls.append(kw) or torch.zeros(kw["shape"]))
+    monkeypatch.setattr("gms_kernels.tuning.progress_bar",
+                        lambda runs, enabled, **kw: bars.append((enabled, kw)) or list(runs))
+    reference = torch.zeros(5, 1, 4, 4)
+    choice = gk.choose_options(object(), reference, lambda x, ref: 0.0, candidates={"a": {"fit": "closed"}},
+                               backend="torch")
+    assert choice.solver == "gms" and choice.steps == (5, 10, 20) and bars == [(True, {"desc": "choose_options"})]
+    assert [(c["steps"], c["generator"]) for c in calls] == [(k, s) for k in (5, 10, 20) for s in (0, 1, 2)]
+    full = resolve_options(get_solver("gms"), {"fit": "closed"})
+    for c in calls:
+        assert c["shape"] == (1000, 1, 4, 4) and c["solver"] == "gms" and c["progress"] is False
+        assert c["backend"] == "torch" and {k: c[k] for k in full} == full
+    calls.clear()
+    gk.choose_options(object(), reference, lambda x, ref: 0.0, candidates={"a": {}}, shape=(2, 3), n_samples=1,
+                      steps=(4,), seeds=1, progress=False)
+    assert [(c["shape"], c["steps"], c["generator"]) for c in calls] == [((1, 2, 3), 4, 0)]
 
 
 def test_every_cell_is_the_candidates_own_sampling_run_and_the_best_has_the_lowest_mean_rank():
@@ -65,6 +110,7 @@ def never_called(x, reference):
     ({"candidates": {}}, "at least one candidate"),
     ({"select": "pixel"}, "select: gms options go in the candidates"),
     ({"seeds": 0}, "seeds and n_samples must be >= 1"),
+    ({"n_samples": 0}, "seeds and n_samples must be >= 1"),
     ({"first_seed": -1}, "first_seed must be >= 0"),
 ])
 def test_a_bad_request_is_refused_before_any_sampling(kwargs, message):
