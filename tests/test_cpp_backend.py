@@ -250,9 +250,9 @@ def test_mixture_step_matches_reference_on_extreme_heads(kind, fit, t, s, dr):
 @pytest.mark.parametrize("dr", [(-1.0, 1.0), None])
 def test_closed_fit_where_kappa3_is_exactly_zero(dr, select):
     """x = e1 = e2 = e3 = 0 gives M1 = M3 = 0 and kappa3 = 0 exactly. The C++ closed fit takes a cube
-    root without special cases for passes of 32 elements whose |kappa3 / denom| are all in [2^-900,
-    inf), and the general one otherwise: here the first passes are regular, later ones hold zeros
-    alone, one zero among regular elements, or zeros in every other element; all match the reference."""
+    root without special cases for passes of 8 vectors (32 elements on avx2) whose |kappa3 / denom| are all
+    in [2^-900, inf), and the general one otherwise: here the first passes are regular, later ones hold
+    zeros alone, one zero among regular elements, or zeros in every other element; all match the reference."""
     g = torch.Generator().manual_seed(12)
     x = torch.randn(2, 3, 8, 16, generator=g)
     e1, e2, e3 = _heads("random", x.shape, g)
