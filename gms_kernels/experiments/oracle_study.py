@@ -189,17 +189,15 @@ def measure_oracle_defaults(oracle: GaussianMixtureOracle, n_samples: int = 1000
 
 def defaults_test_table(values: dict[tuple[str, int], list[float]], steps: Sequence[int]) -> str:
     """Markdown: every row's mean ± 95% half-width per K, and the chosen default minus the row, paired over seeds."""
-    from ..metrics import paired_difference, seed_interval
-
     labels = [label for label, _, _ in DEFAULTS_TEST_ROWS]
     lines = ["| solver | " + " | ".join(f"K={k}" for k in steps) + " |", "|---|" + "---|" * len(steps)]
     for label in labels:
         cells = []
         for k in steps:
-            iv = seed_interval(values[(label, k)])
+            iv = metrics.seed_interval(values[(label, k)])
             cell = f"{iv.mean:.4f} ± {iv.half_width:.4f}"
             if label != labels[0]:
-                diff, significant = paired_difference(values[(labels[0], k)], values[(label, k)])
+                diff, significant = metrics.paired_difference(values[(labels[0], k)], values[(label, k)])
                 cell += f" [{diff.mean:+.4f} ({diff.low:+.4f}, {diff.high:+.4f}){' *' if significant else ''}]"
             cells.append(cell)
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
