@@ -26,7 +26,8 @@ mkdir -p mutants/benchmarks  # also_copy copies benchmarks/reference_loop.py int
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 if [ $# -eq 0 ]; then
     set -- "gms_kernels.schedule.*" "gms_kernels.moments.*" "gms_kernels.mixture.*" "gms_kernels.fit.*" \
-           "gms_kernels.solvers.*" "gms_kernels.scheduler.*" "gms_kernels.sampling.*" "gms_kernels.models.*"
+           "gms_kernels.solvers.*" "gms_kernels.scheduler.*" "gms_kernels.sampling.*" "gms_kernels.models.*" \
+           "gms_kernels.tuning.*" "gms_kernels.metrics.*"
 fi
 nice -n 10 "$PY" -m mutmut run --max-children 1 "$@"
 "$PY" "$ROOT/benchmarks/mutation/report.py" --diffs
