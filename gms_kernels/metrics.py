@@ -17,14 +17,15 @@ def _flat2d(x: torch.Tensor) -> torch.Tensor:
 
 def wasserstein1(x: torch.Tensor, y: torch.Tensor) -> float:
     """Exact W1 between two 1-D empirical distributions (any sizes): the integral of |F_x - F_y|."""
-    x, y = _flat2d(x).flatten(), _flat2d(y).flatten()
     if x.numel() == 0 or y.numel() == 0:
         raise ValueError("W1 needs non-empty samples")
+    x, y = _flat2d(x).flatten(), _flat2d(y).flatten()
     if x.numel() == y.numel():  # equal sizes: the mean gap between order statistics
         return float((x.sort().values - y.sort().values).abs().mean())
     points = torch.cat([x, y]).sort().values
-    f_x = torch.searchsorted(x.sort().values, points[:-1], right=True) / x.numel()
-    f_y = torch.searchsorted(y.sort().values, points[:-1], right=True) / y.numel()
+    # the CDFs in float64 (integer counts divided by an int would give torch's default float32)
+    f_x = torch.searchsorted(x.sort().values, points[:-1], right=True).double() / x.numel()
+    f_y = torch.searchsorted(y.sort().values, points[:-1], right=True).double() / y.numel()
     return float(((f_x - f_y).abs() * points.diff()).sum())
 
 

@@ -92,3 +92,128 @@ def test_npz_statistics_roundtrip(tmp_path):
     np.savez(tmp_path / "bad.npz", mean=mu.numpy())
     with pytest.raises(ValueError, match="needs arrays mu and sigma"):
         metrics.load_stats(tmp_path / "bad.npz")
+
+
+# -- edges and options the quality tables rely on (mutation testing of metrics.py, eighteenth session) --------
+def test_w1_matches_scipy_for_unequal_sizes_with_ties_in_either_order():
+    from scipy.stats import wasserstein_distance
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, 5, (7,), generator=g).double()
+    y = torch.randint(0, 5, (12,), generator=g).double()
+    expected = wasserstein_distance(x.numpy(), y.numpy())
+    assert metrics.wasserstein1(x, y) == pytest.approx(expected, abs=1e-12)
+    assert metrics.wasserstein1(y, x) == pytest.approx(expected, abs=1e-12)
+    assert metrics.wasserstein1(torch.tensor([0.0, 1.0]), torch.tensor([0.0])) == pytest.approx(0.5)
+
+
+def test_w1_takes_a_single_point_and_refuses_an_empty_side():
+    assert metrics.wasserstein1(torch.tensor([0.0, 2.0]), torch.tensor([1.0])) == pytest.approx(1.0)
+    for x, y in ((torch.zeros(0), torch.ones(3)), (torch.ones(3), torch.zeros(0))):
+        with pytest.raises(ValueError, match="non-empty"):
+            metrics.wasserstein1(x, y)
+
+
+def test_sliced_w1_in_one_dimension_is_the_exact_w1():
+    x = torch.tensor([[0.0], [1.0], [3.0]], dtype=torch.float64)
+    y = torch.tensor([[0.5], [2.0]], dtype=torch.float64)
+    assert metrics.sliced_wasserstein1(x, y) == metrics.wasserstein1(x.flatten(), y.flatten())
+
+
+def test_sliced_w1_of_unequal_sizes_equals_that_of_the_same_distribution_at_equal_sizes():
+    # repeating every point leaves the empirical distribution as it is, so the general path (unequal sizes)
+    # must give what the equal-size path gives, projection by projection
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(60, 3, generator=g, dtype=torch.float64)
+    y = torch.randn(60, 3, generator=g, dtype=torch.float64) + 0.3
+    equal = metrics.sliced_wasserstein1(x, y, n_projections=16, seed=5)
+    assert metrics.sliced_wasserstein1(x, torch.cat([y, y]), n_projections=16, seed=5) == pytest.approx(equal, abs=1e-12)
+
+
+def test_sliced_w1_defaults_are_128_projections_and_seed_0():
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(50, 4, generator=g), torch.randn(50, 4, generator=g)
+    assert metrics.sliced_wasserstein1(x, y) == metrics.sliced_wasserstein1(x, y, n_projections=128, seed=0)
+    assert metrics.sliced_wasserstein1(x, y) != metrics.sliced_wasserstein1(x, y, n_projections=129, seed=0)
+    assert metrics.sliced_wasserstein1(x, y) != metrics.sliced_wasserstein1(x, y, n_projections=128, seed=1)
+
+
+def test_kde_log_likelihood_closed_form_with_a_given_bandwidth():
+    # one kernel at the origin, evaluated at the origin in 3-D: log N(0; 0, h^2 I) = -1.5 log(2 pi h^2)
+    zero = torch.zeros(1, 3, dtype=torch.float64)
+    assert metrics.kde_log_likelihood(zero, zero, bandwidth=0.5) == pytest.approx(-1.5 * math.log(2 * math.pi * 0.25))
+    # two kernels, one data point on each: the mixture halves every density
+    pts = torch.tensor([[0.0, 0.0, 0.0], [100.0, 0.0, 0.0]], dtype=torch.float64)
+    assert metrics.kde_log_likelihood(pts, pts, bandwidth=0.5) == pytest.approx(
+        -1.5 * math.log(2 * math.pi * 0.25) - math.log(2))
+    with pytest.raises(ValueError, match="positive"):
+        metrics.kde_log_likelihood(zero, zero, bandwidth=0.0)
+
+
+def test_energy_distance_uses_at_most_max_points_of_each_side(monkeypatch):
+    g = torch.Generator().manual_seed(4)
+    x, y = torch.randn(50, 2, generator=g), torch.randn(40, 2, generator=g)
+    rows = []
+    real = torch.cdist
+    monkeypatch.setattr(torch, "cdist", lambda a, b: rows.append((a.shape[0], b.shape[0])) or real(a, b))
+    first = metrics.energy_distance(x, y, max_points=10, seed=7)
+    assert rows and all(r <= 10 and c == 10 for r, c in rows)
+    assert metrics.energy_distance(x, y, max_points=10, seed=7) == first  # seeded subsets
+    rows.clear()
+    metrics.energy_distance(x, y)  # the default (5000) takes every point
+    assert sorted(set(c for _, c in rows)) == [40, 50]
+
+
+def test_gaussian_stats_take_two_rows_and_one_column_but_not_one_row():
+    mu, sigma = metrics.gaussian_stats(torch.tensor([[1.0], [3.0]]))
+    assert mu.tolist() == [2.0] and sigma.tolist() == [[2.0]]
+    with pytest.raises(ValueError, match="two feature vectors"):
+        metrics.gaussian_stats(torch.ones(1, 4))
+
+
+def test_frechet_distance_refuses_each_kind_of_mismatch():
+    mu3, s3, mu4, s4 = torch.zeros(3), torch.eye(3), torch.zeros(4), torch.eye(4)
+    for args in ((mu3, s3, mu4, s3), (mu3, s3, mu3, s4), (mu4, s3, mu4, s3)):
+        with pytest.raises(ValueError, match="mismatched statistics"):
+            metrics.frechet_distance(*args)
+
+
+def test_load_stats_refuses_pickled_arrays_and_files_without_mu_and_sigma(tmp_path):
+    import numpy as np
+
+    np.savez(tmp_path / "pickled.npz", mu=np.array([{"a": 1}], dtype=object), sigma=np.eye(1))
+    with pytest.raises(ValueError, match="allow_pickle"):
+        metrics.load_stats(tmp_path / "pickled.npz")
+    np.savez(tmp_path / "mu_only.npz", mu=np.zeros(2))
+    with pytest.raises(ValueError, match="pytorch-fid statistics"):
+        metrics.load_stats(tmp_path / "mu_only.npz")
+
+
+def test_seed_interval_level_must_lie_strictly_between_0_and_1():
+    for level in (0.0, 1.0, 1.5):
+        with pytest.raises(ValueError, match="level"):
+            metrics.seed_interval([1.0, 2.0, 4.0], level=level)
+
+
+def test_paired_difference_uses_its_level_and_calls_identical_rows_not_significant():
+    a, b = [10.0, 11.0, 12.5, 9.0, 10.5], [12.0, 12.5, 13.0, 10.0, 13.0]
+    diffs = [x - y for x, y in zip(a, b)]
+    for level in (0.5, 0.99):
+        diff, _ = metrics.paired_difference(a, b, level=level)
+        assert diff == metrics.seed_interval(diffs, level=level)
+    # every per-seed difference 0: the interval is [0, 0], which contains 0
+    diff, significant = metrics.paired_difference([1.0, 2.0, 3.0], [1.0, 2.0, 3.0])
+    assert (diff.low, diff.high) == (0.0, 0.0) and not significant
+
+
+def test_dct_features_of_non_square_images_against_scipy():
+    from scipy.fft import dctn
+
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(3, 2, 4, 6, generator=g, dtype=torch.float64)
+    c = torch.from_numpy(dctn(x.numpy(), type=2, norm="ortho", axes=(2, 3)))
+    expected = c.abs()
+    expected[:, :, 0, 0] = c[:, :, 0, 0]
+    got = metrics.dct_features(x)
+    assert got.shape == (3, 2 * 4 * 6)
+    torch.testing.assert_close(got, expected.reshape(3, -1))
