@@ -217,3 +217,15 @@ def test_dct_features_of_non_square_images_against_scipy():
     got = metrics.dct_features(x)
     assert got.shape == (3, 2 * 4 * 6)
     torch.testing.assert_close(got, expected.reshape(3, -1))
+
+
+def test_energy_distance_defaults_are_5000_points_and_seed_0(monkeypatch):
+    g = torch.Generator().manual_seed(8)
+    x, y = torch.randn(5001, 1, generator=g), torch.randn(30, 1, generator=g)
+    assert metrics.energy_distance(x, y) == metrics.energy_distance(x, y, max_points=5000, seed=0)
+    assert metrics.energy_distance(x, y) != metrics.energy_distance(x, y, max_points=5000, seed=1)
+    rows = []
+    real = torch.cdist
+    monkeypatch.setattr(torch, "cdist", lambda a, b: rows.append(b.shape[0]) or real(a, b))
+    metrics.energy_distance(x, y)
+    assert max(rows) == 5000
