@@ -125,6 +125,12 @@ def test_fid_through_the_public_function(weights_file, tmp_path):
     # statistics computed once and passed as (mu, sigma): the same distance as from the .npz
     given = metrics.fid((a + 0.5).clamp(-1, 1), metrics.fid_statistics(a, net), inception=net)
     assert given == pytest.approx(shifted, rel=1e-9)
+    # reference images: their statistics are made with the same network
+    images = metrics.fid((a + 0.5).clamp(-1, 1), a, inception=net)
+    assert images == pytest.approx(shifted, rel=1e-9)
+    # preprocess= reaches the network loaded from weights_path: torch-fidelity's resize gives other features
+    other = metrics.fid(a, tmp_path / "a.npz", weights_path=weights_file, preprocess="torch-fidelity")
+    assert other > 1e3 * abs(same)
     with pytest.raises(ValueError, match="reference must be images"):
         metrics.fid(a, None, inception=net)
 
