@@ -14,6 +14,7 @@ cache keeps the staging buffer until the copy has run.
 from __future__ import annotations
 
 import itertools
+import numbers
 
 import torch
 
@@ -25,6 +26,43 @@ def as_tensor_on(value: object, dtype: torch.dtype | None = None,
     if device is None:
         device = value.device if isinstance(value, torch.Tensor) else "cpu"
     return torch.as_tensor(value, dtype=dtype, device=device)
+
+
+def check_device(device: object, name: str = "device", allow_meta: bool = False) -> torch.device:
+    """``device`` as a torch.device that can hold this package's tensors here, refused with a message that names
+    ``name``, what was given and the devices this machine has: an unknown name ('gpu'), an accelerator that is not
+    there ('cuda' without CUDA, 'cuda:2' on a machine with two), or 'meta' unless ``allow_meta`` (its tensors hold
+    no values: fine for a list of timesteps that is never read, not for samples)."""
+    available = ", ".join(map(repr, available_devices()))
+    if isinstance(device, bool) or not isinstance(device, (str, numbers.Integral, torch.device)):
+        raise TypeError(f"{name} must be a torch.device or a device string such as 'cpu' or 'cuda:0', got "
+                        f"{type(device).__name__} {device!r}; available here: {available}")
+    try:  # (an int names a CUDA device by its index)
+        parsed = torch.device("cuda", int(device)) if isinstance(device, numbers.Integral) else torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"{name}={device!r} is not a device torch knows; available here: {available}") from None
+    if parsed.type == "meta" and not allow_meta:
+        raise ValueError(f"{name}={device!r}: meta tensors hold no values to sample with; available here: {available}")
+    if parsed.type not in ("cpu", "meta"):
+        module = getattr(torch, parsed.type, None)
+        if parsed.type == "mps":
+            module = torch.backends.mps
+        is_available = getattr(module, "is_available", None)
+        label = {"cuda": "CUDA", "mps": "MPS"}.get(parsed.type, parsed.type)
+        if not (callable(is_available) and is_available()):
+            raise ValueError(f"{name}={device!r} asks for a {label} device, but {label} is not available here; "
+                             f"available here: {available}")
+        count = getattr(module, "device_count", None)
+        if parsed.index is not None and callable(count) and parsed.index >= count():
+            raise ValueError(f"{name}={device!r}: this machine has {count()} {label} device(s); available here: "
+                             f"{available}")
+    return parsed
+
+
+def available_devices() -> list[str]:
+    """The devices this machine offers torch: the CPU, each CUDA device, MPS."""
+    cuda = [f"cuda:{i}" for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    return ["cpu"] + cuda + (["mps"] if torch.backends.mps.is_available() else [])
 
 
 def generator_device(generator: torch.Generator | None) -> torch.device:

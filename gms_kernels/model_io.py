@@ -1,6 +1,7 @@
 """Calling a noise network and reading its heads, with checks that name what went wrong."""
 from __future__ import annotations
 
+import inspect
 import numbers
 import sys
 from typing import Any, Callable, Sequence
@@ -75,14 +76,37 @@ def check_model_heads(model: Any, n_heads: int, solver: str) -> None:
                          f"gives {have} ({', '.join(HEAD_NAMES[:have])})" + (f": {hint}" if hint else ""))
 
 
+def check_model_signature(model: Any) -> None:
+    """Refuse, before any work, a model that cannot be called as ``model(x_t, t)``."""
+    if not callable(model):
+        raise TypeError(f"model must be callable as model(x_t, t) -> heads, got {type(model).__name__}")
+    try:
+        signature = inspect.signature(model.forward if isinstance(model, torch.nn.Module) else model)
+    except (TypeError, ValueError):  # (a builtin or C extension: nothing to check before the call)
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError as exc:
+        raise TypeError(f"the model is called as model(x_t, t) (x_t: [N, C, ...], t: [N] time values), but its "
+                        f"signature {signature} cannot take that ({exc}): wrap it, e.g. lambda x_t, t: net(x_t, t)") from None
+
+
+# words of torch's errors for an input of a shape or channel count the network does not take
+_SHAPE_ERROR_WORDS = ("channels", "size", "shape", "dimension")
+
+
 def call_model(model: Callable, x: torch.Tensor, t: int, T: int, time_input: str = "index") -> torch.Tensor:
     try:
         return model(x, time_tensor(t, x.shape[0], T, time_input, x.device))
     except RuntimeError as exc:  # e.g. "Input type (double) and bias type (float) should be the same"
+        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         reason = dtype_mismatch(model, x.dtype)
-        if reason is None:
-            raise
-        raise ValueError(f"the model failed on its first call ({str(exc).splitlines()[0]}): {reason}") from exc
+        if reason is not None:
+            raise ValueError(f"the model failed on its first call ({first_line}): {reason}") from exc
+        if "out of memory" not in first_line and any(w in first_line for w in _SHAPE_ERROR_WORDS):
+            raise ValueError(f"the model failed on x_t of shape {tuple(x.shape)} ({first_line}): give shape= (or "
+                             "x_T) the channel count and image size the network was built for") from exc
+        raise
 
 
 def split_heads(output: torch.Tensor, x_t: torch.Tensor, n_heads: int, solver: str,
@@ -94,6 +118,8 @@ def split_heads(output: torch.Tensor, x_t: torch.Tensor, n_heads: int, solver: s
     if not torch.is_tensor(output):
         raise TypeError(f"the model returned a {type(output).__name__}, expected one tensor holding the heads "
                         "[e1, e2, e3] concatenated along dim 1 (wrap the network so that forward returns that)")
+    if not output.is_floating_point():  # (complex heads would lose their imaginary part on the float64 path)
+        raise TypeError(f"the model output must be a real floating-point tensor, got {output.dtype}")
     if output.dim() < 2 or output.shape[0] != x_t.shape[0] or output.shape[2:] != x_t.shape[2:]:
         expected = f"[{x_t.shape[0]}, k*{x_t.shape[1]}" + "".join(f", {d}" for d in x_t.shape[2:]) + "]"
         raise ValueError(f"model output has shape {tuple(output.shape)}, expected {expected} "
@@ -130,6 +156,8 @@ def check_state_tensor(x: object, name: str = "x_t") -> torch.Tensor:
         raise ValueError(f"{name} must be [N, C, ...] (a batch with a channel dimension), got shape {tuple(x.shape)}")
     if not x.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
+    if x.shape[1] == 0:
+        raise ValueError(f"{name} must have at least one channel, got shape {tuple(x.shape)}")
     return x
 
 

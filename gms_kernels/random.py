@@ -11,6 +11,7 @@ gets the same numbers whatever batch it is drawn in.
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -139,6 +140,25 @@ def draw_seed(generator: torch.Generator | None = None) -> int:
 GeneratorLike = int | torch.Generator | Sequence[int | torch.Generator] | None
 
 
+def check_seed(value: object, name: str = "generator") -> int:
+    """An int seed in [0, 2^63) (numpy integers too), refused otherwise with a message naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int seed in [0, 2^63), a torch.Generator, None, or a list of those "
+                        f"(one per sample), got {type(value).__name__} {value!r}")
+    if not 0 <= value < 2**63:
+        raise ValueError(f"{name}: seeds must lie in [0, 2^63), got {value}")
+    return int(value)
+
+
+def check_first_index(value: object) -> int:
+    """The global index of a batch's first sample: a non-negative integer (sample i then draws the numbers of
+    index first_index + i)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"first_index must be a non-negative integer (the global index of the batch's first "
+                         f"sample), got {value!r}")
+    return int(value)
+
+
 def fixed_seeds(generator: GeneratorLike, draw_global: bool = False) -> GeneratorLike:
     """``generator`` with every torch.Generator replaced by one seed drawn from it (:func:`draw_seed`), so
     that several calls that should share keys get the same ones; ints pass through, and None (torch's
@@ -168,20 +188,15 @@ class SampleNoise:
         if isinstance(generator, (list, tuple)):
             if len(generator) != batch:
                 raise ValueError(f"got {len(generator)} generators for a batch of {batch}: pass one per sample")
-            seeds = [g if isinstance(g, int) else draw_seed(g) for g in generator]
+            seeds = [draw_seed(g) if isinstance(g, torch.Generator) else check_seed(g, f"generator[{i}]")
+                     for i, g in enumerate(generator)]
             # each sample has its own key, so its own index 0 keeps it independent of its position
             return cls(as_tensor_on(seeds, torch.int64), torch.zeros(batch, dtype=torch.int64, device="cpu"))
         if generator is None or isinstance(generator, torch.Generator):
             seed = draw_seed(generator)
-        elif isinstance(generator, int) and not isinstance(generator, bool):
-            seed = generator
         else:
-            raise ValueError(f"generator must be an int seed, a torch.Generator, None or a list of those, "
-                             f"got {type(generator).__name__}")
-        if not 0 <= seed < 2**63:
-            raise ValueError(f"seeds must lie in [0, 2^63), got {seed}")
-        if first_index < 0:
-            raise ValueError(f"first sample index must be >= 0, got {first_index}")
+            seed = check_seed(generator, "generator")
+        first_index = check_first_index(first_index)
         indices = torch.arange(first_index, first_index + batch, dtype=torch.int64, device="cpu")
         return cls(torch.full((batch,), seed, dtype=torch.int64, device="cpu"), indices)
 

@@ -6,14 +6,14 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .model_io import (adapt_model, call_model, check_inputs_finite, check_model_heads, check_positive_ints,
-                       check_state_tensor, check_time_input, split_heads)
+from .model_io import (adapt_model, call_model, check_inputs_finite, check_model_heads, check_model_signature,
+                       check_positive_ints, check_state_tensor, check_time_input, split_heads)
 from .moments import DataRange, check_data_range, transition_moments
 from .progress import progress_bar
-from .random import STREAM_INITIAL, GeneratorLike, SampleNoise
-from .schedule import DATA, Schedule, StepCoefficients, schedule_for, trajectory as make_trajectory
+from .random import STREAM_INITIAL, GeneratorLike, SampleNoise, check_first_index
+from .schedule import DATA, Schedule, StepCoefficients, check_schedule, schedule_for, trajectory as make_trajectory
 from .backends import resolve_backend
-from .devices import generator_device, module_device
+from .devices import check_device, generator_device, module_device
 from .sde import SAMPLERS, EpsFunction
 from .solvers import (StepRandomness, denoise_coefficients, get_solver, resolve_options, solver_step,
                       with_model_defaults)
@@ -45,6 +45,8 @@ def step(x_t: torch.Tensor, model_output: torch.Tensor | None, t: int, s: int, s
                          f"use gk.sample(..., solver={solver!r})")
     data_range = check_data_range(data_range)
     check_state_tensor(x_t)
+    check_schedule(schedule)
+    first_index = check_first_index(first_index)
     _check_explicit_randomness(x_t, noise, uniform)
     k = schedule.coefficients(t, s)
     where = f"at t={k.t} "
@@ -61,13 +63,23 @@ def step(x_t: torch.Tensor, model_output: torch.Tensor | None, t: int, s: int, s
 
 
 def _check_explicit_randomness(x_t: torch.Tensor, noise: torch.Tensor | None, uniform: torch.Tensor | None) -> None:
-    if noise is not None and (not torch.is_tensor(noise) or noise.shape != x_t.shape):
-        got = tuple(noise.shape) if torch.is_tensor(noise) else type(noise).__name__
-        raise ValueError(f"noise must be a tensor shaped like x_t {tuple(x_t.shape)}, got {got}")
-    if uniform is not None and (not torch.is_tensor(uniform) or uniform.shape not in (x_t.shape[:1], x_t.shape)):
-        got = tuple(uniform.shape) if torch.is_tensor(uniform) else type(uniform).__name__
-        raise ValueError(f"uniform must be a tensor [N] = {tuple(x_t.shape[:1])} (one per sample) or shaped like "
-                         f"x_t {tuple(x_t.shape)} (one per element), got {got}")
+    if noise is not None:
+        if not torch.is_tensor(noise) or noise.shape != x_t.shape:
+            got = tuple(noise.shape) if torch.is_tensor(noise) else type(noise).__name__
+            raise ValueError(f"noise must be a tensor shaped like x_t {tuple(x_t.shape)}, got {got}")
+        if not noise.is_floating_point():
+            raise TypeError(f"noise must be a real floating-point tensor, got {noise.dtype}")
+        check_inputs_finite(noise, [], x_name="noise")
+    if uniform is not None:
+        if not torch.is_tensor(uniform) or uniform.shape not in (x_t.shape[:1], x_t.shape):
+            got = tuple(uniform.shape) if torch.is_tensor(uniform) else type(uniform).__name__
+            raise ValueError(f"uniform must be a tensor [N] = {tuple(x_t.shape[:1])} (one per sample) or shaped "
+                             f"like x_t {tuple(x_t.shape)} (one per element), got {got}")
+        if not uniform.is_floating_point():
+            raise TypeError(f"uniform must be a real floating-point tensor, got {uniform.dtype}")
+        if uniform.numel() and not bool(((uniform >= 0) & (uniform < 1)).all()):  # (NaN fails both)
+            raise ValueError("uniform must hold numbers in [0, 1) (they choose each mixture component), got "
+                             f"values from {float(uniform.min())} to {float(uniform.max())}")
 
 
 def _step_noise(generator: GeneratorLike, batch: int, first_index: int) -> SampleNoise:
@@ -115,6 +127,7 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
             from .embedded import DIGITS_SHAPE
 
             shape = (16, *DIGITS_SHAPE)
+        _check_run_args(dtype, device, callback)
         model = sampled_model(model)
         plan = _plan(model, steps, solver, schedule, trajectory, data_range, time_input, solver_options)
         spec, solver_options, data_range, schedule, time_input, ts = plan
@@ -190,13 +203,15 @@ def _plan(model: Model | None, steps: int, solver: str, schedule: Schedule | Non
     """:func:`sample`'s arguments checked (before any network call) and completed with the model's
     defaults: (solver, options, data range, schedule, time input, trajectory)."""
     spec = get_solver(solver)
+    if spec.heads:  # (the exact solver never calls its oracle as a network)
+        check_model_signature(model)
     check_model_heads(model, spec.heads, spec.name)
     if spec.name == "exact" and "oracle" not in solver_options:
         solver_options = dict(solver_options, oracle=model)
     solver_options = with_model_defaults(spec, solver_options, model)
-    resolve_options(spec, solver_options)
     data_range = check_data_range(data_range)
     schedule = schedule_for(model, schedule)
+    resolve_options(spec, solver_options, schedule.T)
     time_input = check_time_input(time_input or getattr(model, "time_input", "index"))
     ts = make_trajectory(schedule, steps, trajectory)
     return spec, solver_options, data_range, schedule, time_input, ts
@@ -212,9 +227,22 @@ def check_sample_args(model: Model | None = None, steps: int = 10, solver: str =
     caller can refuse a bad request before it writes anything). (``dtype`` and ``callback`` are
     accepted so that :func:`sample`'s keyword arguments pass through; a dtype the model cannot take
     shows only when it is called.)"""
+    _check_run_args(dtype, device, callback)
     model = sampled_model(model)
     _plan(model, steps, solver, schedule, trajectory, data_range, time_input, solver_options)
     resolve_backend(backend, _sample_device(model, device))
+
+
+def _check_run_args(dtype: object, device: object, callback: object) -> None:
+    """:func:`sample`'s ``dtype``, ``device`` and ``callback``, checked before any work."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch dtype (torch.float32, torch.float64, torch.float16, "
+                        f"torch.bfloat16), got {dtype!r}")
+    if device is not None:
+        check_device(device)
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be a function of one dict (called after every step), got "
+                        f"{type(callback).__name__}")
 
 
 def sampled_model(model: Model | None) -> Model:

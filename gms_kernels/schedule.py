@@ -60,7 +60,11 @@ class Schedule:
     """
 
     def __init__(self, betas: torch.Tensor | Sequence[float]):
-        betas = as_tensor_on(betas, torch.float64).flatten().cpu()
+        try:
+            betas = as_tensor_on(betas, torch.float64).flatten().cpu()
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(f"a Schedule is built from betas, a 1-D sequence of numbers in (0, 1), got "
+                            f"{type(betas).__name__} {betas!r:.60}; or use gk.Schedule.linear() / .cosine()") from None
         if betas.numel() < 1:
             raise ValueError("a schedule needs at least one beta")
         if not torch.isfinite(betas).all() or (betas <= 0).any() or (betas >= 1).any():
@@ -205,8 +209,17 @@ def schedule_for(model: object, schedule: Schedule | None = None) -> Schedule:
     """The schedule a sampler or trainer uses: ``schedule`` if given, else the model's own (its ``schedule``
     attribute, as the loaders set it), else the linear DDPM schedule."""
     if schedule is not None:
-        return schedule
+        return check_schedule(schedule)
     return getattr(model, "schedule", None) or Schedule.linear()
+
+
+def check_schedule(schedule: object) -> Schedule:
+    """``schedule`` itself if it is a :class:`Schedule`, else a TypeError that says how to make one."""
+    if not isinstance(schedule, Schedule):
+        raise TypeError(f"schedule must be a gk.Schedule, got {type(schedule).__name__} {schedule!r:.60}: build one "
+                        "with gk.Schedule.linear(T), gk.Schedule.cosine(T) or gk.Schedule.from_betas(betas) (for a "
+                        "diffusers scheduler: gk.Schedule.from_betas(scheduler.betas))")
+    return schedule
 
 
 def trajectory(schedule: Schedule | int, steps: int, kind: str | Sequence[int] = "even") -> list[int]:
@@ -219,7 +232,12 @@ def trajectory(schedule: Schedule | int, steps: int, kind: str | Sequence[int] =
     """
     T = schedule if isinstance(schedule, int) else schedule.T
     if not isinstance(kind, str):
-        ts = [int(t) for t in kind]
+        if torch.is_tensor(kind):
+            kind = kind.reshape(-1).tolist()
+        if not hasattr(kind, "__iter__"):
+            raise TypeError(f"trajectory must be a kind ({', '.join(TRAJECTORY_KINDS)}) or a descending list of "
+                            f"integer time indices, got {type(kind).__name__} {kind!r}")
+        ts = [time_index(t, "every trajectory entry") for t in kind]
         if not ts:
             raise ValueError("an explicit trajectory needs at least one time index")
         if any(not 0 <= t < T for t in ts):
@@ -230,9 +248,9 @@ def trajectory(schedule: Schedule | int, steps: int, kind: str | Sequence[int] =
     if kind not in TRAJECTORY_KINDS:
         raise ValueError(f"unknown trajectory kind {kind!r}; valid kinds: {', '.join(TRAJECTORY_KINDS)} "
                          "or an explicit descending list of time indices")
-    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= T:
+    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or not 1 <= steps <= T:
         raise ValueError(f"steps must be an integer in [1, T = {T}], got {steps!r}")
-    K = steps
+    K = int(steps)
     if kind == "even":
         r = T / K
         ts = [max(int(T - 1 - r * i), 0) for i in range(K)]

@@ -136,6 +136,22 @@ def sn_ddpm_from_moments(mom: TransitionMoments, k: StepCoefficients, rand: Step
     return _learned_gaussian(scale_spread(mom, o["variance_scale"]), k, rand, o)
 
 
+def check_gamma(gamma: Any, T: int | None = None) -> None:
+    """analytic-dpm's ``gamma``: a 1-D table of Gamma_t, one real number per time index (NaN where not estimated),
+    as :func:`gms_kernels.sampling.estimate_gamma` returns it; ``T`` (if known) is the length it must have."""
+    fix = "estimate it with gk.estimate_gamma(model, x0, schedule)"
+    try:
+        table = as_tensor_on(gamma)
+    except (TypeError, ValueError, RuntimeError):
+        table = None
+    if table is None or table.dim() != 1 or table.is_complex() or table.dtype == torch.bool:
+        got = f"shape {tuple(table.shape)} {table.dtype}" if table is not None else f"{type(gamma).__name__} {gamma!r:.40}"
+        raise ValueError(f"gamma must be a 1-D table of real numbers, one per time index (T entries), got {got}: {fix}")
+    if T is not None and table.numel() != T:
+        raise ValueError(f"gamma has {table.numel()} entries but the schedule has T = {T} time indices: {fix} "
+                         "on this schedule")
+
+
 def analytic_x0_variance(o: dict, k: StepCoefficients) -> float:
     """Analytic-DPM's isotropic Var[x0|x_t] = sigma_t^2/a_t^2 (1 - Gamma_t), Gamma from the ``gamma`` table
     (also the C++ kernel's variance, gms_kernels.kernels.make_config)."""
@@ -338,9 +354,12 @@ def get_solver(name: str) -> Solver:
     return SOLVERS[name]
 
 
-def resolve_options(solver: Solver, options: dict[str, Any]) -> dict[str, Any]:
+def resolve_options(solver: Solver, options: dict[str, Any], T: int | None = None) -> dict[str, Any]:
     """Defaults merged with the user's options, each checked: the one validation every backend
-    relies on (the fused kernels take the resolved values as they are)."""
+    relies on (the fused kernels take the resolved values as they are). ``T``, the schedule's length where
+    the caller knows it, also checks tables indexed by time (analytic-dpm's ``gamma``)."""
+    if not isinstance(options, dict):
+        raise TypeError(f"solver options must be a dict {{name: value}}, got {type(options).__name__}")
     unknown = sorted(set(options) - set(solver.options))
     if unknown:
         raise ValueError(f"unknown option(s) {', '.join(unknown)} for solver {solver.name!r}; "
@@ -393,6 +412,8 @@ def resolve_options(solver: Solver, options: dict[str, Any]) -> dict[str, Any]:
                                     "the standardized skewness at or below which GMS draws a Gaussian")
     if "skew_scale" in o:
         o["skew_scale"] = check_skew_scale(o["skew_scale"])
+    if o.get("gamma") is not None:
+        check_gamma(o["gamma"], T)
     if solver.name == "edm-sde":
         o["s_churn"] = _real(o["s_churn"], "s_churn", 0.0, math.inf, "EDM's total churn S_churn")
         o["s_tmin"] = _real(o["s_tmin"], "s_tmin", 0.0, math.inf, "EDM's lowest churned sigma S_tmin")
@@ -459,21 +480,47 @@ def fused_config(name: str, options: dict[str, Any], k: StepCoefficients, data_r
     """The fused kernels' config of one step of solver ``name`` with the user's ``options`` (checked
     and merged with the defaults); None when the step is not one they do. Memoised: a sampling loop
     makes the same steps again and again, and building the config costs more than a small step.
-    (Options that cannot be hashed, e.g. a list of weights, skip the memo.)"""
-    key = (name, tuple((o, type(v), v) for o, v in options.items()), k, data_range, T, batch, per_sample)
+    The memo is keyed on the options' values, never on an object's identity, so that a tensor the caller
+    edits in place between two calls (weights, a gamma table) gives a new config."""
+    key = (name, tuple((o, _value_key(v)) for o, v in options.items()), k, data_range, T, batch, per_sample)
+    return _memo_fused_config(key, _Unhashed(options))
+
+
+def _value_key(value: Any) -> Any:
+    """A hashable stand-in that equals another only for an equal value (tensors and lists by their contents)."""
+    if torch.is_tensor(value):
+        return ("tensor", value.dtype, tuple(value.shape), tuple(value.detach().reshape(-1).cpu().tolist()))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_value_key(v) for v in value))
+    if isinstance(value, dict):
+        return ("dict", tuple(sorted((repr(k), _value_key(v)) for k, v in value.items())))
+    if hasattr(value, "__array__") and hasattr(value, "tolist"):  # numpy arrays and scalars
+        return ("array", repr(getattr(value, "dtype", None)), _value_key(value.tolist()))
     try:
-        return _memo_fused_config(key)
+        hash(value)
     except TypeError:
-        return _build_fused_config(key)
+        return ("object", id(value))  # (an unhashable object: compared by identity, as it is all we know)
+    return (type(value).__name__, value)
 
 
-def _build_fused_config(key: tuple) -> FusedStepConfig | None:
-    name, items, k, data_range, T, batch, per_sample = key
-    o = resolve_options(get_solver(name), {o: v for o, _, v in items})
+class _Unhashed:
+    """The caller's options beside the memo key: equal to every other, so that the key alone decides a hit."""
+
+    def __init__(self, options: dict[str, Any]):
+        self.options = options
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Unhashed)
+
+    def __hash__(self) -> int:
+        return 0
+
+
+@functools.lru_cache(maxsize=256)
+def _memo_fused_config(key: tuple, options: _Unhashed) -> FusedStepConfig | None:
+    name, _, k, data_range, T, batch, per_sample = key
+    o = resolve_options(get_solver(name), options.options, T)
     return make_config(name, k, data_range, o, T, batch, per_sample)
-
-
-_memo_fused_config = functools.lru_cache(maxsize=256)(_build_fused_config)
 
 
 def solver_step(name: str, x_t: torch.Tensor, heads: list[torch.Tensor], k: StepCoefficients,
@@ -505,7 +552,7 @@ def solver_step(name: str, x_t: torch.Tensor, heads: list[torch.Tensor], k: Step
             return x_s, ({} if p is None else {"mu1": p.mu1, "mu2": p.mu2, "s2": p.s2})
     check_inputs_finite(x_t, heads, where)
     solver = get_solver(name)
-    o = resolve_options(solver, options)
+    o = resolve_options(solver, options, T)
     o.update(data_range=data_range, T=T)
     x_t = x_t.to(torch.float64)
     heads = [h.to(torch.float64) for h in heads]

@@ -1810,9 +1810,9 @@ def test_a_device_named_without_an_index_matches_any_index_of_its_type(a, b, sam
 
 
 def test_check_sample_args_resolves_the_backend_where_the_samples_will_be_made():
-    """check_sample_args refuses what gk.sample would: the C++ backend for samples made off the CPU, whether
-    device= puts them there or, without device=, the model's weights do (a model on the meta device stands
-    for one on a GPU); device= wins over the model's device."""
+    """check_sample_args refuses what gk.sample would: the C++ backend for samples made off the CPU, where the
+    model's weights put them without device= (a model on the meta device stands for one on a GPU); device= wins
+    over the model's device, and device='meta' itself is refused (its samples would hold no values)."""
     import copy
 
     from gms_kernels.embedded import default_model
@@ -1822,7 +1822,7 @@ def test_check_sample_args_resolves_the_backend_where_the_samples_will_be_made()
     on_meta = copy.deepcopy(model).to("meta")
     check_sample_args(model, backend="cpp")
     check_sample_args(on_meta, backend="cpp", device="cpu")
-    with pytest.raises(ValueError, match="runs on CPU tensors"):
+    with pytest.raises(ValueError, match="device='meta': meta tensors hold no values"):
         check_sample_args(model, backend="cpp", device="meta")
     with pytest.raises(ValueError, match="runs on CPU tensors"):
         check_sample_args(on_meta, backend="cpp")
