@@ -22,6 +22,10 @@ Conventions (reference-notes 9):
   With the Triton backend the kernel's flag for it is read at the next ``step`` (by then the
   network call queued in between runs after the kernel, so the read does not stall the device),
   and at once for the last step; ``set_timesteps`` reads a flag left by an unfinished loop.
+- Bad input is refused at the public entry (constructor, ``set_timesteps``, ``step``, ``add_noise``) before
+  any work, with an error that names the argument: a non-float sample or model output (or a diffusers
+  ``UNet2DOutput`` instead of its ``.sample``), a timestep that is not an integer, noise of another shape,
+  a device this machine lacks.
 - A timestep that is an element of ``self.timesteps`` (as ``for t in scheduler.timesteps``
   gives) is located by its position, without reading its value from the device.
 - fp16/bf16 samples are upcast (at least float32; the torch reference computes in float64) and
@@ -32,8 +36,12 @@ This module imports diffusers (a dependency of gms_kernels, loaded on first use 
 from __future__ import annotations
 
 import inspect
+import math
+import numbers
 import operator
+import re
 import warnings
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -43,13 +51,13 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.utils import BaseOutput
 
 from .backends import BACKENDS, resolve_backend
-from .devices import as_tensor_on
+from .devices import as_tensor_on, check_device
 from .files import json_ready
 from .moments import check_data_range, clamp_x0_moments, x0_moments
-from .model_io import split_heads
+from .model_io import check_state_tensor, split_heads
 from .random import fixed_seeds
 from .sampling import DeferredFiniteCheck, step as gk_step
-from .schedule import DATA, TRAJECTORY_KINDS, Schedule, trajectory
+from .schedule import DATA, TRAJECTORY_KINDS, Schedule, time_index, trajectory
 from .solvers import SOLVERS, get_solver, resolve_options
 
 BETA_SCHEDULES = ("linear", "scaled_linear", "cosine", "squaredcos_cap_v2", "sigmoid")
@@ -114,6 +122,55 @@ def inference_timesteps(T: int, num_inference_steps: int, kind: str) -> list[int
         raise ValueError(f"timestep_spacing {kind!r} gives {len(ts)} timesteps for num_inference_steps="
                          f"{num_inference_steps} (T = {T})")
     return ts
+
+
+def time_indices(timesteps: object) -> list[int]:
+    """``set_timesteps(timesteps=...)`` as a list of ints; a ValueError names any entry that is not one."""
+    if torch.is_tensor(timesteps):
+        values = timesteps.detach().flatten().tolist()
+    elif hasattr(timesteps, "__array__") and hasattr(timesteps, "ravel"):  # a numpy array, flattened like a tensor
+        values = timesteps.ravel().tolist()
+    elif isinstance(timesteps, Iterable) and not isinstance(timesteps, (str, bytes, Mapping)):
+        values = list(timesteps)
+    else:
+        raise ValueError(f"timesteps must be a sequence of integer time indices (a list, tuple, array or tensor, "
+                         f"descending), got {type(timesteps).__name__} {timesteps!r}; for a number of steps pass "
+                         "num_inference_steps instead")
+    return [time_index(v, f"timesteps[{i}]") for i, v in enumerate(values)]
+
+
+def _skew_scale_by_t(mapping: Mapping) -> dict:
+    """``skew_scale={t: factor}`` with its numeric keys as ints: a JSON config stores them as strings
+    ("500"). Any other key is kept for the option's own check to refuse."""
+    out: dict = {}
+    for key, value in mapping.items():
+        t = key
+        if isinstance(key, str) and re.fullmatch(r"[+-]?[0-9]+", key.strip()):
+            t = int(key)
+        elif isinstance(key, numbers.Integral) and not isinstance(key, bool):
+            t = int(key)
+        if t in out:
+            raise ValueError(f"skew_scale has two factors for t={t} (keys {list(mapping)!r}): give one per time index")
+        out[t] = value
+    return out
+
+
+def _describe(value: object) -> str:
+    """What a tensor argument was: its dtype and shape, or the type of a non-tensor."""
+    if torch.is_tensor(value):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+    return type(value).__name__
+
+
+def check_model_output(model_output: object) -> torch.Tensor:
+    """``step``'s ``model_output`` must be the network's output tensor, not diffusers' wrapper of it."""
+    if not torch.is_tensor(model_output):
+        raise TypeError(f"model_output must be a tensor (the network's heads concatenated along dim 1), got "
+                        f"{type(model_output).__name__}: pass unet(...).sample, the tensor a diffusers UNet2DOutput "
+                        "holds (or unet(..., return_dict=False)[0])")
+    if not model_output.is_floating_point():
+        raise TypeError(f"model_output must be a floating-point tensor, got {model_output.dtype}")
+    return model_output
 
 
 # Keys of DDPMScheduler / DDIMScheduler configs that GMSScheduler has no argument for, and how
@@ -226,18 +283,41 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
             raise ValueError(f"unknown solver {c.solver!r} for GMSScheduler; valid: {', '.join(SCHEDULER_SOLVERS)}")
         if c.backend not in BACKENDS:
             raise ValueError(f"unknown backend {c.backend!r}; valid: {', '.join(BACKENDS)}")
+        T = c.num_train_timesteps
+        if isinstance(T, bool) or not isinstance(T, numbers.Integral):
+            raise TypeError(f"num_train_timesteps must be a positive integer (T of the training schedule, e.g. 1000), "
+                            f"got {T!r} ({type(T).__name__})")
+        if T < 1:
+            raise ValueError(f"num_train_timesteps must be a positive integer (T of the training schedule, e.g. 1000), "
+                             f"got {T!r}")
+        T = int(T)  # (a numpy integer would not be saved as JSON)
+        solver_options = c.solver_options
+        if solver_options is not None:
+            if not isinstance(solver_options, Mapping):
+                raise TypeError(f"solver_options must be a dict {{option name: value}} or None, got "
+                                f"{type(solver_options).__name__} {solver_options!r}; e.g. "
+                                "solver_options={'var_floor': 1e-4}")
+            solver_options = dict(solver_options)
+            bad = [k for k in solver_options if not isinstance(k, str)]
+            if bad:
+                names = ", ".join(k for k in SOLVERS[c.solver].options if k not in _GMS_KEYS + ("eta",))
+                raise TypeError(f"solver_options' keys must be option names (strings), got {bad[0]!r}; solver "
+                                f"{c.solver!r} takes: {names or 'none'}")
+            if isinstance(solver_options.get("skew_scale"), Mapping):  # JSON keys are strings: "500" stands for t = 500
+                by_t = _skew_scale_by_t(solver_options["skew_scale"])
+                solver_options["skew_scale"] = {str(t): v for t, v in by_t.items()}
         # the config is saved as JSON: keep tensors / arrays / tuples there as lists
         trained_betas = json_ready(c.trained_betas, "trained_betas")
         data_range = json_ready(c.data_range, "data_range")
-        solver_options = None if c.solver_options is None else json_ready(dict(c.solver_options), "solver_options")
-        self.register_to_config(trained_betas=trained_betas, data_range=data_range, solver_options=solver_options)
-        T = c.num_train_timesteps
+        solver_options = None if solver_options is None else json_ready(solver_options, "solver_options")
+        self.register_to_config(num_train_timesteps=T, trained_betas=trained_betas, data_range=data_range,
+                                solver_options=solver_options)
         if trained_betas is not None and len(trained_betas) != T:
             raise ValueError(f"trained_betas has {len(trained_betas)} entries but num_train_timesteps is {T}")
         self._data_range = check_data_range(data_range)
         self._spec = get_solver(c.solver)
         self._options = self._solver_options(c.solver, c.fit, c.select, c.fit_iters, c.eta, solver_options, c.preset)
-        resolve_options(self._spec, dict(self._options))  # fail now, not at the first step
+        resolve_options(self._spec, dict(self._options), T)  # fail now, not at the first step
 
         self.schedule = Schedule(make_betas(T, c.beta_start, c.beta_end, c.beta_schedule, trained_betas))
         # float32 views for pipelines that read them (img2img-style code uses alphas_cumprod)
@@ -271,6 +351,8 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
                 value = tuple(value)
             elif key == "gamma" and value is not None:  # (a list in the config) the table the steps index
                 value = as_tensor_on(value, torch.float64)
+            elif key == "skew_scale" and isinstance(value, Mapping):  # (string keys in the config) looked up by int t
+                value = _skew_scale_by_t(value)
             options[key] = value
         return options
 
@@ -339,21 +421,25 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
                       timesteps: Sequence[int] | None = None) -> None:
         """Choose the timesteps: ``num_inference_steps`` = N of them (N network calls) with the
         configured ``timestep_spacing`` (:func:`inference_timesteps`), or an explicit strictly
-        descending list ``timesteps`` of indices in [0, T-1]."""
+        descending list ``timesteps`` of integer indices in [0, T-1] (see :func:`time_indices`)."""
         T = self.config.num_train_timesteps
         if (num_inference_steps is None) == (timesteps is None):
             raise ValueError("pass exactly one of num_inference_steps or timesteps")
+        device = None if device is None else check_device(device, allow_meta=True)
         if timesteps is not None:
-            if torch.is_tensor(timesteps):
-                timesteps = timesteps.flatten().tolist()
-            ts = trajectory(T, 0, [int(t) for t in timesteps])
+            ts = trajectory(T, 0, time_indices(timesteps))
             self.custom_timesteps = True
             self.num_inference_steps = len(ts)
         else:
+            n = num_inference_steps
             try:
-                num_inference_steps = operator.index(num_inference_steps)  # numpy/torch integers too
+                n = None if isinstance(n, bool) else operator.index(n)  # numpy/torch integers too
             except TypeError:
-                raise ValueError(f"num_inference_steps must be an integer, got {num_inference_steps!r}") from None
+                n = None
+            if n is None or not 1 <= n <= T:
+                raise ValueError(f"num_inference_steps must be an integer in [1, {T}] (the number of network calls), "
+                                 f"got {num_inference_steps!r}")
+            num_inference_steps = n
             ts = inference_timesteps(T, num_inference_steps, self.config.timestep_spacing)
             if self.config.timestep_spacing == "leading" and self.config.steps_offset:
                 ts = [t + int(self.config.steps_offset) for t in ts]
@@ -373,6 +459,7 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
         return self._ts[i + 1] if i + 1 < len(self._ts) else DATA
 
     def _index(self, timestep: int | torch.Tensor) -> int:
+        given = timestep
         if torch.is_tensor(timestep):
             i = self._position_in_timesteps(timestep)
             if i is not None:
@@ -381,8 +468,12 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
             if values.numel() != 1:
                 raise ValueError(f"step() takes one timestep for the whole batch, got {timestep.tolist()}")
             timestep = values.item()
-        t = int(timestep)
-        if t != timestep or t not in self._position:
+        if isinstance(timestep, bool) or not isinstance(timestep, numbers.Real) or not math.isfinite(timestep):
+            raise ValueError(f"timestep must be an integer time index, one of scheduler.timesteps (an int or a "
+                             f"one-element tensor, as `for t in scheduler.timesteps` gives), got {given!r} "
+                             f"({type(given).__name__})")
+        t = int(timestep) if float(timestep).is_integer() else None
+        if t is None or t not in self._position:
             raise ValueError(f"timestep {timestep} is not one of scheduler.timesteps ({len(self._ts)} entries, "
                              f"{self._ts[0]} ... {self._ts[-1]}); call set_timesteps and step through "
                              "scheduler.timesteps")
@@ -413,10 +504,13 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
              generator: Any = None, return_dict: bool = True) -> GMSSchedulerOutput | tuple:
         """One reverse step from ``timestep`` to the next entry of ``self.timesteps`` (or to data).
 
-        ``model_output`` holds the heads concatenated along dim 1 (3C for gms, 2C for sn-ddpm,
-        C for ddpm/ddim). Returns ``GMSSchedulerOutput(prev_sample, pred_original_sample)`` or, with
+        ``model_output`` is the network's output tensor (``unet(...).sample``), the heads concatenated
+        along dim 1 (3C for gms, 2C for sn-ddpm, C for ddpm/ddim); ``sample`` a floating-point
+        [N, C, ...] tensor. Returns ``GMSSchedulerOutput(prev_sample, pred_original_sample)`` or, with
         ``return_dict=False``, the tuple ``(prev_sample, pred_original_sample)``.
         """
+        check_state_tensor(sample, "sample")  # (an integer sample would come back truncated)
+        check_model_output(model_output)
         i = self._index(timestep)
         t, s = self._ts[i], self._after(i)
         work = sample.dtype if sample.dtype in (torch.float32, torch.float64) else torch.float32
@@ -451,7 +545,16 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
 
     def add_noise(self, original_samples: torch.Tensor, noise: torch.Tensor,
                   timesteps: int | torch.Tensor) -> torch.Tensor:
-        """x_t = a_t x0 + sigma_t eps with one timestep per sample (or one for all); fp16 is upcast to float32."""
+        """x_t = a_t x0 + sigma_t eps with one timestep per sample (or one for all); fp16 is upcast to float32.
+
+        ``noise`` must have the shape of ``original_samples`` (no broadcasting over the batch)."""
+        if not torch.is_tensor(original_samples) or not original_samples.is_floating_point():
+            raise TypeError(f"original_samples must be a floating-point tensor [N, ...], got "
+                            f"{_describe(original_samples)}")
+        if not torch.is_tensor(noise) or not noise.is_floating_point() or noise.shape != original_samples.shape:
+            raise ValueError(f"noise must be a floating-point tensor shaped like original_samples "
+                             f"{tuple(original_samples.shape)}, got {_describe(noise)}; e.g. "
+                             "torch.randn_like(original_samples)")
         given = as_tensor_on(timesteps).flatten().cpu()
         if given.dtype == torch.bool or (given.is_floating_point() and not (given == given.round()).all()):
             raise ValueError(f"timesteps must be integer time indices, got {given.tolist()}")
