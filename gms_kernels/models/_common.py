@@ -189,6 +189,45 @@ def strip_prefix(state: Mapping[str, Any], prefix: str = "module.") -> dict:
     return state
 
 
+def holds_tensors(data: Any) -> bool:
+    """Whether ``data`` holds a tensor anywhere (in nested dicts, lists and tuples)."""
+    if isinstance(data, torch.Tensor):
+        return True
+    if isinstance(data, Mapping):
+        return any(holds_tensors(v) for v in data.values())
+    if isinstance(data, (list, tuple)):
+        return any(holds_tensors(v) for v in data)
+    return False
+
+
+def _kind_of(x: Any) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"tensor{list(x.shape)}"
+    if isinstance(x, (Mapping, list, tuple)):
+        return f"{type(x).__name__} of {len(x)}"
+    return type(x).__name__
+
+
+def describe_contents(data: Any, limit: int = 8) -> str:
+    """What a loaded file holds, for messages: its keys (or entries) and their types."""
+    if isinstance(data, Mapping):
+        if not data:
+            return "an empty dict"
+        shown = ", ".join(f"{k!r}: {_kind_of(v)}" for k, v in list(data.items())[:limit])
+        more = f", ... ({len(data) - limit} more)" if len(data) > limit else ""
+        return f"a dict {{{shown}{more}}}"
+    if isinstance(data, (list, tuple)):
+        shown = ", ".join(_kind_of(v) for v in list(data)[:limit])
+        more = f", ... ({len(data) - limit} more)" if len(data) > limit else ""
+        name = type(data).__name__
+        return f"a {name} of {len(data)} entries ({shown}{more})" if data else f"an empty {name}"
+    if data is None:
+        return "None"
+    name = _kind_of(data)
+    value = f" ({repr(data)[:60]})" if isinstance(data, (int, float, str)) else ""
+    return f"{'an' if name[:1] in 'aeiou' else 'a'} {name}{value}"
+
+
 def _shape(x: Any) -> str:
     return str(list(x.shape)) if isinstance(x, torch.Tensor) else type(x).__name__
 

@@ -20,8 +20,9 @@ import torch
 from torch import nn
 
 from ..schedule import Schedule
-from ._common import (check_cuda_present, check_map_location, check_state_dict, format_call, materialize,
-                      meta_model, mismatch_message, mismatch_report, read_location, read_weights_file, strip_prefix)
+from ._common import (check_cuda_present, check_map_location, check_state_dict, describe_contents, format_call,
+                      holds_tensors, materialize, meta_model, mismatch_message, mismatch_report, read_location,
+                      read_weights_file, strip_prefix)
 from .diffusers_unet import DiffusersUNet, scheduler_config_near
 from .ddim_model import DDIMModel, resolve_resolution
 from .iddpm import IDDPMUNet
@@ -39,6 +40,26 @@ _IDDPM_ARGS = ("in_channels", "model_channels", "out_channels", "num_res_blocks"
 # improved-diffusion's training scripts use 4 heads; the weights cannot tell (the split does not change shapes)
 _IDDPM_DEFAULTS = {"dropout": 0.0, "num_heads": 4, "num_heads_upsample": -1}
 
+# What each kind reads (for the messages about a file that does not fit the kind given)
+_EXPECTS = {
+    "pytorch-ddpm": "a pytorch-ddpm checkpoint ({'ema_model': state_dict, 'net_model': ...}) or a raw state dict "
+                    "of tensors (keyed time_embedding.*, downblocks.*, ...)",
+    "improved-diffusion": "an improved-diffusion raw state dict (tensors keyed time_embed.*, input_blocks.*, ...)",
+    "ddim": "a DDIM repository Model state dict (tensors keyed temb.dense.*, conv_in.*, down.*, ...), raw, in "
+            "{'ema_model', 'net_model'} or in the DDIM repository's [model, optimizer, epoch, step, ema] list",
+    "gms-official": "an official GMS checkpoint ({'ema_model': state_dict, 'net_model': ...}) or a raw state dict "
+                    "of tensors",
+    "gms-heads": f"a MomentNet heads file (format {HEADS_FORMAT!r}, written by MomentNet.save_heads)",
+    "moment-net": f"a MomentNet file (format {NET_FORMAT!r}, written by MomentNet.save)",
+}
+_ACCEPTED = ("gk.models.load reads network weights: a state dict of tensors (pytorch-ddpm, improved-diffusion or "
+             "DDIM Model keys), a training checkpoint holding one under 'ema_model' / 'net_model', the DDIM "
+             "repository's [model, optimizer, epoch, step, ema] list, a MomentNet file, or a diffusers model directory")
+# Marker keys of each family's state dict (any one names the family)
+_MARKERS = {"pytorch-ddpm": ("time_embedding.timembedding.0.weight", "downblocks.0.block1.0.weight"),
+            "improved-diffusion": ("time_embed.0.weight", "input_blocks.0.0.weight"),
+            "ddim": ("temb.dense.0.weight",)}
+
 
 def load(path_or_dir: str | os.PathLike | Sequence[str | os.PathLike], kind: str = "auto", *,
          map_location: Any = "cpu", **config: Any) -> nn.Module:
@@ -51,8 +72,9 @@ def load(path_or_dir: str | os.PathLike | Sequence[str | os.PathLike], kind: str
       in_channels; read from the weights when left out), ``use_ema=True`` (ema_model, else net_model),
       ``schedule``.
     - improved-diffusion: IDDPMUNet arguments (read from the weights when left out, except
-      ``num_heads``, default 4 as in improved-diffusion's scripts, and ``dropout``), ``eps_only=True``
-      (forward returns eps alone when sigma is learned), ``schedule``.
+      ``num_heads``, default 4 as in improved-diffusion's scripts, with a warning as the weights cannot
+      tell it, and ``dropout``), ``eps_only=True`` (forward returns eps alone when sigma is learned),
+      ``schedule``.
     - ddim: DDIMModel arguments (ch, out_ch, ch_mult, num_res_blocks, attn_resolutions, dropout,
       resamp_with_conv, in_channels, resolution; read from the weights except dropout and the image size:
       pass ``resolution`` or ``attn_resolutions``), ``use_ema=True``, ``schedule``. Reads raw state dicts,
@@ -69,8 +91,9 @@ def load(path_or_dir: str | os.PathLike | Sequence[str | os.PathLike], kind: str
     the saved tensors: the model goes where they go); None means the CPU, and ``"meta"`` gives a model of
     shapes only (the file is still read and checked).
 
-    A bad file (unreadable, missing/unexpected keys, wrong shapes, wrong config) raises a ValueError
-    that names the file, the keys and the shapes and suggests a fix.
+    A bad file (unreadable, missing/unexpected keys, wrong shapes, wrong config, no tensors at all, or the
+    content of another kind than ``kind``) raises a ValueError that names the file, the keys and the shapes
+    and suggests a fix.
     """
     check_map_location(map_location)
     if kind not in KINDS:
@@ -95,8 +118,11 @@ def load(path_or_dir: str | os.PathLike | Sequence[str | os.PathLike], kind: str
         raise ValueError(f"{path} is a file; kind='diffusers' needs the model directory (config.json + "
                          f"{' or '.join(DIFFUSERS_WEIGHTS)})")
     data = read_weights_file(path, read_location(map_location))
+    check_holds_weights(path, data, kind)
     if kind == "auto":
         kind = _detect(path, data)
+    else:
+        _check_kind(path, data, kind)
     if kind == "pytorch-ddpm":
         return _load_pytorch_ddpm(path, data, map_location, **config)
     if kind == "improved-diffusion":
@@ -128,38 +154,97 @@ def _is_state_dict(obj: Any) -> bool:
         isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items())
 
 
-def _detect(path: str, data: Any) -> str:
+def _marker(keys: Mapping[str, Any], families: tuple[str, ...]) -> tuple[str, str] | None:
+    """(family, its marker key) of the first of ``families`` whose marker key is in ``keys``."""
+    for family in families:
+        for key in _MARKERS[family]:
+            if key in keys:
+                return family, key
+    return None
+
+
+def _guess(data: Any) -> tuple[str, str] | None:
+    """(kind, the evidence) when the content names its kind (a format tag or a family's marker key), else None."""
     if isinstance(data, Mapping):
         fmt = data.get("format")
         if fmt == HEADS_FORMAT:
-            return "gms-heads"
+            return "gms-heads", f"format tag {fmt!r}"
         if fmt == NET_FORMAT:
-            return "moment-net"
+            return "moment-net", f"format tag {fmt!r}"
         if "ema_model" in data or "net_model" in data:
-            inner = data.get("ema_model", data.get("net_model"))
-            keys = strip_prefix(inner) if _is_state_dict(inner) else {}
-            if "time_embed.0.weight" in keys or "input_blocks.0.0.weight" in keys:
-                return "gms-official"  # the official GMS main.py's format around an improved-diffusion UNet
-            if "temb.dense.0.weight" in keys:
-                return "ddim"
+            name = "ema_model" if "ema_model" in data else "net_model"
+            keys = strip_prefix(data[name]) if _is_state_dict(data[name]) else {}
+            found = _marker(keys, ("improved-diffusion", "ddim", "pytorch-ddpm"))
+            if found is None:
+                return None
+            # (the official GMS main.py's format around an improved-diffusion UNet)
+            kind = "gms-official" if found[0] == "improved-diffusion" else found[0]
+            return kind, f"{name!r} holds a state dict with the key {found[1]!r}"
+        if _is_state_dict(data):
+            found = _marker(strip_prefix(data), ("pytorch-ddpm", "improved-diffusion", "ddim"))
+            return (found[0], f"a state dict with the key {found[1]!r}") if found else None
+    if isinstance(data, (list, tuple)) and data and _is_state_dict(data[0]) \
+            and "temb.dense.0.weight" in strip_prefix(data[0]):
+        return "ddim", "the DDIM repository's [model, optimizer, epoch, step, (ema)] list"
+    return None
+
+
+def _detect(path: str, data: Any) -> str:
+    guess = _guess(data)
+    if guess is not None:
+        return guess[0]
+    if isinstance(data, Mapping):
+        if "ema_model" in data or "net_model" in data:
             return "pytorch-ddpm"
         if _is_state_dict(data):
             keys = strip_prefix(data)
-            if "time_embedding.timembedding.0.weight" in keys or "downblocks.0.block1.0.weight" in keys:
-                return "pytorch-ddpm"
-            if "time_embed.0.weight" in keys or "input_blocks.0.0.weight" in keys:
-                return "improved-diffusion"
-            if "temb.dense.0.weight" in keys:
-                return "ddim"
             if "conv_in.weight" in keys and any(k.startswith("time_embedding.linear_1") for k in keys):
                 raise ValueError(f"{path}: these are diffusers UNet2DModel weights; load the directory that holds "
                                  f"them with config.json: gk.models.load(<dir>)")
-    if isinstance(data, (list, tuple)) and data and _is_state_dict(data[0]) \
-            and "temb.dense.0.weight" in strip_prefix(data[0]):
-        return "ddim"  # the DDIM repository's [model, optimizer, epoch, step, (ema)] list
-    top = list(data)[:8] if isinstance(data, Mapping) else type(data).__name__
-    raise ValueError(f"{path}: cannot tell which network this file holds (top-level keys: {top}). Pass kind= one of "
-                     f"{', '.join(k for k in KINDS if k != 'auto')}")
+    if not holds_tensors(data):
+        raise no_weights_error(path, data, "auto")
+    raise ValueError(f"{path}: cannot tell which network this file holds (top-level keys: {_top(data)}). Pass kind= "
+                     f"one of {_known_kinds()}")
+
+
+def _top(data: Any) -> Any:
+    return list(data)[:8] if isinstance(data, Mapping) else type(data).__name__
+
+
+def _known_kinds() -> str:
+    return ", ".join(k for k in KINDS if k != "auto")
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1] in "aeiou" else "a"
+
+
+def check_holds_weights(where: str, data: Any, kind: str) -> None:
+    """Refuse a file without a single tensor (a step counter, settings, ...): no kind reads it. A file whose
+    layout a loader knows (a format tag, an 'ema_model' / 'net_model' entry) is left to that loader, which
+    names the entry that is wrong."""
+    known = isinstance(data, Mapping) and any(k in data for k in ("format", "ema_model", "net_model"))
+    if not known and not holds_tensors(data):
+        raise no_weights_error(where, data, kind)
+
+
+def no_weights_error(where: str, data: Any, kind: str) -> ValueError:
+    """The error for a file that holds no tensors at all, for ``kind`` (or "auto")."""
+    head = (f"cannot tell which network this file holds (top-level keys: {_top(data)})" if kind == "auto"
+            else f"expected {_EXPECTS.get(kind, 'network weights')}")
+    return ValueError(f"{where}: {head}, but the file holds no tensors, so no network weights: it holds "
+                      f"{describe_contents(data)}. {_ACCEPTED}. Pass the file the weights were saved to (e.g. with "
+                      "torch.save(model.state_dict(), path)), not one of training settings or counters")
+
+
+def _check_kind(path: str, data: Any, kind: str) -> None:
+    """Refuse a file whose content names another kind than the one given (its loader would fail obscurely)."""
+    guess = _guess(data)
+    if guess is not None and guess[0] != kind and kind in _EXPECTS:
+        found, why = guess
+        raise ValueError(f"{path}: kind={kind!r} reads {_EXPECTS[kind]}, but this file looks like {_article(found)} "
+                         f"{found} checkpoint ({why}). Pass kind={found!r}, or leave kind out to detect it (known "
+                         f"kinds: {_known_kinds()})")
 
 
 def _no_options(kind: str, given: Mapping[str, Any], valid: tuple[str, ...]) -> None:
@@ -173,16 +258,20 @@ def _no_options(kind: str, given: Mapping[str, Any], valid: tuple[str, ...]) -> 
 def _build_checked(cls: type, cfg: dict, state: Mapping[str, Any], where: str, kind: str,
                    inferred: dict | None, device: Any) -> nn.Module:
     """Build ``cls(**cfg)`` on the meta device, compare with ``state``, then materialise and load it."""
+    unreadable = (f"the keys do not look like {_article(kind)} {kind} {cls.__name__} state dict (first keys: "
+                  f"{list(state)[:6]}): check the file and the kind (valid kinds: {_known_kinds()}; leave kind out "
+                  "to detect it)")
     try:
         model = meta_model(lambda: cls(**cfg))
     except (TypeError, ValueError) as e:
+        if inferred is None and isinstance(e, TypeError):  # (a missing argument: the keys did not give the shape)
+            raise ValueError(f"{where}: cannot build {format_call(cls.__name__, cfg)}: {unreadable}") from None
         hint = f" The weights look like {format_call(cls.__name__, inferred)}." if inferred else ""
         raise ValueError(f"{where}: cannot build {format_call(cls.__name__, cfg)}: {e}.{hint}") from None
 
     def suggest() -> str | None:
         if inferred is None:
-            return (f"the keys do not look like a {kind} {cls.__name__} state dict: check the file and the kind "
-                    f"(valid kinds: {', '.join(k for k in KINDS if k != 'auto')})")
+            return unreadable
         try:
             ref = meta_model(lambda: cls(**{**cfg, **inferred}))
         except (TypeError, ValueError):
@@ -244,9 +333,21 @@ def _load_iddpm(path: str, data: Any, device: Any, **config: Any) -> IDDPMUNet:
     inferred = IDDPMUNet.infer_config(state)
     cfg = {**_IDDPM_DEFAULTS, **(inferred or {}), **args}
     model = _build_checked(IDDPMUNet, cfg, state, path, "improved-diffusion", inferred, device)
+    if "num_heads" not in args:
+        warn_head_count(path, model.num_heads)
     model.eps_only = bool(extra.get("eps_only", True))
     _set_schedule(model, extra.get("schedule"))
     return model
+
+
+def warn_head_count(where: str, assumed: int, stacklevel: int = 4) -> None:
+    """Say that an improved-diffusion network's attention head count was assumed (``stacklevel``: the caller
+    of gk.models.load). Every IDDPMUNet has attention (the middle block's), and the weights cannot tell how
+    it was split into heads, while the split changes the outputs."""
+    warnings.warn(f"{where}: the attention head count of an improved-diffusion network cannot be read from its "
+                  f"weights (the split into heads changes no shape); num_heads={assumed} was assumed, as in "
+                  "improved-diffusion's training scripts. If the model was trained with another count, pass "
+                  "num_heads= (CLI: --load-option num_heads=N), e.g. num_heads=2", UserWarning, stacklevel=stacklevel)
 
 
 def _load_ddim(path: str, data: Any, device: Any, **config: Any) -> DDIMModel:

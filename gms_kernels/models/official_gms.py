@@ -13,18 +13,20 @@ sample.py does) or a raw state dict. Schedule: linear betas 1e-4..0.02 over T = 
 """
 from __future__ import annotations
 
+import math
 import os
+import warnings
 from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
 
-from ..model_io import check_time_input
+from ..model_io import check_time_input, time_values
 from ..schedule import Schedule
 from ._common import check_state_dict, meta_model, materialize, read_torch_file, strip_prefix
 from .iddpm import IDDPMUNet
 from .loading import _DDIM_ARGS as DDIM_ARGS, _IDDPM_ARGS, _IDDPM_DEFAULTS, _build_checked, _is_state_dict, \
-    _set_schedule, build_ddim
+    _set_schedule, build_ddim, check_holds_weights, warn_head_count
 from .moment_net import MomentNet
 from .official_heads import DDIM_MODES, IDDPM_MODES, build_official_head
 
@@ -53,6 +55,7 @@ def read_state(path: PathLike, data: Any = None, use_ema: bool = True, map_locat
     state dict, or a DDIM-repository list [model, optimizer, epoch, step, ema] (its last entry with EMA)."""
     path = os.fspath(path)
     data = read_torch_file(path, map_location) if data is None else data
+    check_holds_weights(path, data, "gms-official")
     where = path
     if isinstance(data, Mapping) and ("ema_model" in data or "net_model" in data):
         key = "ema_model" if use_ema else "net_model"
@@ -209,6 +212,10 @@ def load_official(paths: PathLike | Sequence[PathLike], *, shared_backbone: bool
     names the first differing key. ``shared_backbone=False`` skips the check and runs the networks
     separately (:class:`SeparateNets`). Returns the eps network alone for one file, else a
     :class:`MomentNet` with orders (2,) or (2, 3), carrying ``schedule`` (default: linear 1e-4..0.02, T=1000).
+
+    The files carry no order: files 2 and 3 with identical heads are refused, and a probe batch checks that
+    the second network behaves as the eps^2 one (a UserWarning otherwise, see :func:`_check_order`). Without
+    ``num_heads``, an improved-diffusion network gets 4 attention heads, with a warning (the weights cannot tell).
     """
     files = [os.fspath(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else list(paths))]
     _check_options(files, config, backbone_rtol)
@@ -219,7 +226,10 @@ def load_official(paths: PathLike | Sequence[PathLike], *, shared_backbone: bool
                          f"(first keys: {list(states[0][0])[:6]}); kind='gms-official' reads those two families")
     _check_family_options(family, config, states[0][1])
     parts = _split_files(states, family)
+    _check_distinct_heads(parts)
     eps_net = build_backbone(family, parts[0][0], parts[0][2], config, map_location)
+    if family == "improved-diffusion" and "num_heads" not in config:
+        warn_head_count(parts[0][2], eps_net.num_heads)  # (once, however many backbones are built)
     _with_schedule(eps_net, schedule, time_input)
     if len(files) == 1:
         return eps_net.eval()
@@ -230,9 +240,12 @@ def load_official(paths: PathLike | Sequence[PathLike], *, shared_backbone: bool
         net = SeparateNets(eps_net, nets)
         for m in [net.eps_net, *(h.backbone for h in net.head_nets)]:
             _with_schedule(m, eps_net.schedule, time_input)
-        return net.eval()
-    _check_shared(parts, float(backbone_rtol))
-    return _head_net(eps_net, [(head, where) for _, head, where in parts[1:]], family, config, dropout).eval()
+    else:
+        _check_shared(parts, float(backbone_rtol))
+        net = _head_net(eps_net, [(head, where) for _, head, where in parts[1:]], family, config, dropout)
+    net.eval()
+    _check_order(net, [where for _, _, where in parts[1:]], eps_net, config.get("image_size"))
+    return net
 
 
 def _check_options(files: list[str], config: Mapping[str, Any], backbone_rtol: Any) -> None:
@@ -273,6 +286,57 @@ def _split_files(states: list[tuple[dict, str]], family: str) -> list[tuple[dict
                              f"({' / '.join(HEAD_PREFIXES[family])}*): pass the files in the order [eps, eps^2, eps^3]")
         parts.append((backbone_state, head, where))
     return parts
+
+
+def _check_distinct_heads(parts: list[tuple[dict, dict, str]]) -> None:
+    """Files 2 and 3 with equal head weights are one network given twice (e.g. [eps1, eps2, eps2])."""
+    if len(parts) < 3:
+        return
+    (_, a, where_a), (_, b, where_b) = parts[1], parts[2]
+    if set(a) == set(b) and all(a[k].shape == b[k].shape and torch.equal(a[k], b[k]) for k in a):
+        raise ValueError(f"{where_a} and {where_b} hold identical head weights: one network given twice, where the "
+                         "eps^2 and eps^3 networks were expected. Pass three different files in the order "
+                         "[eps1, eps2, eps3] (the eps, eps^2 and eps^3 networks)")
+
+
+# The order check's steps, as fractions of T: middle to late steps, where x_t has about the scale of the
+# N(0, I) probe and e1^2 is large
+PROBE_TIMES = (0.3, 0.5, 0.7, 0.9)
+
+
+def _check_order(net: nn.Module, wheres: list[str], eps_net: nn.Module, image_size: Any = None) -> None:
+    """Warn when the second network fails E[eps^2] >= E[eps]^2 on a probe batch.
+
+    The files carry no order and the eps^2 and eps^3 heads share one layout, so only their outputs can tell
+    them apart. The official heads learn raw moments: an eps^2 head gives mean(e2) >= mean(e1^2) up to its
+    error, while an eps^3 head averages near 0 (e1^3 + 3 e1 Var + skew: odd in e1). Below half of mean(e1^2)
+    is far outside the first and typical of the second. The files are named "swapped" when the third one
+    passes instead, with a mean above the second's size.
+    """
+    param = next(net.parameters(), None)
+    if param is None or param.device.type == "meta":
+        return
+    size = getattr(eps_net, "resolution", None)  # (the DDIM Model's own; improved-diffusion takes any size that
+    if size is None:                             # halves once per level: the training size when given)
+        step = 2 ** (len(eps_net.config["channel_mult"]) - 1)
+        size = -(-int(image_size or 32) // step) * step
+    T = net.schedule.T
+    steps = torch.tensor([min(int(f * T), T - 1) for f in PROBE_TIMES])
+    x = torch.randn(len(steps), eps_net.in_channels, size, size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out = net(x.to(param.device, param.dtype), time_values(steps, T, net.time_input).to(param.device)).double()
+    c = eps_net.eps_channels
+    e1_sq = out[:, :c].square().mean().item()
+    means = [out[:, c * n:c * (n + 1)].mean().item() for n in range(1, out.shape[1] // c)]
+    if not all(math.isfinite(v) for v in [e1_sq, *means]) or means[0] >= 0.5 * e1_sq:
+        return
+    text = (f"{wheres[0]}: as the eps^2 network, its output fails E[eps^2] >= E[eps]^2 on a probe batch (mean e2 "
+            f"{means[0]:.3g}, mean e1^2 {e1_sq:.3g})")
+    if len(means) > 1 and means[1] >= e1_sq and means[1] > abs(means[0]):  # (an eps^2 average outweighs an eps^3 one)
+        text += (f", which the third file {wheres[1]} passes (its mean {means[1]:.3g}): the eps^2 and eps^3 files "
+                 "look swapped")
+    warnings.warn(text + ". Pass the files in the order [eps1, eps2, eps3] (the eps, eps^2 and eps^3 networks); in "
+                  "that order, this warning means the eps^2 network is untrained or broken", UserWarning, stacklevel=4)
 
 
 def _check_shared(parts: list[tuple[dict, dict, str]], rtol: float) -> None:
