@@ -39,7 +39,7 @@ def resolve_backend(backend: str | None, device: torch.device | str, dtype: torc
     """The backend that will run, after the environment override and availability checks; ``dtype``: the
     sample's (float64 keeps ``auto`` on the float64 torch reference)."""
     forced = os.environ.get(ENV_VAR)
-    requested = forced or backend or "auto"
+    requested = forced or ("auto" if backend is None else backend)  # ('' is refused, not taken for auto)
     if requested not in BACKENDS:
         source = f"environment variable {ENV_VAR}" if forced else "backend"
         raise ValueError(f"unknown {source} {requested!r}; valid: {', '.join(BACKENDS)}")

@@ -17,7 +17,7 @@ import torch
 from .backends import fused_step
 from .fit import (ADAN_MEANS, DEFAULT_WEIGHTS, LR_RANGE, PAPER_LR_TABLES, MixtureParams, check_fit_iters,
                   check_var_floor, check_weights, fit_adan, fit_closed)
-from .kernels import FusedStepConfig, NonFiniteInput, make_config
+from .kernels import MODE_DENOISE, FusedStepConfig, NonFiniteInput, make_config
 from .mixture import check_select, sample_mixture
 from .model_io import check_inputs_finite
 from .moments import (DataRange, TransitionMoments, central_third_moment, clamp_x0_moments, last_step_variance_cap,
@@ -544,6 +544,8 @@ def solver_step(name: str, x_t: torch.Tensor, heads: list[torch.Tensor], k: Step
             if x_t.device != seeds.device:  # (the launcher checks the counter range only on host tensors)
                 src.check_capacity(math.prod(x_t.shape[1:]))
                 seeds, indices = src.on(x_t.device)
+            if cfg.mode == MODE_DENOISE and len(heads) > 1:  # (the kernel reads e1 alone: check the others as
+                check_inputs_finite(None, heads, where)       # the torch reference does, once, on the last step)
             try:
                 x_s, p = fused_step(backend, x_t, heads[0], e2, e3, seeds, indices, cfg, want_info, nonfinite_flag)
             except NonFiniteInput:
