@@ -15,9 +15,56 @@ class UsageError(Exception):
 USER_ERRORS = (UsageError, ValueError, TypeError, FileNotFoundError, IsADirectoryError, PermissionError)
 
 
+def _check_counts(args: argparse.Namespace, *names: str) -> None:
+    """Each named argument (an int, or a list of ints) is positive: a count of zero would fail deep in the
+    run, or worse, succeed with nothing done."""
+    for name in names:
+        value = getattr(args, name)
+        for v in value if isinstance(value, list) else [value]:
+            if v < 1:
+                raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {v}")
+
+
+def _check_seed(args: argparse.Namespace) -> None:
+    """--seed: the first sampling seed, in the range every seed must lie in."""
+    if not 0 <= args.seed < 2**63:
+        raise UsageError(f"--seed must lie in [0, 2^63), got {args.seed}")
+
+
+def _check_output(path: str | None, flag: str, folder: bool) -> None:
+    """Refuse, before any work, an output path that cannot be written: one below an existing file, a folder
+    over an existing file, or a file over an existing folder."""
+    if path is None:
+        return
+    p = Path(path)
+    for parent in p.parents:  # (the nearest existing one decides)
+        if parent.exists():
+            if not parent.is_dir():
+                raise UsageError(f"{flag} {path}: {parent} is a file, not a folder")
+            break
+    if folder and p.exists() and not p.is_dir():
+        raise UsageError(f"{flag} {path} is a file; name a folder (new or existing)")
+    if not folder and p.is_dir():
+        raise UsageError(f"{flag} {path} is a folder; name a file")
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Adds "(default: ...)" to an option's help once: not where the help text already says its default,
+    nor for a default of None or False (no value to show)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text or action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def _oracle(args: argparse.Namespace) -> int:
     from .experiments import oracle_study as study
 
+    _check_output(args.out, "--out", folder=True)
+    _check_counts(args, "samples", "steps")
+    _check_seed(args)
     command = "gms-kernels " + " ".join(args.argv) if args.argv else "gms-kernels"
     print(f"Oracle study: {args.samples} samples, K in {args.steps}, datasets {args.datasets}")
     res = study.run_study(args.samples, args.steps, args.datasets, seed=args.seed, progress=not args.quiet)
@@ -113,6 +160,7 @@ def _sdedit(args: argparse.Namespace) -> int:
     from .schedule import Schedule
     from .sdedit import sdedit, stroke_guide
 
+    _check_output(args.out, "--out", folder=True)
     data_range = (args.data_range[0], args.data_range[1])
     model = _load_model(args.model, args.kind)
     if hasattr(model, "eval"):
@@ -147,6 +195,9 @@ def _sdedit(args: argparse.Namespace) -> int:
 def _digits(args: argparse.Namespace) -> int:
     from .experiments.digits_job import run_digits_job
 
+    _check_output(args.out, "--out", folder=True)
+    _check_counts(args, "steps", "samples", "seeds")
+    _check_seed(args)
     report = run_digits_job(args.out, steps=args.steps, n_samples=args.samples, seeds=args.seeds,
                             first_seed=args.seed, progress=not args.quiet)
     Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -161,12 +212,20 @@ def _sample(args: argparse.Namespace) -> int:
 
     from . import distributed
     from .embedded import DIGITS_SHAPE, default_model
+    from .files import write_atomically
     from .images import image_grid
 
+    _check_output(args.out, "--out", folder=True)
+    _check_output(args.npz, "--npz", folder=False)
+    _check_counts(args, "num_samples", "batch_size", "shard_size")
+    _check_seed(args)
     if args.npz and not args.npz.endswith(".npz"):
         raise UsageError(f"--npz must name a .npz file, got {args.npz!r}")
     if args.model and args.shape is None:
         raise UsageError("--shape C H W is required with --model")
+    if not args.model and args.shape is not None and tuple(args.shape) != DIGITS_SHAPE:
+        raise UsageError(f"--shape {' '.join(map(str, args.shape))}: the embedded digits model samples "
+                         f"{' '.join(map(str, DIGITS_SHAPE))}; pass --model for other shapes")
     shape = tuple(args.shape) if args.model else DIGITS_SHAPE
     if args.fd and shape != DIGITS_SHAPE:
         raise UsageError("--fd measures digits (1x8x8) samples; use gk.metrics for other data")
@@ -187,14 +246,19 @@ def _sample(args: argparse.Namespace) -> int:
     if rank == 0:
         images = distributed.load_shards(args.out)
         grid = Path(args.out) / "samples.png"
-        image_grid(images[:100], nrow=10, scale=4).save(grid)
+        # (atomically: a run sharing the folder may write the same files at the same time)
+        write_atomically(grid, lambda tmp: image_grid(images[:100], nrow=10, scale=4).save(tmp, format="PNG"))
         print(f"{images.shape[0]} samples in {len(paths)} shard(s) in {args.out}; grid: {grid}")
         if args.npz:
             import numpy as np
 
             from .images import to_uint8
 
-            np.savez(args.npz, arr_0=to_uint8(images))  # guided-diffusion's layout: uint8 [N, H, W, C]
+            def save_npz(tmp: Path) -> None:
+                with open(tmp, "wb") as f:  # (a file object: np.savez would add .npz to the temporary name)
+                    np.savez(f, arr_0=to_uint8(images))  # guided-diffusion's layout: uint8 [N, H, W, C]
+
+            write_atomically(args.npz, save_npz)
             print(f"wrote {args.npz} (arr_0: uint8 [N, H, W, C], as the FID tools read)")
         if args.fd:
             from .data import digits
@@ -232,6 +296,8 @@ def _choose_options(args: argparse.Namespace) -> int:
     from .embedded import default_model
     from .tuning import choose_options
 
+    _check_output(args.out, "--out", folder=False)
+    _check_counts(args, "steps", "seeds", "samples")
     if args.model is None:
         model = default_model()
         reference = args.reference or "digits"
@@ -297,6 +363,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     from . import distributed
     from .reproduce import command_line, reproduce
 
+    _check_output(args.out, "--out", folder=True)
     if (args.inception is None) == (args.feature_extractor is None):
         raise UsageError("pass --inception FILE (the FID Inception weights, pt_inception-2015-12-05-6726825d.pth) "
                          "or --feature-extractor FILE (a TorchScript module), not both")
@@ -371,6 +438,8 @@ def _train_backbone(args: argparse.Namespace) -> int:
     from .models import PytorchDDPMUNet
     from .training import train_backbone
 
+    _check_training_args(args)
+    _check_counts(args, "T", "ch", "ch_mult", "num_res_blocks")
     started, rank, device = _training_setup(args.seed)
     try:
         data = _training_data(args.data)
@@ -398,6 +467,7 @@ def _train_heads(args: argparse.Namespace) -> int:
     from .models import MomentNet
     from .training import train_heads
 
+    _check_training_args(args)
     started, rank, device = _training_setup(args.seed)
     try:
         data = _training_data(args.data)
@@ -416,6 +486,13 @@ def _train_heads(args: argparse.Namespace) -> int:
         if started:
             torch.distributed.destroy_process_group()
     return 0
+
+
+def _check_training_args(args: argparse.Namespace) -> None:
+    """The train-* commands' shared arguments, before the network is built (or the data read)."""
+    _check_output(args.out, "--out", folder=False)
+    _check_output(args.checkpoint, "--checkpoint", folder=False)
+    _check_counts(args, "steps", "batch_size")
 
 
 def _add_training_args(p: argparse.ArgumentParser, out: str, optimizer: str) -> None:
@@ -530,7 +607,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .schedule import TRAJECTORY_KINDS
     from .solvers import SOLVERS
 
-    formatter = argparse.ArgumentDefaultsHelpFormatter
+    formatter = _HelpFormatter
     p = argparse.ArgumentParser(prog="gms-kernels", description="Gaussian Mixture Solvers for diffusion models. "
                                 "Without a command: the digits job.", formatter_class=formatter)
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -554,7 +631,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "torchrun --nproc_per_node N", _sample)
     s.add_argument("--model", help="a checkpoint for gk.models.load (default: the embedded digits model)")
     s.add_argument("--kind", default="auto", help="the checkpoint's format (see gk.models.load), or torchscript")
-    s.add_argument("--shape", type=int, nargs=3, metavar=("C", "H", "W"), help="sample shape (needed with --model)")
+    s.add_argument("--shape", type=int, nargs=3, metavar=("C", "H", "W"), help="sample shape (needed with --model; "
+                   "the embedded model's is 1 8 8)")
     s.add_argument("--num-samples", type=int, default=100, help="how many samples")
     s.add_argument("--batch-size", type=int, default=250, help="samples per network call")
     s.add_argument("--shard-size", type=int, default=1000, help="samples per shard file")

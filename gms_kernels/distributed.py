@@ -4,6 +4,10 @@ Sample i is a function of (seed, i) only (per-sample Philox streams), so the ima
 the number of processes or the batch size. Shard k holds samples [k*S, (k+1)*S); rank r writes the
 shards k with k % world_size == r, each atomically (temporary file, then rename). A rerun skips
 complete shards, so a killed run resumes with nothing lost and nothing duplicated.
+
+Runs may share a folder: a second run with the same settings joins the first (both may write a
+shard, with the same bytes, each under its own temporary name), one with other settings is refused
+while the folder holds a shard or another run is active (the lock files ``.lock`` and ``.active``).
 """
 from __future__ import annotations
 
@@ -16,10 +20,11 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from .files import json_ready, save_atomically
+from .files import FileLock, json_ready, save_atomically, write_atomically
 from .model_io import check_positive_ints
 from .progress import progress_bar
 from .sampling import check_sample_args, sample, sampled_model
+from .schedule import schedule_for, trajectory as make_trajectory
 
 SHARD_FORMAT = "gms_kernels.shard/1"
 _NOT_RECORDED = ("callback",)  # sampling arguments that do not change the samples
@@ -96,24 +101,35 @@ def sample_shards(model: Callable, out_dir: str | Path, num_samples: int, sample
     check_positive_ints((num_samples, shard_size, batch_size), "(num_samples, shard_size, batch_size)")
     check_positive_ints(sample_shape, "sample_shape (C, ...)")
     check_sample_args(model, device=device, **sample_kwargs)  # a bad request writes nothing
+    meta = {"num_samples": num_samples, "shard_size": shard_size, "seed": seed, "shape": list(sample_shape),
+            "options": {k: json_ready(v, k) for k, v in sample_kwargs.items() if k not in _NOT_RECORDED},
+            "solver_options": json_ready(solver_settings(sample_kwargs, model), "solver options")}
+    trial_run(model, sample_shape, seed=seed, device=device, **sample_kwargs)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     plan = ShardPlan(num_samples, shard_size)
     rank, size = world()
-    meta = {"num_samples": num_samples, "shard_size": shard_size, "seed": seed, "shape": list(sample_shape),
-            "options": {k: json_ready(v, k) for k, v in sample_kwargs.items() if k not in _NOT_RECORDED},
-            "solver_options": json_ready(solver_settings(sample_kwargs, model), "solver options")}
-    manifest = out / "manifest.json"
-    if rank == 0:
-        if manifest.exists() and json.loads(manifest.read_text()) != meta:
-            raise ValueError(f"{out} holds shards of another run ({manifest}); use a new --out directory")
-        manifest.write_text(json.dumps(meta, indent=1))
-        for stale in out.glob("shard_*.pt.tmp*"):  # left by a killed run
-            stale.unlink()
-    if size > 1:
-        dist.barrier()
+    active = claim(out, meta) if rank == 0 else None
+    try:
+        if size > 1:
+            dist.barrier()
+        _write_shards(model, out, plan, sample_shape, batch_size, seed, progress, device, rank, size, sample_kwargs)
+        if size > 1:
+            dist.barrier()
+    finally:
+        if active is not None:
+            active.release()
+    return [shard_path(out, k) for k in range(plan.num_shards)]
+
+
+def _write_shards(model: Callable, out: Path, plan: ShardPlan, sample_shape: tuple[int, ...], batch_size: int,
+                  seed: int, progress: bool, device: torch.device | str | None, rank: int, size: int,
+                  sample_kwargs: dict[str, Any]) -> None:
+    """This rank's missing shards (the ones another run finished meanwhile are skipped as they come)."""
     mine = [k for k in range(plan.num_shards) if k % size == rank and read_shard(shard_path(out, k)) is None]
     for k in progress_bar(mine, progress, desc=f"rank {rank} shards"):
+        if read_shard(shard_path(out, k)) is not None:  # (written by a run sharing the folder)
+            continue
         start, stop = plan.bounds(k)
         parts = []
         for first in range(start, stop, batch_size):
@@ -122,9 +138,51 @@ def sample_shards(model: Callable, out_dir: str | Path, num_samples: int, sample
                                 progress=False, device=device, **sample_kwargs).cpu())
         save_atomically({"format": SHARD_FORMAT, "start": start, "stop": stop, "images": torch.cat(parts)},
                         shard_path(out, k), tag=str(rank))
-    if size > 1:
-        dist.barrier()
-    return [shard_path(out, k) for k in range(plan.num_shards)]
+
+
+def trial_run(model: Callable, sample_shape: tuple[int, ...], *, seed: int = 0,
+              device: torch.device | str | None = None, **sample_kwargs: Any) -> None:
+    """Sample one image over the trajectory's first step alone, to raise before anything is written what
+    the run would raise at its first network call or step: a shape or channel count the network cannot
+    take, too few heads for the solver, a bad seed, an option that fails in the step."""
+    import inspect
+
+    defaults = inspect.signature(sample).parameters
+    kwargs = {k: v for k, v in sample_kwargs.items() if k != "callback"}  # (the trial is not the run's)
+    schedule = schedule_for(sampled_model(model), kwargs.get("schedule"))
+    first = make_trajectory(schedule, kwargs.get("steps", defaults["steps"].default),
+                            kwargs.get("trajectory", defaults["trajectory"].default))[0]
+    kwargs["trajectory"] = [first]
+    sample(model, shape=(1, *sample_shape), generator=seed, progress=False, device=device, **kwargs)
+
+
+def claim(out: Path, meta: dict[str, Any]) -> FileLock:
+    """Join or start the run ``meta`` in the folder ``out``; returns the shared lock that marks the run
+    active (release it when done). The folder's manifest is decided under an exclusive lock: it is written
+    when missing, and replaced when it names other settings but the folder holds no shard and no run is
+    active (a run that failed before its first shard binds nobody); otherwise other settings are refused."""
+    manifest = out / "manifest.json"
+    active = FileLock(out / ".active")
+    with FileLock(out / ".lock"):  # (held for moments: runs wait here only for each other's decision)
+        alone = active.acquire(blocking=False)  # (exclusive: granted only when no run holds it shared)
+        try:
+            if alone:
+                for stale in out.glob("shard_*.pt.tmp*"):  # left by a killed run
+                    stale.unlink(missing_ok=True)
+            old = json.loads(manifest.read_text()) if manifest.exists() else None
+            if old is not None and old != meta:
+                if any(out.glob("shard_*.pt")):
+                    raise ValueError(f"{out} holds shards of another run ({manifest}); use a new --out directory")
+                if not alone:
+                    raise ValueError(f"another run with other settings is writing to {out} ({manifest}); wait for "
+                                     "it to finish or use a new --out directory")
+            if old != meta:
+                write_atomically(manifest, lambda tmp: tmp.write_text(json.dumps(meta, indent=1)))
+            active.acquire(shared=True)  # (from exclusive to shared: no other process can take it meanwhile)
+        except BaseException:
+            active.release()
+            raise
+    return active
 
 
 def load_shards(out_dir: str | Path) -> torch.Tensor:

@@ -1,19 +1,30 @@
-"""Writing files so that a reader (or a resumed run) never sees a partial one."""
+"""Writing files so that a reader (or a resumed run) never sees a partial one, and locks that let
+concurrent runs share a folder."""
 from __future__ import annotations
 
+import errno
 import os
+import secrets
 from pathlib import Path
 from typing import Any, Callable
 
 
 def write_atomically(path: str | os.PathLike, write: Callable[[Path], Any], tag: str = "") -> Path:
     """Call ``write(tmp)`` on a temporary name next to ``path``, then rename it to ``path`` (atomic
-    on one file system). ``tag`` keeps the temporary names of concurrent writers apart."""
+    on one file system). The temporary name is the call's own (``tag``, the process id and a random
+    part), so concurrent writers of one path never share one: each rename is whole, the last one
+    stays. A failed write removes its temporary file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp{tag}")
-    write(tmp)
-    os.replace(tmp, path)
+    # one last extension without dots: torch.save names its archive after the file name up to the
+    # last dot, so what it writes does not depend on the random part
+    tmp = path.with_name(f"{path.name}.tmp{tag}-{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 
@@ -22,6 +33,47 @@ def save_atomically(obj: Any, path: str | os.PathLike, tag: str = "") -> Path:
     import torch
 
     return write_atomically(path, lambda tmp: torch.save(obj, tmp), tag)
+
+
+class FileLock:
+    """An advisory lock (``flock``) on the file ``path``, created if missing: exclusive or shared
+    between processes, released by :meth:`release` or when the process ends (a killed process never
+    leaves it held). Where the file system (or the platform) has no such locks, every acquire
+    succeeds: the caller then behaves as the only writer."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self._fd: int | None = None
+
+    def acquire(self, shared: bool = False, blocking: bool = True) -> bool:
+        """Take the lock (waiting for it unless ``blocking`` is False); False when another holds it."""
+        try:
+            import fcntl
+        except ImportError:  # (not POSIX)
+            return True
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        flags = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if blocking else fcntl.LOCK_NB)
+        try:
+            fcntl.flock(self._fd, flags)
+        except BlockingIOError:
+            return False
+        except OSError as exc:
+            if exc.errno not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+                raise
+        return True
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # (closing the only descriptor drops the lock)
+            self._fd = None
+
+    def __enter__(self) -> "FileLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 def json_ready(value: Any, name: str = "value") -> Any:
