@@ -640,7 +640,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--gamma", metavar="TABLE.pt", help="analytic-dpm's Gamma table (torch.save of gk.estimate_gamma's "
                    "result); default with the embedded model: estimated on 256 of its training digits")
     s.add_argument("--adan-precision", choices=["float32", "float64"], default=None,
-                   help="the fused kernels' ADAN loop (float64 follows the reference's fit exactly; default float32)")
+                   help="the fused kernels' ADAN loop (float64 follows the reference's fit exactly; default: float32 "
+                        "up to 40 iterations, float64 for longer loops)")
     s.add_argument("--fd", action="store_true", help="report FD-digits of the samples at the end")
     s.add_argument("--npz", metavar="FILE.npz", help="also write all samples to this .npz (arr_0: uint8 [N, H, W, C])")
     _add_common(s, "gms_out/samples")

@@ -98,9 +98,9 @@ def json_ready(value: Any, name: str = "value") -> Any:
         return value
     if isinstance(value, (list, tuple)):
         return [json_ready(v, f"{name}[{i}]") for i, v in enumerate(value)]
-    if isinstance(value, dict):
-        if not all(isinstance(k, str) for k in value):
-            raise TypeError(f"{name} must have string keys to be saved as JSON")
-        return {k: json_ready(v, f"{name}[{k!r}]") for k, v in value.items()}
+    if isinstance(value, dict):  # (integer keys, e.g. skew_scale's time indices, as their digits, as JSON has them)
+        if not all(isinstance(k, str) or isinstance(k, (int, np.integer)) and not isinstance(k, bool) for k in value):
+            raise TypeError(f"{name} must have string or integer keys to be saved as JSON")
+        return {str(k): json_ready(v, f"{name}[{k!r}]") for k, v in value.items()}
     raise TypeError(f"{name} is a {type(value).__name__}, which JSON cannot hold: use a number, a string, None, "
                     "or a list / tuple / tensor / numpy array of numbers")

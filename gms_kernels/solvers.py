@@ -253,10 +253,14 @@ def check_skew_scale(value: Any) -> float | dict[int, float]:
         if not value:
             raise ValueError("skew_scale as a mapping needs at least one entry {t: factor}")
         out = {}
-        for t, v in value.items():
+        for key, v in value.items():
+            t = int(key) if isinstance(key, str) and key.strip().isdigit() else key  # (JSON keys are strings)
             if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
-                raise ValueError(f"skew_scale's keys must be time indices (non-negative integers), got {t!r}")
-            out[int(t)] = _real(v, f"skew_scale[{t}]", 0.0, 100.0, what)
+                raise ValueError(f"skew_scale's keys must be time indices (non-negative integers, or their digits "
+                                 f"as a string), got {key!r}")
+            if int(t) in out:
+                raise ValueError(f"skew_scale has two factors for t={int(t)}: give one per time index")
+            out[int(t)] = _real(v, f"skew_scale[{key}]", 0.0, 100.0, what)
         return out
     return _real(value, "skew_scale", 0.0, 100.0, what + " (or a mapping {t: factor})")
 

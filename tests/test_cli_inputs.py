@@ -178,3 +178,17 @@ def test_help_states_each_default_once():
             text = " ".join(part.strip() for part in entry)
             assert text.count("default") <= 1, f"{name}: {text}"
         assert "(default: None)" not in sub.format_help(), name
+
+
+def test_a_per_step_skew_scale_with_json_string_keys_runs_from_the_command_line(tmp_path, capsys):
+    """--option skew_scale={"999": f, ...}: JSON keys are strings, read as the time indices they spell; the
+    samples equal gk.sample's with int keys (the embedded model, K = 2: t = 999, 499, 0)."""
+    factors = {"999": 0.5, "499": 0.25, "0": 1.0}
+    main(["sample", "--num-samples", "2", "--steps", "2", "--option", "skew_scale=" + json.dumps(factors),
+          "--out", str(tmp_path / "o"), "--quiet"])
+    got = load_shards(tmp_path / "o")
+    want = gk.sample(shape=(2, 1, 8, 8), steps=2, generator=0, progress=False,
+                     skew_scale={int(t): f for t, f in factors.items()})
+    assert torch.equal(got, want)
+    _refused(["sample", "--num-samples", "2", "--steps", "2", "--option", 'skew_scale={"a": 0.5}',
+              "--out", str(tmp_path / "p")], capsys, names="skew_scale")
