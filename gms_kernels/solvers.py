@@ -548,8 +548,8 @@ def solver_step(name: str, x_t: torch.Tensor, heads: list[torch.Tensor], k: Step
             if x_t.device != seeds.device:  # (the launcher checks the counter range only on host tensors)
                 src.check_capacity(math.prod(x_t.shape[1:]))
                 seeds, indices = src.on(x_t.device)
-            if cfg.mode == MODE_DENOISE and len(heads) > 1:  # (the kernel reads e1 alone: check the others as
-                check_inputs_finite(None, heads, where)       # the torch reference does, once, on the last step)
+            if cfg.mode == MODE_DENOISE:  # (the kernel reads e1 alone: check the others as the torch reference does)
+                check_inputs_finite(None, heads, where, first_head=1)
             try:
                 x_s, p = fused_step(backend, x_t, heads[0], e2, e3, seeds, indices, cfg, want_info, nonfinite_flag)
             except NonFiniteInput:
