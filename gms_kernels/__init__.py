@@ -21,12 +21,16 @@ __all__ = [
     "MixtureParams", "fit_adan", "fit_closed", "mixture_raw_moments", "sample_mixture",
     "SOLVERS", "solver_step", "estimate_gamma", "sample", "step", "GaussianMixtureOracle",
     "SDEditResult", "sdedit", "stroke_guide", "OptionChoice", "choose_options", "data", "metrics", "models", "inception", "GMSScheduler", "GMSSchedulerOutput",
-    "train_heads", "train_backbone", "reproduce",
+    "GMSDiffusersModel", "train_heads", "train_backbone", "reproduce",
 ]
 
 _LAZY = {"GMSScheduler": "scheduler", "GMSSchedulerOutput": "scheduler", "models": None, "inception": None,
-         "reproduce": None,
-         "train_heads": "training", "train_backbone": "training"}
+         "reproduce": None, "k_diffusion": None,
+         "GMSDiffusersModel": "models.diffusers_export", "train_heads": "training", "train_backbone": "training"}
+# A pipeline's model_index.json names these classes ["gms_kernels", class name]: diffusers' loader imports the
+# library by that name and takes from it the class and the diffusers bases it checks the class against, which
+# are found here (not listed by dir or __all__: they are diffusers' names).
+_DIFFUSERS_BASES = {"ModelMixin": "models.diffusers_export", "SchedulerMixin": "scheduler"}
 
 
 def __dir__() -> list[str]:
@@ -36,10 +40,11 @@ def __dir__() -> list[str]:
 
 def __getattr__(name: str):
     """Heavier parts (diffusers, the model zoo, training) load on first use."""
-    if name not in _LAZY:
+    where = _LAZY.get(name, _DIFFUSERS_BASES.get(name, ""))
+    if where == "":
         raise AttributeError(f"module 'gms_kernels' has no attribute {name!r}")
     import importlib
 
-    if _LAZY[name] is None:
+    if where is None:
         return importlib.import_module(f".{name}", __name__)
-    return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    return getattr(importlib.import_module(f".{where}", __name__), name)
