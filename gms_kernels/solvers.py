@@ -17,7 +17,7 @@ import torch
 from .backends import fused_step
 from .fit import (ADAN_MEANS, DEFAULT_WEIGHTS, LR_RANGE, PAPER_LR_TABLES, MixtureParams, check_fit_iters,
                   check_var_floor, check_weights, fit_adan, fit_closed)
-from .kernels import MODE_DENOISE, FusedStepConfig, NonFiniteInput, make_config
+from .kernels import MODE_ADAN, MODE_CLOSED, MODE_DENOISE, FusedStepConfig, NonFiniteInput, make_config
 from .mixture import check_select, sample_mixture
 from .model_io import check_inputs_finite
 from .moments import (DataRange, TransitionMoments, central_third_moment, clamp_x0_moments, last_step_variance_cap,
@@ -555,7 +555,8 @@ def solver_step(name: str, x_t: torch.Tensor, heads: list[torch.Tensor], k: Step
             except NonFiniteInput:
                 check_inputs_finite(x_t, heads, where)  # names the culprit
                 raise
-            return x_s, ({} if p is None else {"mu1": p.mu1, "mu2": p.mu2, "s2": p.s2})
+            fitted = p is not None and cfg.mode in (MODE_CLOSED, MODE_ADAN)  # (other modes fit no mixture)
+            return x_s, ({"mu1": p.mu1, "mu2": p.mu2, "s2": p.s2} if fitted else {})
     check_inputs_finite(x_t, heads, where)
     solver = get_solver(name)
     o = resolve_options(solver, options, T)

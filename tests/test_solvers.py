@@ -234,3 +234,17 @@ def test_fused_config_is_memoised_and_still_checks_options():
             fused_config("gms", {"fit_iter": 3}, *args)
         with pytest.raises(ValueError, match="valid solvers"):
             fused_config("dpm-solver", {}, *args)
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpp"])
+def test_the_callback_carries_mixture_parameters_only_for_a_mixture_step(backend):
+    """A fused ddpm / sn-ddpm step fits no mixture: its callback has no mu1 / mu2 / s2 keys (the C++ kernel's
+    buffers hold nothing meaningful there); a GMS step's callback has them on every backend."""
+    keys = {}
+    for solver in ("ddpm", "sn-ddpm", "gms"):
+        seen = []
+        gk.sample(_const_model(9), shape=(2, 3, 4, 4), steps=3, solver=solver, generator=0, progress=False,
+                  backend=backend, callback=lambda info: seen.append(set(info)))
+        keys[solver] = seen[0]  # (the first step: not the step into data, which denoises)
+    assert not {"mu1", "mu2", "s2"} & (keys["ddpm"] | keys["sn-ddpm"])
+    assert {"mu1", "mu2", "s2"} <= keys["gms"]
