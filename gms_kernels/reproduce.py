@@ -33,7 +33,15 @@ from .solvers import SOLVERS
 
 PAPER_STEPS = (10, 20, 25, 40, 50, 100, 200, 1000)
 PAPER_SOLVERS = ("ddpm", "ddpm-large", "sn-ddpm", "gms")
-ROW_LABELS = {"ddpm": "DDPM, β̃_t", "ddpm-large": "DDPM, β_t", "sn-ddpm": "SN-DDPM", "gms": "GMS"}
+# the paper's row names; every other solver is named in the same style (row_label)
+ROW_LABELS = {"ddpm": "DDPM, β̃_t", "ddpm-large": "DDPM, β_t", "sn-ddpm": "SN-DDPM", "gms": "GMS",
+              "analytic-dpm": "Analytic-DPM", "exact": "Exact"}
+
+
+def row_label(solver: str) -> str:
+    """The table's name of ``solver``: the paper's where it has one, else the solver's name in capitals
+    (DDIM, SEEDS-1, EDM-SDE, GGF), so that no row is named in lower case beside the others."""
+    return ROW_LABELS.get(solver, solver.upper())
 FID_FORMAT = "gms_kernels.fid/1"
 GMS_PAPER_OPTIONS = {"fit": "adan", "select": "sample", "fit_iters": 25}  # the paper's optimiser, 25 iterations
 
@@ -344,7 +352,7 @@ def report(fids: dict[tuple[str, str, int], list[float]], labels: Sequence[str],
                 mean, half = cells[(solver, k)]
                 text = f"{mean:.2f}" + (f" ± {half:.2f}" if half is not None else "")
                 row.append(f"**{text}**" if len(solvers) > 1 and round(mean, 2) == best[k] else text)
-            lines.append(f"| {ROW_LABELS.get(solver, solver)} | " + " | ".join(row) + " |")
+            lines.append(f"| {row_label(solver)} | " + " | ".join(row) + " |")
         lines.append("")
     return "\n".join(lines).rstrip()
 

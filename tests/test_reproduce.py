@@ -202,3 +202,30 @@ def test_reproduce_refuses_analytic_dpm_before_sampling(fixtures, tmp_path):
     with pytest.raises(ValueError, match=r"analytic-dpm needs a Gamma table per network.*--gamma TABLE.pt"):
         run(fixtures, tmp_path / "api", steps=(2,), solvers=("ddpm", "analytic-dpm"), num_samples=5)
     assert not (tmp_path / "api").exists()
+
+
+def test_every_row_of_the_fid_table_is_named_in_one_style():
+    """The paper's rows keep their names (DDPM, β̃_t ...); every other solver is named in capitals, never in
+    lower case beside them."""
+    from gms_kernels.reproduce import report
+    from gms_kernels.solvers import SOLVERS
+
+    solvers = list(SOLVERS)
+    fids = {("net", s, 10): [1.0, 2.0] for s in solvers}
+    table = report(fids, ["net"], solvers, [10], hashes={}, stats=("s.npz", "0" * 64), extractor="x" * 40,
+                   num_samples=10, seeds=[0, 1], trajectory="even", gms_options=None, command=None)
+    rows = [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ") and "---" not in line]
+    names = rows[1:]  # (after the header row)
+    assert "DDPM, β̃_t" in names and "DDIM" in names and "SEEDS-1" in names and "Analytic-DPM" in names
+    assert not [n for n in names if n[0].islower()], names
+
+
+def test_a_missing_resolution_names_the_command_line_option_too(tmp_path, capsys):
+    """A DDIM-repository checkpoint records no image size: the error says resolution= and the CLI's
+    --load-option resolution=N, since reproduce and sample are mostly run from the command line."""
+    from gms_kernels.models import DDIMModel
+
+    net = DDIMModel(ch=32, out_ch=3, ch_mult=(1, 2), num_res_blocks=1, attn_resolutions=(), resolution=8)
+    torch.save(net.state_dict(), tmp_path / "ddim.ckpt")
+    with pytest.raises(ValueError, match=r"pass resolution= .*CLI: --load-option resolution=N"):
+        gk.models.load(tmp_path / "ddim.ckpt", kind="ddim")

@@ -23,6 +23,8 @@ from ..schedule import Schedule
 from ._common import GroupNorm32, attend
 
 NORM_EPS = 1e-6
+# how the command line passes the loader's resolution= (an error message names both)
+RESOLUTION_FLAG = "--load-option resolution=N"
 
 
 def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
@@ -325,13 +327,15 @@ def resolve_resolution(attn_levels: Sequence[int], resolution: int | None,
         return {"resolution": int(resolution), "attn_resolutions": found}
     if attn_resolutions is None or not attn_levels:
         raise ValueError("the image size is not stored in DDIM Model weights: pass resolution= (e.g. 32 for "
-                         "CIFAR10, 64 for CelebA, 256 for LSUN)")
+                         f"CIFAR10, 64 for CelebA, 256 for LSUN; CLI: {RESOLUTION_FLAG})")
     sizes = sorted((int(r) for r in attn_resolutions), reverse=True)
     if len(sizes) != len(attn_levels):
         raise ValueError(f"attn_resolutions={list(attn_resolutions)} names {len(sizes)} size(s), but the weights "
-                         f"have attention at {len(attn_levels)} encoder level(s) {list(attn_levels)}: pass resolution=")
+                         f"have attention at {len(attn_levels)} encoder level(s) {list(attn_levels)}: pass resolution= "
+                         f"({RESOLUTION_FLAG})")
     candidates = {size << level for size, level in zip(sizes, sorted(attn_levels))}
     if len(candidates) != 1:
         raise ValueError(f"attn_resolutions={list(attn_resolutions)} does not fit the encoder levels with attention "
-                         f"{list(attn_levels)} at any single image size: pass resolution=")
+                         f"{list(attn_levels)} at any single image size: pass resolution= "
+                         f"({RESOLUTION_FLAG})")
     return {"resolution": candidates.pop(), "attn_resolutions": sorted(sizes)}

@@ -24,7 +24,7 @@ from ._common import (check_cuda_present, check_map_location, check_state_dict, 
                       holds_tensors, materialize, meta_model, mismatch_message, mismatch_report, read_location,
                       read_weights_file, strip_prefix)
 from .diffusers_unet import DiffusersUNet, scheduler_config_near
-from .ddim_model import DDIMModel, resolve_resolution
+from .ddim_model import RESOLUTION_FLAG, DDIMModel, resolve_resolution
 from .iddpm import IDDPMUNet
 from .moment_net import HEADS_FORMAT, NET_FORMAT, MomentNet
 from .pytorch_ddpm import PytorchDDPMUNet
@@ -375,7 +375,8 @@ def build_ddim(state: Mapping[str, Any], args: Mapping[str, Any], where: str, ki
             raise ValueError(f"{where}: {e}") from None
     cfg = {**(inferred or {}), **args}
     if "resolution" not in cfg:
-        raise ValueError(f"{where}: pass resolution= (the image size; it is not stored in the weights)")
+        raise ValueError(f"{where}: pass resolution= (the image size; it is not stored in the weights; CLI: "
+                         f"{RESOLUTION_FLAG})")
     return _build_checked(DDIMModel, cfg, state, where, kind, inferred, device)
 
 
