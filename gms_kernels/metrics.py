@@ -200,7 +200,9 @@ def fid(samples: torch.Tensor, reference: torch.Tensor | str | os.PathLike | Non
     (see gms_kernels.inception for where to get it), loaded on ``device`` (default: the samples'),
     or is passed ready-made as ``inception`` (e.g. ``load_fid_inception(path, device="cuda")``).
     ``preprocess`` (for the network loaded from ``weights_path``): "pytorch-fid" (default) or
-    "torch-fidelity" (TF 1.x resize), to compare with statistics made by either.
+    "torch-fidelity" (TF 1.x resize), to compare with statistics made by either. A distance is never
+    negative: for (nearly) identical sets the rounding of the matrix square root can leave it a little
+    below 0, which is clamped to 0.
     """
     from .inception import load_fid_inception, WEIGHTS_FILE, WEIGHTS_URL
 
@@ -218,7 +220,7 @@ def fid(samples: torch.Tensor, reference: torch.Tensor | str | os.PathLike | Non
         ref = load_stats(reference)
     else:
         ref = reference if given else fid_statistics(reference, net, data_range, batch_size)
-    return frechet_distance(*fid_statistics(samples, net, data_range, batch_size), *ref)
+    return max(0.0, frechet_distance(*fid_statistics(samples, net, data_range, batch_size), *ref))
 
 
 def fid_statistics(images: torch.Tensor, inception: torch.nn.Module, data_range: tuple[float, float] = (-1.0, 1.0),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -205,21 +206,44 @@ class Schedule:
         return f"Schedule(T={self.T}, beta[0]={float(self.betas[0]):.3g}, beta[-1]={float(self.betas[-1]):.3g})"
 
 
-def schedule_for(model: object, schedule: Schedule | None = None) -> Schedule:
-    """The schedule a sampler or trainer uses: ``schedule`` if given, else the model's own (its ``schedule``
-    attribute, as the loaders set it), else the linear DDPM schedule."""
+def schedule_for(model: object, schedule: object = None) -> Schedule:
+    """The schedule a sampler or trainer uses: ``schedule`` if given (see :func:`check_schedule`), else the
+    model's own (its ``schedule`` attribute, as the loaders set it), else the linear DDPM schedule, with a
+    warning when the model says its schedule was looked for and not found (``schedule_note``: a diffusers
+    UNet2DModel without its pipeline's scheduler config)."""
     if schedule is not None:
         return check_schedule(schedule)
-    return getattr(model, "schedule", None) or Schedule.linear()
+    own = getattr(model, "schedule", None)
+    if own is not None:
+        return own
+    note = getattr(model, "schedule_note", None)
+    if note:
+        import warnings
+
+        warnings.warn(f"the model's training schedule is unknown ({note}): assuming DDPM's linear betas (1e-4 to "
+                      "0.02, T = 1000). Pass schedule= (a gk.Schedule, the pipeline's diffusers scheduler or its "
+                      "config) if it was trained with another", UserWarning, stacklevel=4)
+    return Schedule.linear()
 
 
 def check_schedule(schedule: object) -> Schedule:
-    """``schedule`` itself if it is a :class:`Schedule`, else a TypeError that says how to make one."""
-    if not isinstance(schedule, Schedule):
-        raise TypeError(f"schedule must be a gk.Schedule, got {type(schedule).__name__} {schedule!r:.60}: build one "
-                        "with gk.Schedule.linear(T), gk.Schedule.cosine(T) or gk.Schedule.from_betas(betas) (for a "
-                        "diffusers scheduler: gk.Schedule.from_betas(scheduler.betas))")
-    return schedule
+    """``schedule`` as a :class:`Schedule`: itself, the ``schedule`` of a gk.GMSScheduler, or the betas of a
+    diffusers scheduler (DDPMScheduler, DDIMScheduler, ...) or of its config (``trained_betas``, else
+    ``beta_schedule`` on ``num_train_timesteps``, in float64 as GMSScheduler computes them); else a TypeError
+    that says how to make one."""
+    if isinstance(schedule, Schedule):
+        return schedule
+    own = getattr(schedule, "schedule", None)
+    if isinstance(own, Schedule) and hasattr(schedule, "set_timesteps"):  # a GMSScheduler
+        return own
+    config = getattr(schedule, "config", schedule)
+    if isinstance(config, Mapping) and "beta_schedule" in config and "num_train_timesteps" in config:
+        from .models.diffusers_unet import diffusers_schedule
+
+        return diffusers_schedule(config)
+    raise TypeError(f"schedule must be a gk.Schedule, a diffusers scheduler (e.g. DDPMScheduler.from_pretrained(DIR, "
+                    f"subfolder='scheduler')) or its config, got {type(schedule).__name__} {schedule!r:.60}: or build "
+                    "one with gk.Schedule.linear(T), gk.Schedule.cosine(T) or gk.Schedule.from_betas(betas)")
 
 
 def trajectory(schedule: Schedule | int, steps: int, kind: str | Sequence[int] = "even") -> list[int]:

@@ -30,11 +30,33 @@ Conventions (reference-notes 9):
   gives) is located by its position, without reading its value from the device.
 - fp16/bf16 samples are upcast (at least float32; the torch reference computes in float64) and
   the result is cast back, so half-precision pipelines do not produce NaN from scheduler maths.
+- ``step(..., variance_noise=z)`` (as in DDIMScheduler) takes the step's standard normal noise instead of
+  drawing it from ``generator``; it is ``gk.step``'s ``noise=``.
+- The config is one diffusers' own schedulers read (``DDPMScheduler.from_config(s.config)``, or from the
+  saved file): ``timestep_spacing`` holds the nearest diffusers spacing (``gms_timestep_spacing`` this
+  scheduler's own), ``clip_sample`` / ``clip_sample_range`` the data range, ``beta_schedule`` diffusers'
+  name; converted back, the keys diffusers kept restore everything (see :class:`GMSScheduler`). In a
+  pipeline's ``model_index.json`` the class is ``["gms_kernels", "GMSScheduler"]``: ``import gms_kernels``
+  is all a new process needs before ``from_pretrained``.
+
+Against diffusers' own schedulers, measured on the embedded digits model (trailing spacing, 10 and 50
+steps, the same x_t and network output at every step):
+
+- ``solver="ddim"`` (eta 0) is ``DDIMScheduler`` with ``use_clipped_model_output=True`` (to 2e-6). With
+  DDIMScheduler's default, False, its direction term keeps the unclipped eps while x0 is clipped, so the
+  two differ wherever the x0 clamp acts: max |diff| per step 0.26 on 16 samples, 0.47 on 1000; 6.9 for
+  an eps unrelated to x_t (x_t and eps standard normal, 3x16x16).
+- ``solver="ddpm-large"`` is ``DDPMScheduler(variance_type="fixed_large")`` with the same noise
+  (``variance_noise``) at every step (to 3e-6) but the one into the data: there DDPMScheduler adds noise of
+  std sqrt(1 - abar_t) (it skips it only at t = 0; 0.32 at t = 99, the last of 10 trailing steps), which
+  ddpm-large, like DDPM's own sampler, does not. The samples differ by that noise: max |diff| 1.00 on 16
+  samples (1x8x8), 1.42 on 1000, mean 0.26.
 
 This module imports diffusers (a dependency of gms_kernels, loaded on first use of gk.GMSScheduler).
 """
 from __future__ import annotations
 
+import copy
 import inspect
 import math
 import numbers
@@ -162,6 +184,36 @@ def _describe(value: object) -> str:
     return type(value).__name__
 
 
+def _spacing(timestep_spacing: str, gms_timestep_spacing: str | None) -> str:
+    """The spacing a config asks for: ``gms_timestep_spacing`` while ``timestep_spacing`` is still its
+    diffusers form, else ``timestep_spacing`` (set after it, e.g. by a diffusers scheduler in between)."""
+    for name, value in (("timestep_spacing", timestep_spacing), ("gms_timestep_spacing", gms_timestep_spacing)):
+        if value is not None and value not in TRAJECTORY_KINDS:
+            raise ValueError(f"unknown {name} {value!r}; valid: {', '.join(TRAJECTORY_KINDS)}")
+    if gms_timestep_spacing is None or gms_timestep_spacing == timestep_spacing:
+        return timestep_spacing
+    if DIFFUSERS_SPACING[gms_timestep_spacing] == timestep_spacing:
+        return gms_timestep_spacing
+    warnings.warn(f"GMSScheduler: the config's gms_timestep_spacing={gms_timestep_spacing!r} stands for "
+                  f"timestep_spacing={DIFFUSERS_SPACING[gms_timestep_spacing]!r}, but it holds "
+                  f"timestep_spacing={timestep_spacing!r} (changed after it was written): using "
+                  f"{timestep_spacing!r}. Pass timestep_spacing= to choose another", UserWarning, stacklevel=5)
+    return timestep_spacing
+
+
+def _check_model_heads(model_heads: object, solver: str, needed: int) -> None:
+    """``model_heads`` (None, or the 1 to 3 heads a network gives) must serve ``solver``."""
+    if model_heads is None:
+        return
+    if isinstance(model_heads, bool) or not isinstance(model_heads, numbers.Integral) or not 1 <= model_heads <= 3:
+        raise ValueError(f"model_heads must be None, 1, 2 or 3 (how many heads [e1, e2, e3] the network's output "
+                         f"holds), got {model_heads!r}")
+    if model_heads < needed:
+        raise ValueError(f"model_heads={model_heads} but solver {solver!r} reads {needed} heads; pick a solver the "
+                         "network serves (1 head: ddpm, ddpm-large, ddim; 2: sn-ddpm; 3: gms) or add heads "
+                         "(gms-kernels train-heads)")
+
+
 def check_model_output(model_output: object) -> torch.Tensor:
     """``step``'s ``model_output`` must be the network's output tensor, not diffusers' wrapper of it."""
     if not torch.is_tensor(model_output):
@@ -179,6 +231,31 @@ _CLIP_KEYS = ("clip_sample", "clip_sample_range")  # -> data_range
 _THRESHOLDING_KEYS = ("thresholding", "dynamic_thresholding_ratio", "sample_max_value")
 _VARIANCE_HINT = {"fixed_small": "ddpm", "fixed_small_log": "ddpm", "fixed_large": "ddpm-large",
                   "fixed_large_log": "ddpm-large"}
+# The config's timestep_spacing is one diffusers' own schedulers read; gms_timestep_spacing keeps this
+# scheduler's. "even" and "linear" are at most one index from "trailing" (all start at T-1, the last step goes
+# to the data); "quad" (denser near t = 0) has no diffusers equivalent: "leading" is the nearest in mean |t|.
+DIFFUSERS_SPACING = {"even": "trailing", "linear": "trailing", "quad": "leading", "leading": "leading",
+                     "trailing": "trailing", "linspace": "linspace"}
+# config keys never marked as left at their defaults: diffusers' from_config drops such keys, so that a
+# diffusers scheduler would take its own default ("leading" for DDPMScheduler) and, converted back, this one
+# would lose its spacing and data range
+_CARRIED_KEYS = ("timestep_spacing", "gms_timestep_spacing", "data_range")
+
+
+def clip_keys(data_range: tuple[float, float] | None) -> dict[str, Any]:
+    """diffusers' ``clip_sample`` / ``clip_sample_range`` for a data range: no clipping for None, else the
+    smallest symmetric range [-r, r] that holds it (diffusers clips the predicted x0 to [-r, r])."""
+    if data_range is None:
+        return {"clip_sample": False, "clip_sample_range": 1.0}
+    return {"clip_sample": True, "clip_sample_range": float(max(abs(data_range[0]), abs(data_range[1])))}
+
+
+def _same_clipping(config: Mapping, data_range: tuple[float, float] | None) -> bool:
+    """Whether the clip keys of ``config`` (diffusers' defaults where absent) are those of ``data_range``."""
+    want = clip_keys(data_range)
+    if bool(config.get("clip_sample", True)) != want["clip_sample"]:
+        return False
+    return not want["clip_sample"] or float(config.get("clip_sample_range", 1.0)) == want["clip_sample_range"]
 
 
 class GMSScheduler(SchedulerMixin, ConfigMixin):
@@ -192,7 +269,13 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
             always gives N timesteps, i.e. N network calls, as diffusers' schedulers do: the first N
             entries of ``gk.trajectory(T, N, kind)``; ``"even"``, ``"linear"`` and ``"quad"`` drop the
             extra t = 0 of the official lists, so ``gk.sample(steps=N)`` makes one call more (see
-            :func:`inference_timesteps`).
+            :func:`inference_timesteps`). The config stores the spacing in ``gms_timestep_spacing`` and,
+            in ``timestep_spacing``, the diffusers spacing nearest to it (:data:`DIFFUSERS_SPACING`:
+            ``"even"`` and ``"linear"`` become ``"trailing"``, at most one index apart; ``"quad"`` becomes
+            ``"leading"``, with a warning), so that ``DDPMScheduler`` / ``DDIMScheduler`` read the config.
+        gms_timestep_spacing: set by the scheduler itself (None when constructing): the spacing above, kept
+            next to the diffusers one. A config whose ``timestep_spacing`` is no longer the diffusers form of
+            it (changed by a diffusers scheduler in between) uses ``timestep_spacing``, with a warning.
         steps_offset: added to the ``"leading"`` timesteps, as diffusers' DDPMScheduler does.
         solver: ``"gms"`` (3 heads), ``"sn-ddpm"`` (2), ``"ddpm"``, ``"ddpm-large"``, ``"ddim"`` (1), or
             ``"analytic-dpm"`` (1, with ``solver_options={"gamma": table}``), or ``"seeds-1"`` (1; SEEDS-1, the
@@ -203,7 +286,9 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
             ``solver_defaults``, here); eta: DDIM's eta.
         preset: GMS: a named option set under the options above, e.g. ``"official"`` (what the official GMS
             code runs; see ``gms_kernels.solvers.PRESETS``).
-        data_range: range of the data for the official clamps (like ``clip_sample``); ``None`` = off.
+        data_range: range of the data for the official clamps (like ``clip_sample``); ``None`` = off. The
+            config also holds diffusers' ``clip_sample`` / ``clip_sample_range`` for it (:func:`clip_keys`:
+            the smallest symmetric range that holds it), which diffusers' schedulers read.
         backend: ``"auto"``, ``"torch"``, ``"cpp"`` or ``"triton"`` (see :func:`gms_kernels.step`).
         solver_options: further options of the solver (e.g. ``weights``, ``var_floor``, ``lr``,
             ``gaussian_last_step``, ``denoise_final``, ``gamma``), checked at construction. Tensors,
@@ -213,10 +298,16 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
         prediction_type: only ``"epsilon"`` (the heads are moments of the noise).
         rescale_betas_zero_snr: only ``False`` (a zero terminal SNR has a_T = 0, where E[x0|x_T]
             is undefined).
+        model_heads: how many heads [e1, e2, e3] the network's output holds, when known
+            (``gk.models.export_diffusers`` writes it). None: an output of exactly 2C channels is taken for
+            diffusers' learned-variance layout [eps, variance], and ``sn-ddpm`` (which would read the variance
+            as E[eps^2]) refuses it, as ``gk.sample`` refuses such a UNet; pass ``model_heads=2`` for a network
+            trained to give [E[eps], E[eps^2]].
 
     ``GMSScheduler.from_config(ddpm_or_ddim_scheduler.config)`` takes the shared keys (betas,
     ``timestep_spacing``, ``steps_offset``, ...) and translates or reports the others, when the
-    source config set them explicitly:
+    source config set them explicitly. A shared key the source left at its default takes the source
+    class's default (a default DDPMScheduler config, in memory or saved, gives ``"leading"``):
 
     - ``clip_sample=False`` gives ``data_range=None``; ``clip_sample=True`` with ``clip_sample_range=r``
       gives ``data_range=(-r, r)`` (DDPM clips the predicted x0; GMS applies the official clamps to
@@ -265,10 +356,17 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
         preset: str | None = None,
         prediction_type: str = "epsilon",
         rescale_betas_zero_snr: bool = False,
+        gms_timestep_spacing: str | None = None,
+        model_heads: int | None = None,
     ):
         # register_to_config has stored every argument in self.config before this body runs; the
         # scheduler is built from there (in a plain method, which mutation testing can reach)
         self._build_from_config()
+        # A pipeline records a component as [its object's __module__, class name] unless the top-level package
+        # is one diffusers knows; "gms_kernels" (where gk.GMSScheduler is found) loads after `import gms_kernels`
+        # alone, "gms_kernels.scheduler" only once that module is imported. (Set on the object, not the class,
+        # whose module stays this one for pickle and inspect.)
+        self.__module__ = "gms_kernels"
 
     def _build_from_config(self) -> None:
         c = self.config
@@ -277,8 +375,7 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
         if c.rescale_betas_zero_snr:
             raise ValueError("GMSScheduler does not support rescale_betas_zero_snr=True: with zero terminal SNR "
                              "(a_T = 0) the moments of x0 given x_T are undefined")
-        if c.timestep_spacing not in TRAJECTORY_KINDS:
-            raise ValueError(f"unknown timestep_spacing {c.timestep_spacing!r}; valid: {', '.join(TRAJECTORY_KINDS)}")
+        spacing = _spacing(c.timestep_spacing, c.gms_timestep_spacing)
         if c.solver not in SCHEDULER_SOLVERS:
             raise ValueError(f"unknown solver {c.solver!r} for GMSScheduler; valid: {', '.join(SCHEDULER_SOLVERS)}")
         if c.backend not in BACKENDS:
@@ -316,6 +413,19 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
             raise ValueError(f"trained_betas has {len(trained_betas)} entries but num_train_timesteps is {T}")
         self._data_range = check_data_range(data_range)
         self._spec = get_solver(c.solver)
+        _check_model_heads(c.model_heads, c.solver, self._spec.heads)
+        self._spacing = spacing
+        # the keys diffusers' own schedulers read, in their terms (beta_schedule "cosine" is diffusers'
+        # "squaredcos_cap_v2", the same betas)
+        beta_schedule = "squaredcos_cap_v2" if c.beta_schedule == "cosine" else c.beta_schedule
+        defaults = [k for k in c.get("_use_default_values", ()) if k not in _CARRIED_KEYS]
+        self.register_to_config(timestep_spacing=DIFFUSERS_SPACING[spacing], gms_timestep_spacing=spacing,
+                                beta_schedule=beta_schedule, **clip_keys(self._data_range),
+                                **({"_use_default_values": defaults} if "_use_default_values" in c else {}))
+        if spacing == "quad":
+            warnings.warn("GMSScheduler: timestep_spacing 'quad' has no diffusers equivalent; its config gives "
+                          "diffusers' schedulers (DDPMScheduler.from_config(...)) the nearest one, 'leading', and "
+                          "keeps 'quad' in gms_timestep_spacing for GMSScheduler", UserWarning, stacklevel=4)
         self._options = self._solver_options(c.solver, c.fit, c.select, c.fit_iters, c.eta, solver_options, c.preset)
         resolve_options(self._spec, dict(self._options), T)  # fail now, not at the first step
 
@@ -332,6 +442,20 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
         self._set(list(range(T - 1, -1, -1)), None)
 
     # -- configuration -----------------------------------------------------------------------------
+    @property
+    def spacing(self) -> str:
+        """The timestep spacing ``set_timesteps`` uses (``config.gms_timestep_spacing``)."""
+        return self._spacing
+
+    def with_model_heads(self, heads: int) -> "GMSScheduler":
+        """A copy whose config says that the network gives ``heads`` heads (see ``model_heads``)."""
+        _check_model_heads(heads, self.config.solver, self._spec.heads)
+        out = copy.deepcopy(self)
+        defaults = [k for k in self.config.get("_use_default_values", ()) if k != "model_heads"]
+        out.register_to_config(model_heads=int(heads),
+                               **({"_use_default_values": defaults} if "_use_default_values" in self.config else {}))
+        return out
+
     @staticmethod
     def _solver_options(solver: str, fit: str | None, select: str | None, fit_iters: int | None, eta: float,
                         extra: dict | None, preset: str | None) -> dict[str, Any]:
@@ -360,15 +484,57 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
     def from_config(cls, config: dict[str, Any] | None = None, return_unused_kwargs: bool = False, **kwargs):
         """``ConfigMixin.from_config``, after translating the keys of a DDPMScheduler / DDIMScheduler
         config that have an equivalent here and warning about the ones that are dropped (see the
-        class docstring). diffusers itself drops the keys of its compatible schedulers silently."""
+        class docstring). diffusers itself drops the keys of its compatible schedulers silently.
+        A ``timestep_spacing`` passed here replaces the config's ``gms_timestep_spacing`` too."""
+        if "timestep_spacing" in kwargs:
+            kwargs.setdefault("gms_timestep_spacing", None)
         if isinstance(config, dict):
             config = cls._translate_foreign_config(config, kwargs)
         return super().from_config(config, return_unused_kwargs=return_unused_kwargs, **kwargs)
 
     @classmethod
+    def _source_class(cls, config: Mapping[str, Any]) -> type | None:
+        """The diffusers scheduler class a foreign config belongs to: its ``_class_name`` (a saved config),
+        else (an in-memory config has none) the compatible class whose arguments are all among its keys."""
+        import diffusers
+
+        name = config.get("_class_name")
+        keys = {k for k in config if not k.startswith("_")}
+        for candidate in ([name] if isinstance(name, str) else cls._compatibles):
+            source = getattr(diffusers, candidate, None)
+            if not (isinstance(source, type) and issubclass(source, SchedulerMixin)) or source is cls:
+                continue
+            if isinstance(name, str) or set(inspect.signature(source.__init__).parameters) - {"self"} <= keys:
+                return source
+        return None
+
+    @classmethod
+    def _source_defaults(cls, config: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """``config`` with the shared keys its class left at their defaults (or did not write) set to that
+        class's default where it differs from this one's, as the source scheduler would read them."""
+        source = cls._source_class(config)
+        if source is None:
+            return config
+        defaults = set(config.get("_use_default_values", ()))
+        theirs = inspect.signature(source.__init__).parameters
+        ours = inspect.signature(cls.__init__).parameters
+        changed = {}
+        for key, param in theirs.items():
+            if key in ours and key not in kwargs and (key in defaults or key not in config) \
+                    and param.default is not inspect.Parameter.empty and param.default != ours[key].default:
+                changed[key] = param.default
+        if not changed:
+            return config
+        config = {**config, **changed}
+        if "_use_default_values" in config:
+            config["_use_default_values"] = [k for k in config["_use_default_values"] if k not in changed]
+        return config
+
+    @classmethod
     def _translate_foreign_config(cls, config: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
         if config.get("_class_name") == cls.__name__:
             return config  # our own config: extra keys are those an earlier conversion kept (and reported)
+        config = cls._source_defaults(config, kwargs)
         own = set(inspect.signature(cls.__init__).parameters) - {"self"}
         defaults = set(config.get("_use_default_values", ()))  # keys the source left at its defaults
         foreign = {k: v for k, v in config.items() if not k.startswith("_") and k not in own and k not in defaults}
@@ -377,9 +543,17 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
         config = dict(config)
         source = config.get("_class_name", "the source config")
         dropped = []
-        if any(k in foreign for k in _CLIP_KEYS) and "data_range" not in config and "data_range" not in kwargs:
+        if any(k in foreign for k in _CLIP_KEYS) and "data_range" not in kwargs:
             r = float(config.get("clip_sample_range", 1.0))
-            config["data_range"] = (-r, r) if config.get("clip_sample", True) else None
+            implied = (-r, r) if config.get("clip_sample", True) else None
+            if "data_range" not in config:
+                config["data_range"] = implied
+            elif not _same_clipping(config, check_data_range(config["data_range"])):
+                # (a GMSScheduler config converted and back, its clip keys changed in between: its range wins)
+                warnings.warn(f"GMSScheduler.from_config: {source} clips to {implied!r} (clip_sample="
+                              f"{config.get('clip_sample', True)!r}, clip_sample_range={r!r}) but keeps "
+                              f"data_range={config['data_range']!r}, which is used. Pass data_range= to choose",
+                              UserWarning, stacklevel=3)
         for key in _CLIP_KEYS:
             foreign.pop(key, None)
         if foreign.get("thresholding"):
@@ -440,8 +614,8 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
                 raise ValueError(f"num_inference_steps must be an integer in [1, {T}] (the number of network calls), "
                                  f"got {num_inference_steps!r}")
             num_inference_steps = n
-            ts = inference_timesteps(T, num_inference_steps, self.config.timestep_spacing)
-            if self.config.timestep_spacing == "leading" and self.config.steps_offset:
+            ts = inference_timesteps(T, num_inference_steps, self._spacing)
+            if self._spacing == "leading" and self.config.steps_offset:
                 ts = [t + int(self.config.steps_offset) for t in ts]
                 if ts[0] >= T:
                     raise ValueError(f"steps_offset={self.config.steps_offset} moves the first timestep to "
@@ -501,21 +675,31 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
         return sample
 
     def step(self, model_output: torch.Tensor, timestep: int | torch.Tensor, sample: torch.Tensor,
-             generator: Any = None, return_dict: bool = True) -> GMSSchedulerOutput | tuple:
+             generator: Any = None, return_dict: bool = True,
+             variance_noise: torch.Tensor | None = None) -> GMSSchedulerOutput | tuple:
         """One reverse step from ``timestep`` to the next entry of ``self.timesteps`` (or to data).
 
         ``model_output`` is the network's output tensor (``unet(...).sample``), the heads concatenated
         along dim 1 (3C for gms, 2C for sn-ddpm, C for ddpm/ddim); ``sample`` a floating-point
-        [N, C, ...] tensor. Returns ``GMSSchedulerOutput(prev_sample, pred_original_sample)`` or, with
-        ``return_dict=False``, the tuple ``(prev_sample, pred_original_sample)``.
+        [N, C, ...] tensor. ``variance_noise`` (as in DDIMScheduler.step): the standard normal noise of
+        this step, shaped like ``sample``, instead of one drawn from ``generator`` (which GMS still uses
+        to choose each mixture component). Returns ``GMSSchedulerOutput(prev_sample,
+        pred_original_sample)`` or, with ``return_dict=False``, the tuple ``(prev_sample, pred_original_sample)``.
         """
         check_state_tensor(sample, "sample")  # (an integer sample would come back truncated)
         check_model_output(model_output)
+        if variance_noise is not None and (not torch.is_tensor(variance_noise) or not variance_noise.is_floating_point()
+                                           or variance_noise.shape != sample.shape):
+            raise ValueError(f"variance_noise must be a tensor shaped like sample {tuple(sample.shape)} (standard "
+                             f"normal noise for this step), got {_describe(variance_noise)}; e.g. "
+                             "torch.randn_like(sample), or leave it out to draw it from generator")
+        self._check_not_learned_variance(model_output, sample)
         i = self._index(timestep)
         t, s = self._ts[i], self._after(i)
         work = sample.dtype if sample.dtype in (torch.float32, torch.float64) else torch.float32
         x_t = sample.to(work)
         out = model_output.to(device=sample.device, dtype=work)
+        noise = None if variance_noise is None else variance_noise.to(device=sample.device, dtype=work)
         # The previous step's flag: the network call queued since then runs after that step's kernel,
         # so this read does not wait for it. This step's flag is read at the next step, or at once
         # for the last step (to the data), so that a loop never ends on an unread flag.
@@ -525,7 +709,7 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
             heads = split_heads(out, x_t, self._spec.heads, self.config.solver, check_finite=False)
             pending = DeferredFiniteCheck(x_t, heads, f"at timestep {t} ")
         prev = gk_step(x_t, out, t, s, self.schedule, self.config.solver, fixed_seeds(generator),
-                       data_range=self._data_range, backend=self.config.backend,
+                       data_range=self._data_range, noise=noise, backend=self.config.backend,
                        nonfinite_flag=None if pending is None else pending.flag, **self._options)
         if pending is not None:
             pending.launched()
@@ -535,6 +719,23 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
         if not return_dict:
             return prev, x0
         return GMSSchedulerOutput(prev_sample=prev, pred_original_sample=x0)
+
+    def _check_not_learned_variance(self, model_output: torch.Tensor, sample: torch.Tensor) -> None:
+        """Refuse an output of 2C channels under sn-ddpm, which reads it as [E[eps], E[eps^2]], unless the config
+        says the network gives heads: 2C is diffusers' learned-variance layout [eps, variance] (gk.sample refuses
+        such a UNet too)."""
+        c, needed = sample.shape[1], self._spec.heads
+        # (gms reads 3C: a 2C output is too short for it, which split_heads reports)
+        if needed != 2 or self.config.model_heads is not None or model_output.dim() < 2 \
+                or model_output.shape[1] != 2 * c:
+            return
+        from .model_io import HEAD_NAMES
+        from .models.diffusers_unet import add_heads_hint, learned_variance_note
+
+        raise ValueError(f"solver {self.config.solver!r} needs {needed} heads ({', '.join(HEAD_NAMES[:needed])}) but "
+                         f"model_output has {2 * c} channels for {c}-channel samples: {learned_variance_note(c)}. "
+                         f"{add_heads_hint(None)}. If the network's channels are the heads [E[eps], E[eps^2]], say "
+                         "so with GMSScheduler(..., model_heads=2) (gk.models.export_diffusers writes it)")
 
     def _pred_original(self, x_t: torch.Tensor, model_output: torch.Tensor, t: int) -> torch.Tensor:
         """The clamped E[x0|x_t] from the e1 head (what the solvers use as the x0 estimate)."""

@@ -136,7 +136,7 @@ def test_a_raw_unet2dmodel_is_described_as_a_diffusers_backbone():
     from gms_kernels.models.diffusers_export import backbone_family, build_network, network_spec
 
     unet = tiny_unet(6)
-    spec = network_spec(unet)
+    spec = network_spec(unet, heads=1)  # (out_channels = 2C: eps alone, or two heads, is said explicitly)
     assert spec["type"] == "backbone" and spec["backbone"]["family"] == "diffusers"
     assert spec["backbone"]["config"]["block_out_channels"] == [8, 16] and backbone_family(unet) == "diffusers"
     assert "_use_default_values" in unet.config  # diffusers' private entries stay out of the description

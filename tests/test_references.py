@@ -541,7 +541,7 @@ def test_gms_scheduler_steps_by_hand(backend, solver):
         cpp_or_skip()
     from gms_kernels.scheduler import GMSScheduler
 
-    sch = GMSScheduler(solver=solver, backend=backend)
+    sch = GMSScheduler(solver=solver, backend=backend, model_heads=3 if solver == "gms" else 2)
     ts = [999, 899, 500, 99, 0]
     sch.set_timesteps(timesteps=ts)
     assert sch.timesteps.tolist() == ts

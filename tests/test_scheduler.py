@@ -80,7 +80,7 @@ def test_from_ddpm_config_and_roundtrip(tmp_path):
     assert s.config.solver == "gms"
     with pytest.warns(UserWarning, match="variance_type"):
         s = GMSScheduler.from_config(ddpm.config, solver="sn-ddpm", timestep_spacing="even")
-    assert s.config.solver == "sn-ddpm" and s.config.timestep_spacing == "even"
+    assert s.config.solver == "sn-ddpm" and s.config.gms_timestep_spacing == "even"
     with pytest.raises(ValueError, match="epsilon"):
         GMSScheduler.from_config(DDPMScheduler(prediction_type="v_prediction").config)
     # JSON round trip (tuples become lists)
@@ -283,7 +283,7 @@ def test_previous_timestep_is_looked_up():
 ])
 def test_step_equals_gk_step(solver, k, extra):
     ts = [950, 700, 420, 100, 3]
-    s = GMSScheduler(solver=solver, backend="torch", **extra)
+    s = GMSScheduler(solver=solver, backend="torch", model_heads=k, **extra)
     s.set_timesteps(timesteps=ts)
     opts = {key: v for key, v in extra.items()}
     x = x_at()
@@ -321,7 +321,7 @@ def test_generator_list_is_honoured_per_sample():
 
 @pytest.mark.parametrize("solver, k", [("gms", 3), ("sn-ddpm", 2), ("ddim", 1)])
 def test_fp16_is_upcast(solver, k):
-    s = GMSScheduler(solver=solver, backend="torch")
+    s = GMSScheduler(solver=solver, backend="torch", model_heads=k)
     s.set_timesteps(4)
     x16, out16 = (x_at() * 3).half(), (heads(k=k) * 4).half()  # large heads: fp16 maths would overflow
     for t in s.timesteps:
@@ -471,7 +471,8 @@ def test_ddpm_pipeline_generator_list_matches_single_runs():
 @pytest.mark.parametrize("solver, channels", [("sn-ddpm", 6), ("ddpm", 3), ("ddim", 3)])
 def test_ddpm_pipeline_other_solvers(solver, channels):
     gens = [torch.Generator().manual_seed(i) for i in range(2)]
-    img = run_pipe(tiny_unet(channels), GMSScheduler(solver=solver), batch_size=2, generator=gens, output_type="np")
+    img = run_pipe(tiny_unet(channels), GMSScheduler(solver=solver, model_heads=channels // 3), batch_size=2,
+                   generator=gens, output_type="np")
     assert img.shape == (2, 8, 8, 3) and img.min() >= 0 and img.max() <= 1
 
 

@@ -13,6 +13,12 @@ input, training betas) and its weights file the network's state dict, unchanged.
 timestep)`` returns ``UNet2DOutput(sample=cat([e1, e2, e3], 1))`` (3C channels for GMS heads, 2C for
 SN-DDPM heads, C for a bare eps network), from one backbone pass, with ``timestep`` the 0-based
 training index that diffusers' pipelines pass; it is converted to the network's own time input.
+A bare diffusers UNet2DModel trained to output the heads (out_channels = 3C, or 2C with ``heads=2``)
+is exported with them (:func:`bare_heads`).
+
+``model_index.json`` names both classes ``["gms_kernels", class name]`` (they are ``gk.GMSDiffusersModel``
+and ``gk.GMSScheduler``), so that ``import gms_kernels`` before ``from_pretrained`` is all a new process
+needs: diffusers imports a library it does not know only when the process has imported it.
 
 (diffusers logs "Expected types for unet: UNet2DModel" when it loads the pipeline: ``DDPMPipeline``
 annotates its unet so; the pipeline only calls ``unet(sample, t).sample`` and reads ``unet.config``.)
@@ -35,12 +41,13 @@ from diffusers.models.unets.unet_2d import UNet2DOutput
 from torch import nn
 
 from ..files import json_ready
-from ..model_io import check_time_input, time_values
+from ..model_io import HEAD_NAMES, check_time_input, time_values
 from ..schedule import Schedule
 from .diffusers_unet import DiffusersUNet, is_diffusers_unet
 from .moment_net import BACKBONES, MomentNet
 
-__all__ = ["GMSDiffusersModel", "export_diffusers", "network_spec", "build_network", "ModelMixin", "SchedulerMixin"]
+__all__ = ["GMSDiffusersModel", "export_diffusers", "network_spec", "bare_heads", "build_network", "ModelMixin",
+           "SchedulerMixin"]
 
 
 def _backbone_spec(backbone: nn.Module) -> dict[str, Any]:
@@ -57,13 +64,60 @@ def _backbone_spec(backbone: nn.Module) -> dict[str, Any]:
     return spec
 
 
-def network_spec(net: nn.Module) -> dict[str, Any]:
+def network_spec(net: nn.Module, heads: int | None = None) -> dict[str, Any]:
     """A JSON description from which :func:`build_network` rebuilds ``net``'s architecture: a
-    MomentNet (backbone + heads) or a bare backbone (exported as an eps network, C channels)."""
+    MomentNet (backbone + heads) or a bare backbone with the heads of :func:`bare_heads` (an eps network,
+    C channels, unless a UNet2DModel gives more heads)."""
     if isinstance(net, MomentNet):
-        heads = {k: v for k, v in net.head_config.items() if k in ("orders", "head", "dropout", "targets")}
-        return {"type": "moment-net", "backbone": _backbone_spec(net.backbone), "heads": json_ready(heads)}
-    return {"type": "backbone", "backbone": _backbone_spec(as_gk_backbone(net))}
+        gives = 1 + len(net.orders)
+        if heads is not None and heads != gives:
+            raise ValueError(f"heads={heads!r} but the MomentNet gives {gives} heads ({', '.join(HEAD_NAMES[:gives])}; "
+                             f"orders {tuple(net.orders)}): leave heads out for a MomentNet")
+        config = {k: v for k, v in net.head_config.items() if k in ("orders", "head", "dropout", "targets")}
+        return {"type": "moment-net", "backbone": _backbone_spec(net.backbone), "heads": json_ready(config)}
+    backbone = as_gk_backbone(net)
+    spec = {"type": "backbone", "backbone": _backbone_spec(backbone), "heads": bare_heads(backbone, heads)}
+    return spec
+
+
+def bare_heads(backbone: nn.Module, heads: int | None = None) -> int:
+    """How many heads [e1, e2, e3] a bare backbone is exported with. The backbones of gk.models give eps
+    (channels after it are a learned variance): 1. A diffusers UNet2DModel gives out_channels / in_channels
+    groups: 1 or 3 are the heads; 2 is also diffusers' learned-variance layout [eps, variance], so it needs
+    ``heads`` (1: eps alone; 2: [E[eps], E[eps^2]]) unless its wrapper or pipeline says which."""
+    if heads is not None and (isinstance(heads, bool) or not isinstance(heads, int) or not 1 <= heads <= 3):
+        raise ValueError(f"heads must be 1, 2 or 3 (how many heads [e1, e2, e3] the network's output holds), "
+                         f"got {heads!r}")
+    if not isinstance(backbone, DiffusersUNet):
+        if heads not in (None, 1):
+            raise ValueError(f"heads={heads}: a {type(backbone).__name__} gives eps alone (channels after it are a "
+                             "learned variance); export it with heads=1, or add heads: gk.models.MomentNet(net) "
+                             "trained with gms-kernels train-heads")
+        return 1
+    c, out = backbone.in_channels, backbone.out_channels
+    if out % c or not 1 <= out // c <= 3:
+        raise ValueError(f"the UNet2DModel has out_channels = {out} for in_channels = {c}: export_diffusers reads 1, 2 "
+                         f"or 3 groups of {c} channels ([e1, e2, e3])")
+    gives = out // c
+    known_variance = backbone.variance_type is not None and backbone.learned_variance
+    if heads is None:
+        if backbone.eps_only_given is not None:  # the wrapper was told
+            return 1 if backbone.eps_only else gives
+        if gives == 2 and not known_variance:
+            raise ValueError(f"the UNet2DModel has out_channels = {out} = 2 x in_channels ({c}): diffusers' layout for "
+                             "a learned variance [eps, variance], or two heads [E[eps], E[eps^2]]. Say which: "
+                             "heads=1 exports eps alone (solver ddpm, ddpm-large or ddim), heads=2 exports both as "
+                             "heads (solver sn-ddpm)")
+        return 1 if known_variance else gives
+    if heads == 1:
+        return 1
+    if heads != gives:
+        raise ValueError(f"heads={heads} but the UNet2DModel gives {gives} (out_channels = {out} = {gives} x "
+                         f"in_channels {c}); pass heads=1 (eps alone) or heads={gives}")
+    if known_variance:
+        raise ValueError(f"heads={heads}: its scheduler has variance_type={backbone.variance_type!r}, so channels "
+                         f"{c}..{out - 1} are a learned variance, not E[eps^2]; export it with heads=1")
+    return heads
 
 
 def as_gk_backbone(net: nn.Module) -> nn.Module:
@@ -81,16 +135,16 @@ def build_network(spec: dict[str, Any]) -> nn.Module:
     if on_meta:
         backbone = backbone.to_empty(device="cpu")
     if kind == "backbone":
-        if hasattr(backbone, "eps_only"):
-            backbone.eps_only = True  # the exported output is eps alone, never a learned-variance channel
+        if hasattr(backbone, "eps_only"):  # eps alone (never a learned-variance channel), unless exported as heads
+            backbone.eps_only = spec.get("heads", 1) == 1
         return backbone.eval()
     heads = spec.get("heads") or {}
     return MomentNet(backbone, orders=heads.get("orders", (2, 3)), head=heads.get("head", "conv"),
                      dropout=heads.get("dropout", 0.0), targets=heads.get("targets", "raw")).eval()
 
 
-def _output_channels(net: nn.Module, channels: int) -> int:
-    return channels * (1 + len(net.orders)) if isinstance(net, MomentNet) else channels
+def _output_channels(net: nn.Module, spec: dict[str, Any], channels: int) -> int:
+    return channels * (1 + len(net.orders) if isinstance(net, MomentNet) else spec.get("heads", 1))
 
 
 class GMSDiffusersModel(ModelMixin, ConfigMixin):
@@ -119,14 +173,17 @@ class GMSDiffusersModel(ModelMixin, ConfigMixin):
             self.net.schedule = Schedule.from_betas(trained_betas)
         if solver_defaults:
             self.net.solver_defaults = solver_defaults
+        self.__module__ = "gms_kernels"  # model_index.json: ["gms_kernels", "GMSDiffusersModel"] (GMSScheduler: why)
 
     @classmethod
-    def from_network(cls, net: nn.Module, sample_size: int | Sequence[int] | None = None) -> "GMSDiffusersModel":
-        """Wrap ``net`` (a MomentNet or a backbone of gk.models; its weights are copied exactly)."""
+    def from_network(cls, net: nn.Module, sample_size: int | Sequence[int] | None = None,
+                     heads: int | None = None) -> "GMSDiffusersModel":
+        """Wrap ``net`` (a MomentNet or a backbone of gk.models; its weights are copied exactly); ``heads``:
+        see :func:`bare_heads`."""
         if getattr(net, "output_scale", None) is not None:  # (the network description has no place for it yet)
             raise ValueError("the diffusers export does not carry heads with a per-t output scale (output_scale); "
                              "save the model with save() or gk.embedded.save_embedded instead")
-        spec = network_spec(net)
+        spec = network_spec(net, heads)
         backbone = net.backbone if isinstance(net, MomentNet) else as_gk_backbone(net)
         channels = int(backbone.eps_channels)
         if sample_size is None:
@@ -137,7 +194,7 @@ class GMSDiffusersModel(ModelMixin, ConfigMixin):
         sample_size = sample_size if isinstance(sample_size, int) else [int(s) for s in sample_size]
         schedule = getattr(net, "schedule", None)
         T = schedule.T if schedule is not None else int(getattr(backbone, "T", 1000))
-        model = cls(network=spec, in_channels=channels, out_channels=_output_channels(net, channels),
+        model = cls(network=spec, in_channels=channels, out_channels=_output_channels(net, spec, channels),
                     sample_size=sample_size, num_train_timesteps=T, time_input=getattr(net, "time_input", "index"),
                     trained_betas=None if schedule is None else schedule.betas.tolist(),
                     solver_defaults=json_ready(getattr(net, "solver_defaults", None) or None, "solver_defaults"))
@@ -191,30 +248,43 @@ def _scheduler_for(net: nn.Module, **scheduler_kwargs: Any):
 
 
 def export_diffusers(net: nn.Module, directory: str | os.PathLike, *, sample_size: int | Sequence[int] | None = None,
-                     scheduler: Any = None, **scheduler_kwargs: Any) -> Path:
-    """Write ``net`` (a MomentNet, or a bare backbone of gk.models) as a ``DDPMPipeline`` directory
-    with a :class:`GMSDiffusersModel` unet and a ``GMSScheduler`` (``scheduler``, or one built on the
-    network's training betas with ``scheduler_kwargs``, e.g. ``solver="sn-ddpm"``). Returns the path.
+                     heads: int | None = None, scheduler: Any = None, **scheduler_kwargs: Any) -> Path:
+    """Write ``net`` (a MomentNet, or a bare backbone of gk.models or diffusers UNet2DModel) as a
+    ``DDPMPipeline`` directory with a :class:`GMSDiffusersModel` unet and a ``GMSScheduler`` (``scheduler``,
+    or one built on the network's training betas with ``scheduler_kwargs``, e.g. ``solver="sn-ddpm"``),
+    whose ``model_heads`` says how many heads the unet gives. Returns the path.
 
     ``sample_size``: the image size for ``DDPMPipeline`` (needed unless the backbone is a UNet2DModel).
-    Reload with ``DDPMPipeline.from_pretrained(directory)``, ``GMSDiffusersModel.from_pretrained(
-    directory, subfolder="unet")`` or ``gk.models.load(directory)`` (the gms_kernels network itself).
+    ``heads``: for a bare UNet2DModel, how many heads its output channels hold (:func:`bare_heads`; needed
+    for out_channels = 2 * in_channels, which is also diffusers' learned-variance layout).
+    Reload with ``DDPMPipeline.from_pretrained(directory)`` (after ``import gms_kernels``),
+    ``GMSDiffusersModel.from_pretrained(directory, subfolder="unet")`` or ``gk.models.load(directory)``
+    (the gms_kernels network itself).
     """
     from diffusers import DDPMPipeline
 
     from ..scheduler import GMSScheduler
+    from ..solvers import get_solver
 
     if scheduler is not None and scheduler_kwargs:
         raise ValueError("pass either scheduler= or scheduler options, not both")
-    model = GMSDiffusersModel.from_network(net, sample_size)
-    scheduler = scheduler if scheduler is not None else _scheduler_for(net, **scheduler_kwargs)
-    if not isinstance(scheduler, GMSScheduler):
+    if scheduler is not None and not isinstance(scheduler, GMSScheduler):
         raise TypeError(f"scheduler must be a gk.GMSScheduler, got {type(scheduler).__name__}")
-    needed = scheduler._spec.heads * model.config.in_channels
+    model = GMSDiffusersModel.from_network(net, sample_size, heads)
+    gives = model.config.out_channels // model.config.in_channels
+    solver = scheduler.config.solver if scheduler is not None else scheduler_kwargs.get("solver", "gms")
+    needed = get_solver(solver).heads * model.config.in_channels
     if model.config.out_channels < needed:
-        raise ValueError(f"the scheduler's solver {scheduler.config.solver!r} reads {needed} channels but the network "
-                         f"gives {model.config.out_channels}; pick a solver for its heads (ddpm, ddim: 1 head; "
+        raise ValueError(f"the scheduler's solver {solver!r} reads {needed} channels but the network gives "
+                         f"{model.config.out_channels}; pick a solver for its heads (ddpm, ddim: 1 head; "
                          "sn-ddpm: 2; gms: 3) or add heads (gms-kernels train-heads)")
+    if scheduler is None:
+        scheduler = _scheduler_for(net, **{"model_heads": gives, **scheduler_kwargs})
+    elif scheduler.config.model_heads is None:
+        scheduler = scheduler.with_model_heads(gives)
+    if scheduler.config.model_heads != gives:
+        raise ValueError(f"the scheduler has model_heads={scheduler.config.model_heads} but the network gives {gives} "
+                         f"heads ({model.config.out_channels} channels); leave model_heads out")
     DDPMPipeline(unet=model, scheduler=scheduler).save_pretrained(directory, safe_serialization=True)
     return Path(directory)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -28,6 +29,47 @@ def scheduler_config_near(path: str, subfolder: str | None) -> dict | None:
     return None
 
 
+def pipeline_scheduler_config(unet: Any) -> tuple[dict | None, str | None]:
+    """(the pipeline's scheduler config, the directory) for a UNet2DModel loaded with ``from_pretrained``:
+    its config's ``_name_or_path`` is the pipeline folder (loaded with ``subfolder=``) or the UNet's own
+    folder (which holds its config.json). (None, the directory or None) when there is none to read."""
+    path = unet.config.get("_name_or_path") if isinstance(unet.config, Mapping) else None
+    if not isinstance(path, (str, os.PathLike)) or not os.path.isdir(path):
+        return None, None
+    path = os.fspath(path)
+    unet_folder = os.path.isfile(os.path.join(path, "config.json"))
+    return scheduler_config_near(path, None if unet_folder else "unet"), path
+
+
+def diffusers_schedule(config: Mapping[str, Any]) -> Schedule:
+    """The training schedule of a diffusers scheduler config (DDPMScheduler, DDIMScheduler, GMSScheduler, ...):
+    its ``trained_betas``, else ``beta_schedule`` on ``num_train_timesteps`` as diffusers computes it (float64)."""
+    from ..scheduler import make_betas
+
+    if config.get("rescale_betas_zero_snr"):
+        raise ValueError("the diffusers scheduler config has rescale_betas_zero_snr=True: a zero terminal SNR "
+                         "(a_T = 0) leaves E[x0 | x_T] undefined, so gms_kernels cannot sample with it; use its config "
+                         "with rescale_betas_zero_snr=False, or pass a gk.Schedule")
+    return Schedule(make_betas(config.get("num_train_timesteps", 1000), config.get("beta_start", 1e-4),
+                               config.get("beta_end", 0.02), config.get("beta_schedule", "linear"),
+                               config.get("trained_betas")))
+
+
+def learned_variance_note(channels: int, variance_type: str | None = None) -> str:
+    """Why the channels after eps of a [eps, ...] output of 2C channels are not read as E[eps^2]."""
+    what = (f"a learned variance (variance_type={variance_type!r})" if variance_type else
+            "(out_channels = 2 * in_channels) what diffusers' DDPM layout takes for a learned variance")
+    return f"it predicts eps and, in its other {channels} channels, {what}, which gms_kernels never reads as E[eps^2]"
+
+
+def add_heads_hint(source: str | None) -> str:
+    """How to give an eps network the heads GMS and SN-DDPM read."""
+    where = source or "DIR"
+    return (f"Add the E[eps^2], E[eps^3] heads on its frozen backbone with `gms-kernels train-heads --model "
+            f"{where}` (--orders 2 for sn-ddpm alone; Python: gk.train_heads(gk.models.MomentNet(model), data)), "
+            "then sample the saved network; or use solver ddpm, ddpm-large or ddim, which read eps alone")
+
+
 def is_diffusers_unet(module: Any) -> bool:
     """Whether ``module`` is a diffusers UNet2DModel (without importing diffusers)."""
     lib = sys.modules.get("diffusers")
@@ -46,7 +88,8 @@ class DiffusersUNet(nn.Module):
     ``"learned"`` / ``"learned_range"`` the channels after the first C are a learned variance: they are
     never returned as E[eps^2] (``eps_only=False`` is refused). ``source``: the checkpoint path, named in
     error messages. :meth:`forward_features` returns (h, temb, output) of one pass, h being the input of
-    ``conv_norm_out``.
+    ``conv_norm_out``. ``schedule_note``: set when the training schedule was looked for and not found (what
+    was looked at); ``gk.sample`` then warns that it assumes linear betas.
     """
 
     time_input = "index"
@@ -60,6 +103,8 @@ class DiffusersUNet(nn.Module):
         self.unet = unet
         self.schedule = schedule
         self.variance_type, self.source = variance_type, source
+        self.schedule_note: str | None = None
+        self.eps_only_given = eps_only  # (None: the layout was inferred from the channel counts)
         cfg = unet.config
         self.in_channels, self.out_channels = int(cfg.in_channels), int(cfg.out_channels)
         if eps_only is False and self.learned_variance and self.out_channels == 2 * self.in_channels:
@@ -92,10 +137,7 @@ class DiffusersUNet(nn.Module):
     def heads_hint(self) -> str:
         """What to do when a solver needs more heads than this UNet gives (in gk.sample's error)."""
         if self.eps_only and self.out_channels == 2 * self.in_channels:
-            what = (f"it predicts eps and, in its other {self.in_channels} channels, "
-                    + (f"a learned variance (variance_type={self.variance_type!r})" if self.variance_type else
-                       "(out_channels = 2 * in_channels) what diffusers' DDPM layout takes for a learned variance")
-                    + ", which gms_kernels never reads as E[eps^2]")
+            what = learned_variance_note(self.in_channels, self.variance_type)
         else:
             what = f"it gives {self.output_heads} head(s) ({self.out_channels} output channels)"
         return f"{self._name()}: {what}. {self._add_heads_hint()}"
@@ -104,10 +146,7 @@ class DiffusersUNet(nn.Module):
         return f"the diffusers UNet2DModel at {self.source}" if self.source else "the diffusers UNet2DModel"
 
     def _add_heads_hint(self) -> str:
-        where = self.source or "DIR"
-        return (f"Add the E[eps^2], E[eps^3] heads on its frozen backbone with `gms-kernels train-heads --model "
-                f"{where}` (--orders 2 for sn-ddpm alone; Python: gk.train_heads(gk.models.MomentNet(model), data)), "
-                "then sample the saved network; or use solver ddpm, ddpm-large or ddim, which read eps alone")
+        return add_heads_hint(self.source)
 
     def forward(self, x: torch.Tensor, t: torch.Tensor | int) -> torch.Tensor:
         out = self.unet(x, t).sample
