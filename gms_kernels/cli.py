@@ -390,8 +390,10 @@ def _reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
-def _training_data(spec: str):
-    """--data: 'digits' (scikit-learn, [-1, 1]) or a .npy / .pt tensor [N, C, H, W] already in the data range."""
+def _training_data(spec: str, stream: bool = False):
+    """--data: 'digits' (scikit-learn, [-1, 1]), a .npy / .pt tensor [N, C, H, W] already in the data range, or a
+    folder of PNG / JPEG images: with ``stream`` its Path (training reads it batch by batch, in the model's channel
+    count), else all its images as one tensor (gk.data.ImageFolder: scaled to [-1, 1])."""
     import numpy as np
     import torch
 
@@ -399,6 +401,13 @@ def _training_data(spec: str):
         from .data import digits
 
         return digits("all")[0]
+    if Path(spec).is_dir():
+        if stream:
+            return Path(spec)
+        from .data import ImageFolder
+
+        folder = ImageFolder(spec)
+        return torch.stack([folder[i] for i in range(len(folder))])
     if spec.endswith(".npy"):
         return torch.from_numpy(np.load(spec)).float()
     data = torch.load(spec, map_location="cpu", weights_only=True)
@@ -433,7 +442,9 @@ def _reseed_per_rank(seed: int, rank: int) -> None:
 
 def _train_backbone(args: argparse.Namespace) -> int:
     import torch
+    from torch.utils.data import DataLoader
 
+    from .data import ImageFolder
     from .files import save_atomically
     from .models import PytorchDDPMUNet
     from .training import train_backbone
@@ -442,14 +453,21 @@ def _train_backbone(args: argparse.Namespace) -> int:
     _check_counts(args, "T", "ch", "ch_mult", "num_res_blocks")
     started, rank, device = _training_setup(args.seed)
     try:
-        data = _training_data(args.data)
+        data = _training_data(args.data, stream=True)
+        if isinstance(data, Path):
+            data = ImageFolder(data, channels=args.channels)
+        elif args.channels not in (None, data.shape[1]):
+            raise UsageError(f"--channels {args.channels}: it sets how a --data folder's images are read; this "
+                             f"data is a tensor with {data.shape[1]} channels")
+        channels = data.channels if isinstance(data, ImageFolder) else data.shape[1]
         net = PytorchDDPMUNet(T=args.T, ch=args.ch, ch_mult=tuple(args.ch_mult), attn=tuple(args.attn),
-                              num_res_blocks=args.num_res_blocks, dropout=args.dropout,
-                              in_channels=data.shape[1]).to(device)
+                              num_res_blocks=args.num_res_blocks, dropout=args.dropout, in_channels=channels).to(device)
         _reseed_per_rank(args.seed, rank)
+        if isinstance(data, ImageFolder) and args.workers:
+            data = DataLoader(data, num_workers=args.workers)  # (only its dataset and loading settings are used)
         train_backbone(net, data, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                        optimizer=args.optimizer, ema_decay=args.ema, checkpoint=args.checkpoint, seed=args.seed,
-                       progress=not args.quiet)
+                       progress=not args.quiet, sampling=args.sampling)
         if rank == 0:
             state = {k: v.detach().cpu().clone() for k, v in net.state_dict().items()}
             save_atomically({"ema_model": state, "net_model": state, "step": args.steps}, args.out)  # pytorch-ddpm layout
@@ -462,7 +480,9 @@ def _train_backbone(args: argparse.Namespace) -> int:
 
 def _train_heads(args: argparse.Namespace) -> int:
     import torch
+    from torch.utils.data import DataLoader
 
+    from .data import ImageFolder
     from .files import write_atomically
     from .models import MomentNet
     from .training import train_heads
@@ -470,14 +490,18 @@ def _train_heads(args: argparse.Namespace) -> int:
     _check_training_args(args)
     started, rank, device = _training_setup(args.seed)
     try:
-        data = _training_data(args.data)
+        data = _training_data(args.data, stream=True)
         net = MomentNet(_load_model(args.model, args.kind), orders=tuple(args.orders), head=args.head,
                         targets=args.targets).to(device)
         _reseed_per_rank(args.seed, rank)
+        if isinstance(data, Path):  # (the images in the backbone's channel count)
+            data = ImageFolder(data, channels=net.channels)
+            if args.workers:
+                data = DataLoader(data, num_workers=args.workers)  # (only its dataset and loading settings are used)
         res = train_heads(net, data, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                           optimizer=args.optimizer, ema_decay=args.ema, checkpoint=args.checkpoint, seed=args.seed,
                           progress=not args.quiet, loss_weighting=args.head_loss,
-                          output_scale=args.head_scale)
+                          output_scale=args.head_scale, sampling=args.sampling)
         if rank == 0:
             write_atomically(args.out, net.save)
             last = {k: v for k, v in res.history[-1].items() if k != "step"} if res.history else {}
@@ -493,10 +517,21 @@ def _check_training_args(args: argparse.Namespace) -> None:
     _check_output(args.out, "--out", folder=False)
     _check_output(args.checkpoint, "--checkpoint", folder=False)
     _check_counts(args, "steps", "batch_size")
+    if args.workers < 0:
+        raise UsageError(f"--workers must be >= 0, got {args.workers}")
 
 
 def _add_training_args(p: argparse.ArgumentParser, out: str, optimizer: str) -> None:
-    p.add_argument("--data", default="digits", help="'digits' or a .npy/.pt tensor [N, C, H, W] in [-1, 1]")
+    from .training import SAMPLINGS
+
+    p.add_argument("--data", default="digits",
+                   help="'digits', a .npy/.pt tensor [N, C, H, W] in [-1, 1], or a folder of PNG/JPEG images (read "
+                        "batch by batch, scaled to [-1, 1]; subfolders included, in sorted order)")
+    p.add_argument("--sampling", choices=SAMPLINGS, default="replacement",
+                   help="replacement: each batch's examples drawn uniformly, with replacement; epochs: a seeded "
+                        "permutation per epoch, read in order")
+    p.add_argument("--workers", type=int, default=0,
+                   help="processes reading an image folder (per training process; 0: the training process itself)")
     p.add_argument("--steps", type=int, default=2000, help="optimiser steps")
     p.add_argument("--batch-size", type=int, default=128,
                    help="the global batch; under torchrun it is split evenly over the processes (a multiple of N)")
@@ -687,6 +722,9 @@ def build_parser() -> argparse.ArgumentParser:
     tb.add_argument("--attn", type=int, nargs="*", default=[1], help="levels with attention")
     tb.add_argument("--num-res-blocks", type=int, default=2, help="residual blocks per level")
     tb.add_argument("--dropout", type=float, default=0.1, help="dropout rate")
+    tb.add_argument("--channels", type=int, choices=[1, 3], default=None,
+                    help="a --data folder's images read as grey (1) or RGB (3) (default: 1 if the first is grey, "
+                         "else 3)")
 
     from .models.moment_net import TRAINABLE_HEAD_KINDS
     from .training import HEAD_LOSS_WEIGHTINGS

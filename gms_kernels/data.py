@@ -1,5 +1,6 @@
-"""Data sets the project can use offline, scaled to [-1, 1]: scikit-learn's 8x8 digits, and grey patches of
-the photos bundled in scikit-image's wheel (split by photo; needs scikit-image: ``pip install 'gms_kernels[patches]'``).
+"""Data sets the project can use offline, scaled to [-1, 1]: scikit-learn's 8x8 digits, grey patches of
+the photos bundled in scikit-image's wheel (split by photo; needs scikit-image: ``pip install 'gms_kernels[patches]'``),
+and :class:`ImageFolder`, a folder of PNG / JPEG files read one image at a time.
 
 Patch photos, their splits and licences (from the ``skimage.data`` docstrings): see :data:`PATCH_PHOTOS`.
 Left out: photos whose docstring states no licence (moon, page, stereo_motorcycle, ...), synthetic or binary
@@ -7,9 +8,13 @@ images (checkerboard, logo, horse, ...), and images that need a download (eagle,
 """
 from __future__ import annotations
 
+import os
 from functools import lru_cache
+from pathlib import Path
 
+import numpy as np
 import torch
+from torch.utils.data import Dataset
 
 SPLITS = ("all", "train", "validation", "test")
 
@@ -120,3 +125,77 @@ def patches(split: str = "train", size: int = 8, per_photo: int | None = None, s
         cols = (left[:, None] + torch.arange(size, device="cpu"))[:, None, :]  # [N, 1, size]
         out.append(img[rows, cols])
     return (2.0 * torch.cat(out) - 1.0).to(torch.float32).unsqueeze(1)
+
+
+# --- image folders -------------------------------------------------------------------------------------------------
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+_GREY_MODES = ("1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "I;16N")
+
+
+def image_files(root: str | os.PathLike) -> list[str]:
+    """The PNG / JPEG files under ``root`` (subfolders included; hidden files and folders left out), as paths
+    relative to it, sorted."""
+    root = Path(root)
+    if not root.is_dir():
+        raise NotADirectoryError(f"{root} is not a folder of images")
+    found = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        rel = Path(folder).relative_to(root)
+        found += [(rel / f).as_posix() for f in files
+                  if not f.startswith(".") and os.path.splitext(f)[1].lower() in IMAGE_SUFFIXES]
+    if not found:
+        raise ValueError(f"{root} holds no {' / '.join(IMAGE_SUFFIXES)} images")
+    return sorted(found)
+
+
+class ImageFolder(Dataset):
+    """The images of a folder (:func:`image_files`: PNG / JPEG, in sorted order of their paths), read with
+    Pillow when an item is asked for, never all at once: item i is float32 [channels, H, W] in [-1, 1].
+
+    8-bit values v become v / 127.5 - 1 (16-bit grey PNGs: v / 32767.5 - 1). ``channels`` is 1 (Pillow's
+    ``convert("L")``) or 3 (``convert("RGB")``; an alpha channel is dropped); None takes 1 if the first image is
+    grey, else 3. Every image must have the first one's size.
+    """
+
+    def __init__(self, root: str | os.PathLike, channels: int | None = None):
+        self.root = Path(root)
+        self.files = image_files(root)
+        with self._open(0) as img:
+            self.size = img.size  # (W, H)
+            if channels is None:
+                channels = 1 if img.mode in _GREY_MODES else 3
+        if channels not in (1, 3):
+            raise ValueError(f"an image folder gives 1 (grey) or 3 (RGB) channels, not {channels!r}")
+        self.channels = channels
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def _open(self, i: int):
+        from PIL import Image
+
+        try:
+            img = Image.open(self.root / self.files[i])
+            img.load()  # (a truncated or corrupt file fails here, not later)
+            return img
+        except OSError as exc:
+            raise ValueError(f"cannot read image {self.root / self.files[i]}: {exc}") from exc
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        with self._open(i) as img:
+            if img.size != self.size:
+                raise ValueError(f"{self.root / self.files[i]} is {img.size[0]}x{img.size[1]}, the first image "
+                                 f"{self.size[0]}x{self.size[1]}: an image folder's images must share one size")
+            if img.mode.startswith("I"):  # 16-bit (or 32-bit integer) grey
+                v = torch.from_numpy(np.asarray(img, dtype=np.float32)).div_(32767.5).sub_(1.0)
+                return v.unsqueeze(0).expand(self.channels, -1, -1).clone()
+            v = np.asarray(img.convert("L" if self.channels == 1 else "RGB"), dtype=np.uint8)
+        v = torch.from_numpy(v.copy())
+        v = v.unsqueeze(0) if v.dim() == 2 else v.permute(2, 0, 1).contiguous()
+        return v.to(torch.float32) / 127.5 - 1.0
+
+    def __repr__(self) -> str:
+        w, h = self.size
+        return f"ImageFolder({str(self.root)!r}, channels={self.channels}: {len(self)} images, {w}x{h})"

@@ -5,30 +5,53 @@
   weights, grad-norm clip, ADAN or Adam.
 - :func:`train_backbone`: the usual eps-prediction loss, for small data sets (toy data, digits).
 
+The training data (:data:`TrainingData`) is a tensor [N, C, ...] held in memory, or read batch by batch: a
+map-style ``Dataset`` (items a tensor [C, ...] or a (tensor, label, ...) tuple whose labels are left aside), a
+``DataLoader`` over one (its dataset and loading settings are used: workers, collate_fn, pin_memory; its
+sampler and batch size are not), or a folder of PNG / JPEG images (:class:`gms_kernels.data.ImageFolder`, in
+the model's channel count, scaled to [-1, 1]). Read batch by batch, memory does not grow with the data set but
+for its index: a file name per image, and with ``sampling="epochs"`` one permutation of N indices.
+
+``sampling`` says which examples make each global batch: ``"replacement"`` (the default) draws them uniformly
+with replacement from the training generator, as the tensor path always has; ``"epochs"`` reads each epoch's
+own seeded permutation in order, so every example is seen once per epoch. Either way the order depends on the
+seed alone: a folder holding exactly a tensor's images, in order, trains to the same weights bit for bit.
+
 Both write a checkpoint every ``checkpoint_every`` steps (atomically) and resume from it with
-nothing lost: batches, times and noise come from a generator whose state is checkpointed, so an
-interrupted run continues exactly as the uninterrupted one would have.
+nothing lost: batches, times and noise come from a generator whose state is checkpointed with the data
+position (the sampling, N, and with ``"epochs"`` the seed, epoch and index in that epoch's order), so an
+interrupted run, even one killed outright, continues exactly as the uninterrupted one would have. Dropout
+draws from torch's global RNG: its state (each rank's, and the CUDA device's where the model runs there) is
+checkpointed too. (Not so the random numbers of a Dataset's own augmentations, drawn in its workers.)
 
 Multi-process: when a torch.distributed process group is initialised (``torchrun --nproc_per_node N``,
 then :func:`gms_kernels.distributed.init_from_env`), the module is wrapped in DistributedDataParallel.
 ``batch_size`` stays the global batch: every rank draws the same global batch (indices, times, noise)
 from the shared seeded generator and trains on its own contiguous 1/N of the rows, so N processes follow
-the one-process run up to the order of float reductions. Rank 0 alone writes checkpoints and shows the
-progress bar; every rank resumes from the same checkpoint file; logged losses are averaged over ranks.
+the one-process run up to the order of float reductions; read from a Dataset, each rank reads only the
+examples of its own rows. Rank 0 alone writes checkpoints and shows the progress bar; every rank resumes from
+the same checkpoint file; logged losses are averaged over ranks.
 """
 from __future__ import annotations
 
+import inspect
+import math
+import os
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterator, Union
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.swa_utils import AveragedModel
+from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
 from . import distributed
+from .data import ImageFolder
 from .files import save_atomically
 from .model_io import time_values
 from .optim import Adan
@@ -37,6 +60,9 @@ from .schedule import Schedule, schedule_for
 
 CHECKPOINT_FORMAT = "gms_kernels.train/1"
 OPTIMIZERS = ("adan", "adam")
+SAMPLINGS = ("replacement", "epochs")
+# what train_heads / train_backbone read: a tensor [N, C, ...], a map-style Dataset, a DataLoader, an image folder
+TrainingData = Union[torch.Tensor, Dataset, DataLoader, str, os.PathLike]
 HEAD_LOSS_WEIGHTINGS = ("uniform", "normalized", "rms")
 # loss_weighting="normalized" / "rms": the per-t scale of each head's target is estimated once, before
 # training, in SCALE_BUCKETS equal bands of t (at least SCALE_VALUES scalar targets per band, between
@@ -154,23 +180,211 @@ def _noised(schedule: Schedule, x0: torch.Tensor, t: torch.Tensor, eps: torch.Te
     return abar.sqrt() * x0 + (1 - abar).sqrt() * eps
 
 
-def _check_data_and_batch(data: torch.Tensor, batch_size: int) -> None:
-    if not torch.is_tensor(data) or data.dim() < 2 or data.shape[0] < 1:
-        raise ValueError("data must be a tensor [N, C, ...] of training examples in the model's data range")
-    if not torch.isfinite(data).all():
-        raise ValueError("training data has non-finite values")
+def _check_sampling(sampling: str) -> None:
+    if sampling not in SAMPLINGS:
+        raise ValueError(f"unknown sampling {sampling!r}; valid: {', '.join(SAMPLINGS)}")
+
+
+def _check_batch_size(batch_size: int) -> None:
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
 
 
-def _loop(module: nn.Module, loss_terms: Callable, data: torch.Tensor, schedule: Schedule, kind: str, *,
+def _model_channels(module: nn.Module) -> int | None:
+    """The channel count the model takes, where it says (None: an image folder then keeps the images' own)."""
+    for name in ("channels", "eps_channels", "in_channels"):
+        value = getattr(module, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def _without_labels(batch: Any) -> torch.Tensor:
+    """The examples of an item or batch: a tensor (or array), or the first element of a (tensor, label, ...)."""
+    if isinstance(batch, (list, tuple)) and batch:
+        batch = batch[0]
+    if isinstance(batch, np.ndarray):
+        batch = torch.from_numpy(batch)
+    if not torch.is_tensor(batch):
+        raise TypeError(f"a training item must be a tensor or a (tensor, label, ...) tuple, got {type(batch).__name__}")
+    return batch
+
+
+@dataclass
+class _Source:
+    """The training examples: a tensor held whole, or a map-style Dataset read one batch at a time."""
+    size: int
+    shape: tuple[int, ...]  # one example's
+    tensor: torch.Tensor | None = None
+    dataset: Any = None
+    collate: Callable = default_collate
+    loading: dict = field(default_factory=dict)  # DataLoader settings kept from the caller's loader
+
+    def examples(self, batch: Any) -> torch.Tensor:
+        """A collated batch read from the dataset, checked (it has no labels, the first example's shape)."""
+        x = _without_labels(batch)
+        if tuple(x.shape[1:]) != self.shape:
+            raise ValueError(f"a batch of training examples has shape {tuple(x.shape)}; every example must have the "
+                             f"first one's shape {self.shape}")
+        if not torch.isfinite(x).all():
+            raise ValueError("training data has non-finite values")
+        return x
+
+    def rows(self, idx: torch.Tensor) -> torch.Tensor:
+        """The examples at ``idx``, read at once (a few: the output scale estimate)."""
+        if self.tensor is not None:
+            return self.tensor[idx]
+        return self.examples(self.collate([self.dataset[i] for i in idx.tolist()]))
+
+
+def _source(data: TrainingData, channels: int | None) -> _Source:
+    """``data`` checked, an image folder opened in ``channels`` (None: the images' own)."""
+    if torch.is_tensor(data):
+        if data.dim() < 2 or data.shape[0] < 1:
+            raise ValueError("data must be a tensor [N, C, ...] of training examples in the model's data range")
+        if not torch.isfinite(data).all():
+            raise ValueError("training data has non-finite values")
+        return _Source(data.shape[0], tuple(data.shape[1:]), tensor=data)
+    collate, loading = default_collate, {}
+    if isinstance(data, (str, os.PathLike)):
+        data = ImageFolder(data, channels)
+    elif isinstance(data, DataLoader):
+        loader, data = data, data.dataset
+        if loader.batch_sampler is not None:  # (without batching its collate_fn only converts one item)
+            collate = loader.collate_fn
+        loading = dict(num_workers=loader.num_workers, pin_memory=loader.pin_memory, timeout=loader.timeout,
+                       worker_init_fn=loader.worker_init_fn, multiprocessing_context=loader.multiprocessing_context)
+        if loader.num_workers:
+            loading["prefetch_factor"] = loader.prefetch_factor
+    if isinstance(data, IterableDataset) or not (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
+        raise TypeError(f"data must be a tensor [N, C, ...], a map-style Dataset (indexable, with a length), a "
+                        f"DataLoader over one, or a folder of images; got {type(data).__name__}")
+    if len(data) < 1:
+        raise ValueError("the training data set is empty")
+    first = _without_labels(data[0])
+    if first.dim() < 1 or not first.is_floating_point():
+        raise ValueError(f"a training example must be a floating-point tensor [C, ...] in the model's data range; "
+                         f"the first is {first.dtype} of shape {tuple(first.shape)}")
+    if channels is not None and first.shape[0] != channels:
+        raise ValueError(f"the training examples have {first.shape[0]} channels (shape {tuple(first.shape)}), the "
+                         f"model takes {channels}")
+    return _Source(len(data), tuple(first.shape), dataset=data, collate=collate, loading=loading)
+
+
+def _epoch_order(size: int, seed: int, epoch: int) -> torch.Tensor:
+    """The order of the examples in ``epoch``: a permutation from a generator of its own, made from (seed, epoch)
+    alone, so that a resumed run remakes it from the checkpoint's data position."""
+    g = torch.Generator().manual_seed((seed * 1_000_003 + epoch + 1) % 2**63)
+    return torch.randperm(size, generator=g, device="cpu")
+
+
+@dataclass
+class _Step:
+    idx: torch.Tensor  # this rank's rows of the global batch: example indices
+    t: torch.Tensor
+    eps: torch.Tensor
+    state: dict  # what the checkpoint holds once this step is done: {"rng", "data"}
+
+
+class _Draws:
+    """Each step's draws, made in step order: the global batch's example indices, times and noise, of which this
+    rank keeps its rows ``mine``. Times and noise come from ``gen``, and so do the indices with ``"replacement"``;
+    with ``"epochs"`` they are the next ones of the current epoch's order (running on into the next epoch)."""
+
+    def __init__(self, gen: torch.Generator, source: _Source, T: int, batch_size: int, mine: slice, sampling: str,
+                 seed: int):
+        self.gen, self.size, self.shape, self.T = gen, source.size, source.shape, T
+        self.batch_size, self.mine, self.sampling, self.seed = batch_size, mine, sampling, seed
+        self.epoch, self.index = 0, 0  # the data position ("epochs")
+        self._order: torch.Tensor | None = None
+        self._order_epoch = -1
+
+    def data_state(self) -> dict:
+        state = {"sampling": self.sampling, "size": self.size}
+        if self.sampling == "epochs":
+            state.update(seed=self.seed, epoch=self.epoch, index=self.index)
+        return state
+
+    def resume(self, state: dict, path: Path) -> None:
+        """Continue from a checkpoint's data position (checkpoints written before it was stored drew with
+        replacement)."""
+        state = state or {"sampling": "replacement", "size": self.size}
+        if state["sampling"] != self.sampling or state["size"] != self.size:
+            raise ValueError(f"checkpoint {path} was written for {state['size']} examples with sampling "
+                             f"{state['sampling']!r}, this run has {self.size} with {self.sampling!r}: resume with "
+                             "the same data and sampling, or use another checkpoint path")
+        if self.sampling == "epochs":
+            self.seed, self.epoch, self.index = int(state["seed"]), int(state["epoch"]), int(state["index"])
+
+    def _indices(self) -> torch.Tensor:
+        if self.sampling == "replacement":
+            return torch.randint(0, self.size, (self.batch_size,), generator=self.gen, device=self.gen.device)
+        parts, need = [], self.batch_size
+        while need:
+            if self._order_epoch != self.epoch:
+                self._order, self._order_epoch = _epoch_order(self.size, self.seed, self.epoch), self.epoch
+            take = min(need, self.size - self.index)
+            parts.append(self._order[self.index:self.index + take])
+            self.index, need = self.index + take, need - take
+            if self.index == self.size:
+                self.epoch, self.index = self.epoch + 1, 0
+        return torch.cat(parts)
+
+    def __call__(self) -> _Step:
+        # (on the generator's device, the CPU, whatever torch's default device is)
+        idx = self._indices()[self.mine]
+        t = torch.randint(0, self.T, (self.batch_size,), generator=self.gen, device=self.gen.device)[self.mine]
+        eps = torch.randn((self.batch_size, *self.shape), generator=self.gen, device=self.gen.device)[self.mine]
+        return _Step(idx, t, eps, {"rng": self.gen.get_state(), "data": self.data_state()})
+
+
+class _StepIndices:
+    """A DataLoader's ``batch_sampler``: this rank's example indices for each of ``count`` steps. The loader may ask
+    for a few steps ahead (its workers' prefetch): each step's draws wait in ``pending`` until its batch arrives."""
+
+    def __init__(self, draws: _Draws, count: int):
+        self.draws, self.count = draws, count
+        self.pending: deque[_Step] = deque()
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for _ in range(self.count):
+            step = self.draws()
+            self.pending.append(step)
+            yield step.idx.tolist()
+
+
+# batches must come back in step order (torch >= 2.6 can be told otherwise; it is the default)
+_IN_ORDER = {"in_order": True} if "in_order" in inspect.signature(DataLoader).parameters else {}
+
+
+def _batches(source: _Source, draws: _Draws, count: int, seed: int) -> Iterator[tuple[torch.Tensor, _Step]]:
+    """``count`` steps of (this rank's examples, the step's draws)."""
+    if source.tensor is not None:
+        for _ in range(count):
+            step = draws()
+            yield source.tensor[step.idx], step
+        return
+    if count < 1:  # (no loader, no workers started for nothing)
+        return
+    plan = _StepIndices(draws, count)
+    # a generator of its own seeds the workers: the loader would otherwise draw from the global RNG (dropout's)
+    loader = DataLoader(source.dataset, batch_sampler=plan, collate_fn=source.collate,
+                        generator=torch.Generator().manual_seed(seed), **source.loading, **_IN_ORDER)
+    for batch in loader:
+        yield source.examples(batch), plan.pending.popleft()
+
+
+def _loop(module: nn.Module, loss_terms: Callable, source: _Source, schedule: Schedule, kind: str, *,
           steps: int, batch_size: int, lr: float, optimizer: str, ema_decay: float, grad_clip: float,
           checkpoint: str | Path | None, checkpoint_every: int, seed: int, progress: bool,
-          log: Callable[[dict], None] | None) -> TrainResult:
+          log: Callable[[dict], None] | None, sampling: str) -> TrainResult:
     """``loss_terms(model, x_t, t, eps)`` -> {name: scalar loss}; ``model`` is the module or its DDP wrapper."""
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
-    _check_data_and_batch(data, batch_size)
+    _check_batch_size(batch_size)
     rank, world = distributed.world()
     if batch_size % world:
         raise ValueError(f"batch_size {batch_size} is the global batch, split evenly over the {world} processes: "
@@ -181,6 +395,8 @@ def _loop(module: nn.Module, loss_terms: Callable, data: torch.Tensor, schedule:
     opt = (Adan if optimizer == "adan" else torch.optim.Adam)(params.values(), lr=lr)
     ema = EMA(params, ema_decay)
     gen = torch.Generator().manual_seed(seed)
+    local = batch_size // world
+    draws = _Draws(gen, source, schedule.T, batch_size, slice(rank * local, (rank + 1) * local), sampling, seed)
     result = TrainResult(0)
     path = Path(checkpoint) if checkpoint else None
     if path is not None and path.exists():
@@ -191,29 +407,35 @@ def _loop(module: nn.Module, loss_terms: Callable, data: torch.Tensor, schedule:
         module.load_state_dict(state["trainable"], strict=False)
         opt.load_state_dict(state["optimizer"])
         ema.load_state_dict(state["ema"])
+        draws.resume(state.get("data"), path)
         gen.set_state(state["rng"])
+        _set_global_rng(state.get("global_rng"), rank, world, device)
         result = TrainResult(state["step"], state["history"])
     if world > 1:
         _same_on_all_ranks(result.steps, device, path)
+    # the state after the last step done (the loader may have drawn a few steps ahead of it)
+    done = {"rng": gen.get_state(), "data": draws.data_state(), "global_rng": _global_rng(device)}
 
     def save() -> None:
-        if path is not None and rank == 0:
+        if path is None:
+            return
+        global_rngs = [done["global_rng"]]
+        if world > 1:  # (each rank's dropout masks come from its own global RNG)
+            global_rngs = [None] * world
+            dist.all_gather_object(global_rngs, done["global_rng"])
+        if rank == 0:
             save_atomically({"format": CHECKPOINT_FORMAT, "kind": kind, "step": result.steps,
                               "trainable": {k: p.detach().clone() for k, p in params.items()},
-                              "optimizer": opt.state_dict(), "ema": ema.state_dict(), "rng": gen.get_state(),
-                              "history": result.history}, path)
+                              "optimizer": opt.state_dict(), "ema": ema.state_dict(), "rng": done["rng"],
+                              "data": done["data"], "global_rng": global_rngs, "history": result.history}, path)
 
-    local = batch_size // world
-    mine = slice(rank * local, (rank + 1) * local)  # this rank's rows of the global batch
     bar = progress_bar(total=steps, initial=result.steps, desc=f"train {kind}", enabled=progress and rank == 0)
+    # the global batch is drawn on every rank (same generator, same state), each keeps (and reads) its rows
+    batches = _batches(source, draws, max(0, steps - result.steps), seed)
     try:
-        while result.steps < steps:
-            # the global batch is drawn on every rank (same generator, same state), each keeps its rows
-            # (on the generator's device, the CPU, whatever torch's default device is)
-            idx = torch.randint(0, data.shape[0], (batch_size,), generator=gen, device=gen.device)[mine]
-            t = torch.randint(0, schedule.T, (batch_size,), generator=gen, device=gen.device)[mine]
-            eps = torch.randn((batch_size, *data.shape[1:]), generator=gen, device=gen.device)[mine].to(device)
-            losses = loss_terms(model, _noised(schedule, data[idx].to(device), t, eps), t.to(device), eps)
+        for x0, step in batches:
+            t, eps = step.t, step.eps.to(device)
+            losses = loss_terms(model, _noised(schedule, x0.to(device), t, eps), t.to(device), eps)
             total = sum(losses.values())
             opt.zero_grad(set_to_none=True)
             total.backward()  # under DDP the gradients come back averaged over the ranks
@@ -221,6 +443,7 @@ def _loop(module: nn.Module, loss_terms: Callable, data: torch.Tensor, schedule:
             opt.step()
             ema.update(params)
             result.steps += 1
+            done = dict(step.state, global_rng=_global_rng(device))
             values = torch.stack([v.detach() for v in losses.values()]).to(torch.float64)
             if world > 1:  # the global-batch losses: the mean of the ranks' equal-sized slice means
                 dist.all_reduce(values)
@@ -237,6 +460,7 @@ def _loop(module: nn.Module, loss_terms: Callable, data: torch.Tensor, schedule:
         save()
         raise
     finally:
+        batches.close()  # (stops the loader's workers)
         bar.close()
     save()
     if world > 1:
@@ -247,6 +471,23 @@ def _loop(module: nn.Module, loss_terms: Callable, data: torch.Tensor, schedule:
         for k, p in params.items():
             p.copy_(shadow[k])
     return result
+
+
+def _global_rng(device: torch.device) -> dict[str, torch.Tensor | None]:
+    """torch's global RNG states that a training step draws from (dropout): the CPU's, and the CUDA device's."""
+    device = torch.device(device)
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return {"cpu": torch.get_rng_state(), "cuda": cuda}
+
+
+def _set_global_rng(states: list[dict] | None, rank: int, world: int, device: torch.device) -> None:
+    """Restore this rank's global RNG from a checkpoint's per-rank states (absent in older checkpoints, or
+    written by another number of processes: then the dropout masks differ from an uninterrupted run's)."""
+    if not states or len(states) != world:
+        return
+    torch.set_rng_state(states[rank]["cpu"])
+    if states[rank]["cuda"] is not None and torch.device(device).type == "cuda":
+        torch.cuda.set_rng_state(states[rank]["cuda"], torch.device(device))
 
 
 def _load_checkpoint(path: Path, kind: str) -> dict:
@@ -273,11 +514,12 @@ def _head_targets(net: nn.Module, x_t: torch.Tensor, tv: torch.Tensor, eps: torc
 
 
 @torch.no_grad()
-def _target_scales(net: nn.Module, data: torch.Tensor, schedule: Schedule, time_input: str, central: bool,
+def _target_scales(net: nn.Module, source: _Source, schedule: Schedule, time_input: str, central: bool,
                    batch_size: int, seed: int) -> dict[int, torch.Tensor]:
     """{n: s_n(t), float64 [T]}: an estimate of E[(y_n)^2 | t], y_n the target of head n (eps^n, or r^n for
     central heads), from the frozen backbone on the training data, with a generator of its own (so the
     training draws are untouched, and every process of a multi-process run computes the same table).
+    It reads a bounded number of examples whatever N: at most SCALE_MAX_ROWS per band of t, batch_size at a time.
 
     The mean of y_n^2 over examples, noise and elements is taken in SCALE_BUCKETS equal bands of t; log s is
     interpolated linearly between the band centres (held flat beyond the first and last). Each s_n is then
@@ -288,9 +530,9 @@ def _target_scales(net: nn.Module, data: torch.Tensor, schedule: Schedule, time_
     few large residuals dominate a band. The weights are right there in order of magnitude only, against the
     5-9 orders by which the uniform loss underweights those t.)
     """
-    T, C = schedule.T, data.shape[1]
+    T, C = schedule.T, source.shape[0]
     device = next(p.device for p in net.parameters())
-    per_row = max(1, data[0].numel())
+    per_row = max(1, math.prod(source.shape))
     rows = min(SCALE_MAX_ROWS, max(SCALE_MIN_ROWS, -(-SCALE_VALUES // per_row)))
     edges = torch.linspace(0, T, SCALE_BUCKETS + 1).round().long()
     gen = torch.Generator().manual_seed(seed)
@@ -300,10 +542,10 @@ def _target_scales(net: nn.Module, data: torch.Tensor, schedule: Schedule, time_
         acc: dict[int, float] = {}
         for start in range(0, rows, batch_size):
             m = min(batch_size, rows - start)
-            idx = torch.randint(0, data.shape[0], (m,), generator=gen)
+            idx = torch.randint(0, source.size, (m,), generator=gen)
             t = torch.randint(lo, hi, (m,), generator=gen)
-            eps = torch.randn((m, *data.shape[1:]), generator=gen).to(device)
-            x_t = _noised(schedule, data[idx].to(device), t, eps)
+            eps = torch.randn((m, *source.shape), generator=gen).to(device)
+            x_t = _noised(schedule, source.rows(idx).to(device), t, eps)
             _, base, orders = _head_targets(net, x_t, time_values(t, T, time_input).to(device), eps, C, central)
             for n in range(2, orders + 1):
                 acc[n] = acc.get(n, 0.0) + float(base.double().pow(2 * n).sum())
@@ -325,18 +567,23 @@ def _target_scales(net: nn.Module, data: torch.Tensor, schedule: Schedule, time_
     return scales
 
 
-def train_heads(net: nn.Module, data: torch.Tensor, schedule: Schedule | None = None, *, steps: int = 1000,
+def train_heads(net: nn.Module, data: TrainingData, schedule: Schedule | None = None, *, steps: int = 1000,
                 batch_size: int = 128, lr: float = 2e-4, optimizer: str = "adan", ema_decay: float = 0.9999,
                 grad_clip: float = 1.0, checkpoint: str | Path | None = None, checkpoint_every: int = 500,
                 seed: int = 0, time_input: str | None = None, progress: bool = True,
                 log: Callable[[dict], None] | None = None, loss_weighting: str = "uniform",
-                output_scale: bool = False) -> TrainResult:
+                output_scale: bool = False, sampling: str = "replacement") -> TrainResult:
     """Paper Alg. learning: fit the heads e^n (n >= 2) of a ``MomentNet`` to eps^n with MSE (to (eps - e1)^n
     for a MomentNet with ``targets="central"``).
 
     ``net(x_t, t)`` returns [e1, e2, ...] along dim 1; only its trainable parameters (the heads) learn.
     The backbone stays frozen in eval mode. Losses are logged per order as ``mse_e2``, ``mse_e3``.
     On return ``net`` holds the EMA weights.
+
+    ``data``: a tensor [N, C, ...] in the model's data range, a map-style ``Dataset`` of such examples (or of
+    (example, label) tuples), a ``DataLoader`` over one, or a folder of PNG / JPEG images (read in the
+    network's channel count, ``net.channels``, scaled to [-1, 1]); all but the tensor are read batch by batch.
+    ``sampling``: ``"replacement"`` or ``"epochs"`` (see the module's docstring).
 
     ``loss_weighting``:
 
@@ -381,9 +628,11 @@ def train_heads(net: nn.Module, data: torch.Tensor, schedule: Schedule | None = 
     """
     if loss_weighting not in HEAD_LOSS_WEIGHTINGS:
         raise ValueError(f"unknown loss_weighting {loss_weighting!r}; valid: {', '.join(HEAD_LOSS_WEIGHTINGS)}")
+    _check_sampling(sampling)
     schedule = schedule or getattr(net, "schedule", None) or Schedule.linear()
     time_input = time_input or getattr(net, "time_input", "index")
-    C = data.shape[1]
+    source = _source(data, _model_channels(net))
+    C = source.shape[0]
     net.train()
 
     central = getattr(net, "targets", "raw") == "central"
@@ -392,8 +641,8 @@ def train_heads(net: nn.Module, data: torch.Tensor, schedule: Schedule | None = 
         raise ValueError(f"output_scale=True needs a gk.models.MomentNet (it sets the heads' per-t output scale), "
                          f"not a {type(net).__name__}")
     if loss_weighting != "uniform" or output_scale:
-        _check_data_and_batch(data, batch_size)  # (before the scales are estimated from data)
-        estimate = _target_scales(net, data, schedule, time_input, central, batch_size, seed + 7919)
+        _check_batch_size(batch_size)  # (before the scales are estimated from data)
+        estimate = _target_scales(net, source, schedule, time_input, central, batch_size, seed + 7919)
         if output_scale:
             orders = getattr(net, "orders", tuple(sorted(estimate)))
             net.set_output_scale(torch.stack([estimate[n].sqrt() for n in orders]))
@@ -424,32 +673,37 @@ def train_heads(net: nn.Module, data: torch.Tensor, schedule: Schedule | None = 
     kind = "heads" if scales is None else f"heads-{loss_weighting}"
     if output_scale:
         kind = f"heads-{loss_weighting}-scaled"
-    result = _loop(net, loss_terms, data, schedule, kind, steps=steps, batch_size=batch_size, lr=lr,
+    result = _loop(net, loss_terms, source, schedule, kind, steps=steps, batch_size=batch_size, lr=lr,
                    optimizer=optimizer, ema_decay=ema_decay, grad_clip=grad_clip, checkpoint=checkpoint,
-                   checkpoint_every=checkpoint_every, seed=seed, progress=progress, log=log)
+                   checkpoint_every=checkpoint_every, seed=seed, progress=progress, log=log, sampling=sampling)
     result.loss_scales = scales
     return result
 
 
-def train_backbone(model: nn.Module, data: torch.Tensor, schedule: Schedule | None = None, *, steps: int = 1000,
+def train_backbone(model: nn.Module, data: TrainingData, schedule: Schedule | None = None, *, steps: int = 1000,
                    batch_size: int = 128, lr: float = 2e-4, optimizer: str = "adam", ema_decay: float = 0.9999,
                    grad_clip: float = 1.0, checkpoint: str | Path | None = None, checkpoint_every: int = 500,
                    seed: int = 0, time_input: str | None = None, progress: bool = True,
-                   log: Callable[[dict], None] | None = None) -> TrainResult:
+                   log: Callable[[dict], None] | None = None, sampling: str = "replacement") -> TrainResult:
     """Train an eps-prediction network (its first C output channels) with the DDPM loss.
+
+    ``data`` and ``sampling`` as for :func:`train_heads` (an image folder is read in the model's channel count,
+    its ``in_channels``, or else the images' own: 1 if the first is grey, else 3).
 
     Runs multi-process with DDP exactly as :func:`train_heads` does (``torchrun --nproc_per_node N``, then
     ``gk.distributed.init_from_env()``; ``batch_size`` is the global batch, a multiple of N); the
     ``gms-kernels train-backbone`` command does this under torchrun.
     """
+    _check_sampling(sampling)
     schedule = schedule_for(model, schedule)
     time_input = time_input or getattr(model, "time_input", "index")
-    C = data.shape[1]
+    source = _source(data, _model_channels(model))
+    C = source.shape[0]
     model.train()
 
     def loss_terms(wrapped, x_t, t, eps):
         return {"mse_e1": (wrapped(x_t, time_values(t, schedule.T, time_input))[:, :C] - eps).pow(2).mean()}
 
-    return _loop(model, loss_terms, data, schedule, "backbone", steps=steps, batch_size=batch_size, lr=lr,
+    return _loop(model, loss_terms, source, schedule, "backbone", steps=steps, batch_size=batch_size, lr=lr,
                  optimizer=optimizer, ema_decay=ema_decay, grad_clip=grad_clip, checkpoint=checkpoint,
-                 checkpoint_every=checkpoint_every, seed=seed, progress=progress, log=log)
+                 checkpoint_every=checkpoint_every, seed=seed, progress=progress, log=log, sampling=sampling)
