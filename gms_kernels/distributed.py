@@ -11,6 +11,7 @@ while the folder holds a shard or another run is active (the lock files ``.lock`
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -21,13 +22,14 @@ import torch
 import torch.distributed as dist
 
 from .files import FileLock, json_ready, save_atomically, write_atomically
-from .model_io import check_positive_ints
+from .model_io import batch_rows, check_positive_ints, make_conditioning
 from .progress import progress_bar
 from .sampling import check_sample_args, sample, sampled_model
 from .schedule import schedule_for, trajectory as make_trajectory
 
 SHARD_FORMAT = "gms_kernels.shard/1"
 _NOT_RECORDED = ("callback",)  # sampling arguments that do not change the samples
+_PER_SAMPLE = ("model_kwargs", "null_kwargs")  # sampling arguments whose tensors may hold a row per sample
 
 
 @dataclass
@@ -95,16 +97,23 @@ def sample_shards(model: Callable, out_dir: str | Path, num_samples: int, sample
                   device: torch.device | str | None = None, **sample_kwargs: Any) -> list[Path]:
     """Write ``num_samples`` samples of ``sample_shape`` as shards in ``out_dir``; returns all shard paths.
 
-    ``sample_kwargs`` go to :func:`gms_kernels.sample` (steps, solver, schedule, options...).
+    ``sample_kwargs`` go to :func:`gms_kernels.sample` (steps, solver, schedule, options...). In its
+    ``model_kwargs`` and ``null_kwargs`` a tensor whose first dimension is ``num_samples`` holds one row per
+    sample (row i for sample i: each batch [first, first + n) gets its rows), so the samples still depend
+    only on (seed, i); the manifest records such tensors by shape, dtype and SHA-256.
     Collective: every rank of the process group must call it; it returns after all ranks finished.
     """
     check_positive_ints((num_samples, shard_size, batch_size), "(num_samples, shard_size, batch_size)")
     check_positive_ints(sample_shape, "sample_shape (C, ...)")
     check_sample_args(model, device=device, **sample_kwargs)  # a bad request writes nothing
+    make_conditioning(sample_kwargs.get("model_kwargs"), sample_kwargs.get("guidance_scale"),
+                      sample_kwargs.get("null_kwargs"), batch=num_samples, what="the run (num_samples)")
     meta = {"num_samples": num_samples, "shard_size": shard_size, "seed": seed, "shape": list(sample_shape),
-            "options": {k: json_ready(v, k) for k, v in sample_kwargs.items() if k not in _NOT_RECORDED},
+            "options": {k: json_ready(_recorded(v) if k in _PER_SAMPLE else v, k) for k, v in sample_kwargs.items()
+                        if k not in _NOT_RECORDED},
             "solver_options": json_ready(solver_settings(sample_kwargs, model), "solver options")}
-    trial_run(model, sample_shape, seed=seed, device=device, **sample_kwargs)
+    trial_run(model, sample_shape, seed=seed, device=device,
+              **_rows_of(sample_kwargs, slice(0, 1), num_samples))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     plan = ShardPlan(num_samples, shard_size)
@@ -134,10 +143,29 @@ def _write_shards(model: Callable, out: Path, plan: ShardPlan, sample_shape: tup
         parts = []
         for first in range(start, stop, batch_size):
             n = min(batch_size, stop - first)
+            kwargs = _rows_of(sample_kwargs, slice(first, first + n), plan.num_samples)
             parts.append(sample(model, shape=(n, *sample_shape), generator=seed, first_index=first,
-                                progress=False, device=device, **sample_kwargs).cpu())
+                                progress=False, device=device, **kwargs).cpu())
         save_atomically({"format": SHARD_FORMAT, "start": start, "stop": stop, "images": torch.cat(parts)},
                         shard_path(out, k), tag=str(rank))
+
+
+def _rows_of(sample_kwargs: dict[str, Any], index: slice, num_samples: int) -> dict[str, Any]:
+    """``sample_kwargs`` for the samples ``index`` of the run: model_kwargs' and null_kwargs' per-sample rows."""
+    return {k: batch_rows(v, index, num_samples) if k in _PER_SAMPLE and isinstance(v, dict) else v
+            for k, v in sample_kwargs.items()}
+
+
+def _recorded(value: Any) -> Any:
+    """model_kwargs / null_kwargs for the manifest: a tensor as its shape, dtype and SHA-256 (a run with other
+    labels or embeddings is another run; the values themselves could be large)."""
+    if isinstance(value, dict):
+        return {k: _recorded(v) for k, v in value.items()}
+    if not torch.is_tensor(value):
+        return value
+    data = value.detach().cpu().contiguous().reshape(-1)
+    return {"tensor": {"shape": list(value.shape), "dtype": str(value.dtype),
+                       "sha256": hashlib.sha256(data.view(torch.uint8).numpy().tobytes()).hexdigest()}}
 
 
 def trial_run(model: Callable, sample_shape: tuple[int, ...], *, seed: int = 0,

@@ -157,6 +157,123 @@ class GaussianMixtureOracle(nn.Module):
         return mean + var.sqrt() * noise.to(torch.float64)
 
 
+class ClassConditionalOracle(nn.Module):
+    """Exact heads of class-conditional Gaussian-mixture data, for conditional sampling and classifier-free
+    guidance without any network error.
+
+    Class c (prior ``class_prior[c]``) is its own mixture (``weights[c]``: [K_c], ``means[c]``: [K_c, *shape],
+    ``stds[c]``: [K_c] or [K_c, *shape]; one :class:`GaussianMixtureOracle` each, :attr:`classes`).
+    ``forward(x_t, t, class_labels=y)`` gives the exact heads of q(x_0 | y) per sample; the label
+    :attr:`null_label` (= the number of classes), or no labels, gives those of the unconditional data, the
+    mixture over the classes with their prior (:attr:`unconditional`): the exact unconditional branch of
+    classifier-free guidance. ``exact_step`` and ``sample_data`` take the labels the same way, so the exact
+    solver samples q(x_0 | y) (``gk.sample(oracle, solver="exact", model_kwargs={"class_labels": y})``).
+    """
+
+    time_input = "index"
+
+    def __init__(self, class_prior: Sequence[float] | torch.Tensor, weights: Sequence, means: Sequence,
+                 stds: Sequence, schedule: Schedule | None = None):
+        super().__init__()
+        prior = as_tensor_on(class_prior, torch.float64).flatten()
+        n = prior.numel()
+        if n < 1 or (prior <= 0).any() or not torch.isfinite(prior).all():
+            raise ValueError("class_prior must be C >= 1 positive numbers")
+        if not len(weights) == len(means) == len(stds) == n:
+            raise ValueError(f"weights, means and stds must give one mixture per class ({n}), got "
+                             f"{len(weights)}, {len(means)} and {len(stds)}")
+        self.schedule = schedule if schedule is not None else Schedule.linear()
+        self.classes = nn.ModuleList(GaussianMixtureOracle(w, m, s, self.schedule)
+                                     for w, m, s in zip(weights, means, stds))
+        shapes = {o.data_shape for o in self.classes}
+        if len(shapes) != 1:
+            raise ValueError(f"every class must have the same data shape, got {sorted(shapes)}")
+        # (each class's components, weighted by prior_c * w_ck: the unconditional data distribution)
+        prior = prior / prior.sum()
+        mix = torch.cat([p + o.log_weights for p, o in zip(prior.log(), self.classes)]).exp()
+        self.unconditional = GaussianMixtureOracle(
+            mix, torch.cat([o.means for o in self.classes]), torch.cat([o.variances for o in self.classes]).sqrt(),
+            self.schedule)
+        self.register_buffer("log_prior", prior.log())
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def null_label(self) -> int:
+        """The label of the unconditional branch (one past the classes, as a class embedding's extra row)."""
+        return len(self.classes)
+
+    @property
+    def data_shape(self) -> tuple[int, ...]:
+        return self.unconditional.data_shape
+
+    def _labels(self, class_labels: object, n: int) -> torch.Tensor:
+        """The per-sample labels [n] (long, on the CPU: they only choose the mixture)."""
+        if class_labels is None:
+            return torch.full((n,), self.null_label, dtype=torch.long)
+        y = as_tensor_on(class_labels)
+        if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
+            raise TypeError(f"class_labels must be integers (0..{self.num_classes - 1}, or {self.null_label} for "
+                            f"the unconditional branch), got {y.dtype}")
+        y = y.reshape(-1).cpu().long()
+        if y.numel() == 1:
+            y = y.expand(n)
+        if y.numel() != n:
+            raise ValueError(f"class_labels must hold one label per sample ({n}) or one for all, got {y.numel()}")
+        if n and (int(y.min()) < 0 or int(y.max()) > self.null_label):
+            raise ValueError(f"class_labels must lie in 0..{self.null_label} ({self.null_label}: the unconditional "
+                             f"branch), got {int(y.min())}..{int(y.max())}")
+        return y
+
+    def _groups(self, labels: torch.Tensor):
+        """(mixture, rows or None for all) for every label present."""
+        values = labels.unique().tolist() or [self.null_label]  # (an empty batch: any mixture will do)
+        for v in values:
+            oracle = self.unconditional if v == self.null_label else self.classes[v]
+            yield oracle, None if len(values) == 1 else (labels == v).nonzero().flatten()
+
+    def forward(self, x_t: torch.Tensor, t: torch.Tensor | int, class_labels: object = None) -> torch.Tensor:
+        labels = self._labels(class_labels, x_t.shape[0])
+        t = as_tensor_on(t).reshape(-1)
+        out = None
+        for oracle, rows in self._groups(labels):
+            if rows is None:
+                return oracle(x_t, t)
+            rows = rows.to(x_t.device)
+            part = oracle(x_t[rows], t if t.numel() == 1 else t[rows.to(t.device)])
+            if out is None:
+                out = part.new_empty(x_t.shape[0], *part.shape[1:])
+            out[rows] = part
+        return out
+
+    def exact_step(self, x_t: torch.Tensor, k: StepCoefficients, uniform: torch.Tensor, noise: torch.Tensor,
+                   class_labels: object = None) -> torch.Tensor:
+        """:meth:`GaussianMixtureOracle.exact_step` of each sample's class (or of the unconditional data)."""
+        labels = self._labels(class_labels, x_t.shape[0])
+        out = None
+        for oracle, rows in self._groups(labels):
+            if rows is None:
+                return oracle.exact_step(x_t, k, uniform, noise)
+            rows = rows.to(x_t.device)
+            part = oracle.exact_step(x_t[rows], k, uniform[rows], noise[rows])
+            if out is None:
+                out = part.new_empty(x_t.shape[0], *part.shape[1:])
+            out[rows] = part
+        return out
+
+    def sample_data(self, n: int, class_labels: object = None,
+                    generator: torch.Generator | None = None) -> torch.Tensor:
+        """n draws from q(x_0 | class_labels) (the unconditional data without labels), fp64 [n, *shape]."""
+        labels = self._labels(class_labels, n)
+        out = torch.empty(n, *self.data_shape, dtype=torch.float64, device=self.unconditional.means.device)
+        for oracle, rows in self._groups(labels):
+            rows = torch.arange(n) if rows is None else rows
+            out[rows.to(out.device)] = oracle.sample_data(rows.numel(), generator)
+        return out
+
+
 def _component_posterior(x, m, s2, a, sig):
     """q(x0 | x_t = x, component k) = N(mu, v) for a component N(m, s2): mu = m + a s2 (x - a m) / (a^2 s2 +
     sigma^2), v = s2 sigma^2 / (a^2 s2 + sigma^2)."""

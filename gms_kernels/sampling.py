@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any, Callable, Sequence
 
 import torch
 
-from .model_io import (adapt_model, call_model, check_inputs_finite, check_model_heads, check_model_signature,
-                       check_positive_ints, check_state_tensor, check_time_input, split_heads)
+from .model_io import (Conditioning, adapt_model, call_model, check_inputs_finite, check_model_heads,
+                       check_model_signature, check_positive_ints, check_state_tensor, check_time_input,
+                       make_conditioning, split_heads)
 from .moments import DataRange, check_data_range, transition_moments
 from .progress import progress_bar
 from .random import STREAM_INITIAL, GeneratorLike, SampleNoise, check_first_index
@@ -37,6 +39,8 @@ def step(x_t: torch.Tensor, model_output: torch.Tensor | None, t: int, s: int, s
     of one element on x_t's device, zero) to have the kernel set it to 1 instead, and read it
     yourself before trusting x_s (e.g. once the next network call is queued, as :func:`sample`
     and :class:`gms_kernels.GMSScheduler` do). The other backends raise at once and ignore it.
+    With classifier-free guidance pass :func:`gms_kernels.model_io.guided_heads` of the two branches'
+    outputs, the rule :func:`sample` uses.
     Returns x_s in the dtype of x_t (and the fitted quantities if ``return_info``).
     """
     spec = get_solver(solver)
@@ -45,7 +49,7 @@ def step(x_t: torch.Tensor, model_output: torch.Tensor | None, t: int, s: int, s
                          f"use gk.sample(..., solver={solver!r})")
     data_range = check_data_range(data_range)
     check_state_tensor(x_t)
-    check_schedule(schedule)
+    schedule = check_schedule(schedule)  # (a diffusers scheduler or its config becomes a gk.Schedule)
     first_index = check_first_index(first_index)
     _check_explicit_randomness(x_t, noise, uniform)
     k = schedule.coefficients(t, s)
@@ -100,7 +104,9 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
            trajectory: str | Sequence[int] = "even", generator: GeneratorLike = None, progress: bool = True,
            callback: Callable[[dict], None] | None = None, data_range: DataRange = (-1.0, 1.0), *,
            time_input: str | None = None, first_index: int = 0, dtype: torch.dtype = torch.float32,
-           device: torch.device | str | None = None, backend: str = "auto", **solver_options: Any) -> torch.Tensor:
+           device: torch.device | str | None = None, backend: str = "auto",
+           model_kwargs: dict[str, Any] | None = None, guidance_scale: float | None = None,
+           null_kwargs: dict[str, Any] | None = None, **solver_options: Any) -> torch.Tensor:
     """Draw samples by solving the reverse process with ``solver`` in ``steps`` steps.
 
     ``trajectory`` is a kind of :func:`gms_kernels.schedule.trajectory` (the time indices visited for ``steps``)
@@ -121,6 +127,16 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
     digits model samples GMS with ``select="pixel"``, chosen on its validation split), else from the
     library's defaults. ``backend`` picks the fused GMS step as in :func:`step`. The samples are made
     on ``device``: by default x_T's device, else the device of the model's weights, else the CPU.
+
+    Conditional networks: every network call is ``model(x_t, t, **model_kwargs)`` (class labels,
+    ``encoder_hidden_states``, ...). A tensor in model_kwargs whose first dimension is the batch N holds one
+    row per sample and follows its sample wherever the batch is split (GGF steps samples apart); one of 1 row
+    (or 0-dim) is shared by all samples; any other value is passed as it is. The tensors are moved to the
+    samples' device. ``guidance_scale=w`` with ``null_kwargs`` (the unconditional branch's arguments, e.g. the
+    null class label; they override model_kwargs) is classifier-free guidance for every solver: each call
+    runs both branches in one batch and forms the heads by :func:`gms_kernels.model_io.guided_heads` (the mean
+    guided, the spread the conditional branch's). w = 1 calls the conditional branch alone. The exact solver
+    passes model_kwargs to its oracle's ``exact_step``.
     """
     with torch.no_grad():  # a block, not a decorator: mutmut skips decorated functions
         if model is None and shape is None and x_T is None:  # the embedded digits model's shape
@@ -129,7 +145,8 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
             shape = (16, *DIGITS_SHAPE)
         _check_run_args(dtype, device, callback)
         model = sampled_model(model)
-        plan = _plan(model, steps, solver, schedule, trajectory, data_range, time_input, solver_options)
+        plan = _plan(model, steps, solver, schedule, trajectory, data_range, time_input, solver_options,
+                     model_kwargs, guidance_scale, null_kwargs)
         spec, solver_options, data_range, schedule, time_input, ts = plan
 
         if x_T is None:
@@ -151,11 +168,15 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
             check_inputs_finite(x_T, [], x_name="x_T")
             x = x_T
             noise = SampleNoise.create(generator, x.shape[0], first_index)
+        cond = make_conditioning(model_kwargs, guidance_scale, null_kwargs, heads=spec.heads, batch=x.shape[0],
+                                 device=x.device)
+        if cond is not None and hasattr(solver_options.get("oracle"), "exact_step"):  # (the exact solver)
+            solver_options = dict(solver_options, oracle=ConditionedOracle(solver_options["oracle"], cond))
 
         backend = resolve_backend(backend, x.device, x.dtype)
         if spec.multi_call:  # EDM-SDE, SEEDS-2, GGF: their own loops (float64 torch on every backend)
             e1 = EpsFunction(model, schedule.T, time_input, solver, x.dtype,
-                             defer=_multi_call_defers_finite_check(x.device, callback, solver))
+                             defer=_multi_call_defers_finite_check(x.device, callback, solver), conditioning=cond)
             x = SAMPLERS[solver](e1, x, ts, schedule, noise, data_range, resolve_options(spec, solver_options),
                                  callback, progress)[0]
             e1.raise_if_nonfinite()
@@ -168,7 +189,7 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
             k = schedule.coefficients(t, s)
             heads, where = [], f"at step {i} (t={t}) "
             if spec.heads:
-                out = call_model(model, x, t, schedule.T, time_input)
+                out = call_model(model, x, t, schedule.T, time_input, cond)
                 heads = split_heads(out, x, spec.heads, solver, where, check_finite=False)
             if pending is not None:
                 pending.raise_if_set()
@@ -180,8 +201,8 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
                 pending.launched()
             x_prev, x = x, x_new.to(x.dtype)
             if callback is not None:
-                e1 = heads[0] if heads else split_heads(call_model(model, x_prev, t, schedule.T, time_input), x_prev, 1,
-                                                          solver, where)[0]
+                e1 = heads[0] if heads else split_heads(call_model(model, x_prev, t, schedule.T, time_input, cond),
+                                                          x_prev, 1, solver, where)[0]
                 callback({**info, **callback_info(i, k, x, x_prev, e1, data_range)})
         if pending is not None:
             pending.raise_if_set()
@@ -199,12 +220,18 @@ def callback_info(i: int, k: StepCoefficients, x: torch.Tensor, x_t: torch.Tenso
 
 
 def _plan(model: Model | None, steps: int, solver: str, schedule: Schedule | None, trajectory: str | Sequence[int],
-          data_range: DataRange, time_input: str | None, solver_options: dict[str, Any]) -> tuple:
+          data_range: DataRange, time_input: str | None, solver_options: dict[str, Any],
+          model_kwargs: object = None, guidance_scale: object = None, null_kwargs: object = None) -> tuple:
     """:func:`sample`'s arguments checked (before any network call) and completed with the model's
-    defaults: (solver, options, data range, schedule, time input, trajectory)."""
+    defaults: (solver, options, data range, schedule, time input, trajectory). (model_kwargs' rows are
+    checked once the batch is known.)"""
     spec = get_solver(solver)
+    cond = make_conditioning(model_kwargs, guidance_scale, null_kwargs, heads=spec.heads)
+    if cond is not None and cond.guided and not spec.heads:
+        raise ValueError(f"solver {spec.name!r} draws from its oracle's exact reverse kernel and never calls a "
+                         "network, so guidance_scale has nothing to guide")
     if spec.heads:  # (the exact solver never calls its oracle as a network)
-        check_model_signature(model)
+        check_model_signature(model, list(cond.kwargs) if cond is not None else ())
     check_model_heads(model, spec.heads, spec.name)
     if spec.name == "exact" and "oracle" not in solver_options:
         solver_options = dict(solver_options, oracle=model)
@@ -222,15 +249,38 @@ def check_sample_args(model: Model | None = None, steps: int = 10, solver: str =
                       data_range: DataRange = (-1.0, 1.0), *, time_input: str | None = None,
                       dtype: torch.dtype = torch.float32, backend: str = "auto",
                       device: torch.device | str | None = None, callback: Callable[[dict], None] | None = None,
-                      **solver_options: Any) -> None:
+                      model_kwargs: dict[str, Any] | None = None, guidance_scale: float | None = None,
+                      null_kwargs: dict[str, Any] | None = None, **solver_options: Any) -> None:
     """Raise the error :func:`sample` would raise on these arguments, without sampling (so that a
     caller can refuse a bad request before it writes anything). (``dtype`` and ``callback`` are
     accepted so that :func:`sample`'s keyword arguments pass through; a dtype the model cannot take
-    shows only when it is called.)"""
+    shows only when it is called; model_kwargs' rows are checked by whoever knows the batch.)"""
     _check_run_args(dtype, device, callback)
     model = sampled_model(model)
-    _plan(model, steps, solver, schedule, trajectory, data_range, time_input, solver_options)
+    _plan(model, steps, solver, schedule, trajectory, data_range, time_input, solver_options, model_kwargs,
+          guidance_scale, null_kwargs)
     resolve_backend(backend, _sample_device(model, device))
+
+
+class ConditionedOracle:
+    """An oracle for the exact solver, its ``exact_step`` given the run's keyword arguments (the solver calls
+    ``exact_step(x_t, k, uniform, noise)``; a class-conditional oracle also needs the samples' labels)."""
+
+    def __init__(self, oracle: Any, conditioning: Conditioning):
+        step_fn = getattr(oracle, "exact_step", None)
+        if callable(step_fn):
+            try:
+                inspect.signature(step_fn).bind(None, None, None, None, **conditioning.kwargs)
+            except TypeError as exc:
+                raise TypeError(f"model_kwargs: the exact solver passes them to the oracle's exact_step, which "
+                                f"cannot take them ({exc})") from None
+            except ValueError:  # (no signature to read)
+                pass
+        self.oracle, self.kwargs = oracle, conditioning.kwargs
+
+    def exact_step(self, x_t: torch.Tensor, k: StepCoefficients, uniform: torch.Tensor,
+                   noise: torch.Tensor) -> torch.Tensor:
+        return self.oracle.exact_step(x_t, k, uniform, noise, **self.kwargs)
 
 
 def _check_run_args(dtype: object, device: object, callback: object) -> None:

@@ -14,6 +14,10 @@ discrete VP models: :meth:`Schedule.index_of_ve_sigma`), use the clamped x0 esti
 ``gms_kernels.random``, so sample i depends only on (seed, its index), on every backend (they have no fused
 kernel: the float64 torch code runs whatever ``backend`` says). Each callback dict also carries ``nfe``: the
 network calls made so far (per sample for GGF, whose count varies from sample to sample).
+
+The network is called through ``e1(x, t, rows=None)``: ``rows`` names the samples of the batch that x holds
+(None: all of them), so that per-sample conditioning (:class:`EpsFunction`'s) follows a sampler that steps
+samples apart (GGF).
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .model_io import call_model, nonfinite_output_error, split_heads, time_values
+from .model_io import Conditioning, call_model, nonfinite_output_error, split_heads
 from .moments import DataRange
 from .progress import progress_bar
 from .random import (STREAM_ADAPTIVE, STREAM_BROWNIAN, STREAM_SECOND_NOISE, STREAM_STEP_NOISE, STREAM_THIRD_NOISE,
@@ -30,7 +34,7 @@ from .random import (STREAM_ADAPTIVE, STREAM_BROWNIAN, STREAM_SECOND_NOISE, STRE
 from .schedule import DATA, Schedule
 from .solvers import denoised_and_eps
 
-EpsFn = Callable[[torch.Tensor, "int | torch.Tensor"], torch.Tensor]
+EpsFn = Callable[..., torch.Tensor]  # e1(x, t, rows=None): see the module's docstring
 
 
 def network_calls(solver: str, points: int) -> int:
@@ -46,8 +50,9 @@ def network_calls(solver: str, points: int) -> int:
 
 
 class EpsFunction:
-    """e1(x, t): the model's eps head in float64 at index t (an int, or one index per sample), the model fed
-    ``dtype``; :attr:`calls` counts the network calls.
+    """e1(x, t, rows=None): the model's eps head in float64 at index t (an int, or one index per sample), the
+    model fed ``dtype`` and called with ``conditioning`` (its keyword arguments of the samples ``rows`` of the
+    batch, and guidance; None: plain ``model(x, t)``); :attr:`calls` counts the network calls.
 
     Every output is checked for NaN/inf. With ``defer=True`` the check's verdicts stay on the device (one
     reduction per call, as the immediate check makes) until :meth:`raise_if_nonfinite` reads them all at once: an
@@ -55,18 +60,18 @@ class EpsFunction:
     run."""
 
     def __init__(self, model: Callable, T: int, time_input: str, solver: str, dtype: torch.dtype,
-                 defer: bool = False):
+                 defer: bool = False, conditioning: Conditioning | None = None):
         self.model, self.T, self.time_input, self.solver, self.dtype = model, T, time_input, solver, dtype
-        self.defer, self.calls = defer, 0
+        self.defer, self.calls, self.conditioning = defer, 0, conditioning
         self._finite: list[torch.Tensor] = []  # (deferred) per call, on the device: all of e1 finite
         self._where: list[str] = []  # per call, to name the bad one
 
-    def __call__(self, x: torch.Tensor, t: int | torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, t: int | torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         x_in = x.to(self.dtype)
-        if isinstance(t, int):
-            out = call_model(self.model, x_in, t, self.T, self.time_input)
-        else:
-            out = self.model(x_in, time_values(t.to(x.device), self.T, self.time_input))
+        cond = self.conditioning
+        if cond is not None and rows is not None:
+            cond = cond.rows(rows)
+        out = call_model(self.model, x_in, t, self.T, self.time_input, cond)
         where = f"at network call {self.calls} (t={t if isinstance(t, int) else 'per sample'}) "
         self.calls += 1
         e1 = split_heads(out, x_in, 1, self.solver, where, check_finite=not self.defer)[0]
@@ -385,11 +390,11 @@ def sample_ggf(e1: EpsFn, x: torch.Tensor, ts: Sequence[int], schedule: Schedule
     path = BrownianTree(noise, shape, x.device) if o["noise"] == "brownian" else None
     w_now = path(u, torch.arange(N, device="cpu")) if path is not None else None  # W(u) of each sample's current u
 
-    def score_at(xs: torch.Tensor, us: torch.Tensor) -> torch.Tensor:
+    def score_at(xs: torch.Tensor, us: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         idx = schedule.index_at(us)
         abar = schedule.alphas_cumprod[idx]
         a, sig = _view(abar.sqrt(), xs), _view((1.0 - abar).sqrt(), xs)
-        _, eps = denoised_and_eps(xs, e1(xs, idx), a, sig, data_range)
+        _, eps = denoised_and_eps(xs, e1(xs, idx, rows=rows), a, sig, data_range)
         return -eps / sig
 
     step = 0
@@ -402,7 +407,7 @@ def sample_ggf(e1: EpsFn, x: torch.Tensor, ts: Sequence[int], schedule: Schedule
                              "loosen eps_abs/eps_rel or raise max_attempts")
         stale = active[~fresh[active]]
         if stale.numel():
-            score[stale] = score_at(x[stale], u[stale])
+            score[stale] = score_at(x[stale], u[stale], stale)
             nfe[stale] += 1
             fresh[stale] = True
         xa, ua, sa = x[active], u[active], score[active]
@@ -417,7 +422,7 @@ def sample_ggf(e1: EpsFn, x: torch.Tensor, ts: Sequence[int], schedule: Schedule
         b1, b2 = _view(schedule.beta_at(ua), xa), _view(schedule.beta_at(ua - ha), xa)
         hv = _view(ha, xa)
         x1 = xa + hv * b1 * (0.5 * xa + sa) + b1.sqrt() * dw
-        s2 = score_at(x1, ua - ha)
+        s2 = score_at(x1, ua - ha, active)
         nfe[active] += 1
         x_tilde = x1 + hv * b2 * (0.5 * x1 + s2) + b2.sqrt() * dw
         x2 = 0.5 * (xa + x_tilde)

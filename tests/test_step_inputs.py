@@ -279,3 +279,12 @@ def test_every_one_step_solver_still_runs_on_good_input():
         options = {"gamma": gamma} if name == "analytic-dpm" else {}
         y = gk.step(x, out, 500, 300, S, name, 3, **options)
         assert y.shape == x.shape and math.isfinite(float(y.sum()))
+
+
+def test_gk_step_takes_a_diffusers_scheduler_as_its_schedule():
+    """gk.step converts schedule= as gk.sample does: a DDPMScheduler gives the steps of its betas."""
+    from diffusers import DDPMScheduler
+
+    x, out = step_inputs()
+    ref = gk.step(x, out, 500, 300, S, "gms", 7)
+    assert torch.equal(gk.step(x, out, 500, 300, DDPMScheduler(), "gms", 7), ref)
