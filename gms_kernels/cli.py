@@ -214,6 +214,7 @@ def _sample(args: argparse.Namespace) -> int:
     from .embedded import DIGITS_SHAPE, default_model
     from .files import write_atomically
     from .images import image_grid
+    from .reproduce import model_shape
 
     _check_output(args.out, "--out", folder=True)
     _check_output(args.npz, "--npz", folder=False)
@@ -221,17 +222,18 @@ def _sample(args: argparse.Namespace) -> int:
     _check_seed(args)
     if args.npz and not args.npz.endswith(".npz"):
         raise UsageError(f"--npz must name a .npz file, got {args.npz!r}")
-    if args.model and args.shape is None:
-        raise UsageError("--shape C H W is required with --model")
     if not args.model and args.shape is not None and tuple(args.shape) != DIGITS_SHAPE:
         raise UsageError(f"--shape {' '.join(map(str, args.shape))}: the embedded digits model samples "
                          f"{' '.join(map(str, DIGITS_SHAPE))}; pass --model for other shapes")
-    shape = tuple(args.shape) if args.model else DIGITS_SHAPE
+    model = _load_model(args.model, args.kind) if args.model else default_model()
+    shape = DIGITS_SHAPE if not args.model else tuple(args.shape) if args.shape else model_shape(model)
+    if shape is None:
+        raise UsageError(f"--shape C H W is required: {args.model} records no image size (a diffusers UNet's config "
+                         "does, as sample_size and in_channels)")
     if args.fd and shape != DIGITS_SHAPE:
         raise UsageError("--fd measures digits (1x8x8) samples; use gk.metrics for other data")
     started = distributed.init_from_env()
     rank, world = distributed.world()
-    model = _load_model(args.model, args.kind) if args.model else default_model()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = model.to(device)
     options = _solver_options(args)
@@ -666,8 +668,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "torchrun --nproc_per_node N", _sample)
     s.add_argument("--model", help="a checkpoint for gk.models.load (default: the embedded digits model)")
     s.add_argument("--kind", default="auto", help="the checkpoint's format (see gk.models.load), or torchscript")
-    s.add_argument("--shape", type=int, nargs=3, metavar=("C", "H", "W"), help="sample shape (needed with --model; "
-                   "the embedded model's is 1 8 8)")
+    s.add_argument("--shape", type=int, nargs=3, metavar=("C", "H", "W"), help="sample shape (with --model, unless the "
+                   "network records it, as a diffusers UNet's config does; the embedded model's is 1 8 8)")
     s.add_argument("--num-samples", type=int, default=100, help="how many samples")
     s.add_argument("--batch-size", type=int, default=250, help="samples per network call")
     s.add_argument("--shard-size", type=int, default=1000, help="samples per shard file")

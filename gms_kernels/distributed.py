@@ -94,8 +94,10 @@ def solver_settings(sample_kwargs: dict[str, Any], model: Any = None) -> dict[st
 
 def sample_shards(model: Callable, out_dir: str | Path, num_samples: int, sample_shape: tuple[int, ...], *,
                   shard_size: int = 1000, batch_size: int = 250, seed: int = 0, progress: bool = True,
-                  device: torch.device | str | None = None, **sample_kwargs: Any) -> list[Path]:
+                  progress_label: str = "shards", device: torch.device | str | None = None,
+                  **sample_kwargs: Any) -> list[Path]:
     """Write ``num_samples`` samples of ``sample_shape`` as shards in ``out_dir``; returns all shard paths.
+    ``progress_label`` names the run on its progress bar (with the rank), e.g. the cell of a table it fills.
 
     ``sample_kwargs`` go to :func:`gms_kernels.sample` (steps, solver, schedule, options...). In its
     ``model_kwargs`` and ``null_kwargs`` a tensor whose first dimension is ``num_samples`` holds one row per
@@ -122,7 +124,8 @@ def sample_shards(model: Callable, out_dir: str | Path, num_samples: int, sample
     try:
         if size > 1:
             dist.barrier()
-        _write_shards(model, out, plan, sample_shape, batch_size, seed, progress, device, rank, size, sample_kwargs)
+        _write_shards(model, out, plan, sample_shape, batch_size, seed, progress, progress_label, device, rank, size,
+                      sample_kwargs)
         if size > 1:
             dist.barrier()
     finally:
@@ -132,11 +135,11 @@ def sample_shards(model: Callable, out_dir: str | Path, num_samples: int, sample
 
 
 def _write_shards(model: Callable, out: Path, plan: ShardPlan, sample_shape: tuple[int, ...], batch_size: int,
-                  seed: int, progress: bool, device: torch.device | str | None, rank: int, size: int,
+                  seed: int, progress: bool, label: str, device: torch.device | str | None, rank: int, size: int,
                   sample_kwargs: dict[str, Any]) -> None:
     """This rank's missing shards (the ones another run finished meanwhile are skipped as they come)."""
     mine = [k for k in range(plan.num_shards) if k % size == rank and read_shard(shard_path(out, k)) is None]
-    for k in progress_bar(mine, progress, desc=f"rank {rank} shards"):
+    for k in progress_bar(mine, progress, desc=f"{label} (rank {rank})"):
         if read_shard(shard_path(out, k)) is not None:  # (written by a run sharing the folder)
             continue
         start, stop = plan.bounds(k)

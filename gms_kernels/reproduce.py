@@ -213,7 +213,8 @@ def reproduce(checkpoints: Sequence[str | os.PathLike | Sequence[str | os.PathLi
                 for k in steps:
                     run = out / label / f"seed{seed}" / solver / f"K{k}"
                     distributed.sample_shards(model, run, num_samples, sample_shape, shard_size=shard_size,
-                                              batch_size=batch_size, seed=seed, progress=progress, steps=k,
+                                              batch_size=batch_size, seed=seed, progress=progress,
+                                              progress_label=f"{label} seed {seed} {row_label(solver)} K={k}", steps=k,
                                               solver=solver, **sampling, **(gms if solver == "gms" else {}))
                     runs.append((label, seed, solver, k, run))
     del networks

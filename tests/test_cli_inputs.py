@@ -192,3 +192,28 @@ def test_a_per_step_skew_scale_with_json_string_keys_runs_from_the_command_line(
     assert torch.equal(got, want)
     _refused(["sample", "--num-samples", "2", "--steps", "2", "--option", 'skew_scale={"a": 0.5}',
               "--out", str(tmp_path / "p")], capsys, names="skew_scale")
+
+
+def test_sample_reads_the_shape_from_a_diffusers_unets_config(tmp_path, capsys):
+    """--model DIR of a diffusers UNet2DModel needs no --shape: the config's in_channels and sample_size give it;
+    a network that records no size still asks for --shape, in one line."""
+    from diffusers import UNet2DModel
+
+    torch.manual_seed(0)
+    unet = UNet2DModel(sample_size=8, in_channels=1, out_channels=1, block_out_channels=(32, 32), layers_per_block=1,
+                       down_block_types=("DownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "UpBlock2D"),
+                       norm_num_groups=8)
+    unet.save_pretrained(tmp_path / "unet")
+    main(["sample", "--model", str(tmp_path / "unet"), "--solver", "ddpm", "--num-samples", "2", "--steps", "2",
+          "--out", str(tmp_path / "o"), "--quiet"])
+    assert load_shards(tmp_path / "o").shape == (2, 1, 8, 8)
+    _refused(["sample", "--model", str(files_eps(tmp_path)), "--solver", "ddpm", "--out", str(tmp_path / "p")],
+             capsys, names="--shape C H W is required")
+    assert not (tmp_path / "p").exists()
+
+
+def files_eps(root):
+    """A pytorch-ddpm eps network (it records no image size)."""
+    net = PytorchDDPMUNet(T=1000, ch=32, ch_mult=(1,), attn=(), num_res_blocks=1, dropout=0.0, in_channels=1)
+    torch.save({"ema_model": net.state_dict(), "net_model": net.state_dict()}, root / "eps.pt")
+    return root / "eps.pt"

@@ -229,3 +229,15 @@ def test_a_missing_resolution_names_the_command_line_option_too(tmp_path, capsys
     torch.save(net.state_dict(), tmp_path / "ddim.ckpt")
     with pytest.raises(ValueError, match=r"pass resolution= .*CLI: --load-option resolution=N"):
         gk.models.load(tmp_path / "ddim.ckpt", kind="ddim")
+
+
+def test_each_progress_bar_names_the_cell_it_fills(fixtures, tmp_path, monkeypatch):
+    """A reproduce run fills many (checkpoint, seed, solver, K) cells: each cell's progress bar says which."""
+    import gms_kernels.distributed as dist_module
+
+    labels = []
+    real = dist_module.progress_bar
+    monkeypatch.setattr(dist_module, "progress_bar", lambda items, enabled, desc: labels.append(desc) or
+                        real(items, False, desc=desc))
+    run(fixtures, tmp_path / "out", steps=(2,), solvers=("ddpm",), progress=True)
+    assert labels == ["digits_net.pt seed 0 DDPM, β̃_t K=2 (rank 0)"]
