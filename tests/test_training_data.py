@@ -440,3 +440,21 @@ def test_a_resumed_run_with_dropout_draws_the_same_masks(digits_folder, tmp_path
     run(3, tmp_path / "ckpt.pt")
     torch.rand(100)  # (what else the process draws between the two runs)
     _assert_equal(run(6, tmp_path / "ckpt.pt"), whole)
+
+
+def test_the_documented_training_example_runs(digits_folder, tmp_path):
+    """docs/training.md's example, run on a folder of digits with a tiny eps network."""
+    import re
+
+    doc = Path(__file__).resolve().parents[1] / "docs" / "training.md"
+    (block,) = re.findall(r"```python\n(.*?)```", doc.read_text(), flags=re.S)
+    folder, _ = digits_folder
+    work = tmp_path / "work"
+    work.mkdir()
+    for image in folder.iterdir():
+        (work / image.name).write_bytes(image.read_bytes())
+    scope = {"folder": work, "eps_net": _backbone(), "steps": 3}
+    exec(compile(block, str(doc), "exec"), scope)
+    loaded = gk.models.load(work / "gms_net.pt")
+    x = gk.sample(loaded, shape=(2, 1, 8, 8), steps=2, generator=0, progress=False)
+    assert x.shape == (2, 1, 8, 8) and bool(torch.isfinite(x).all())
