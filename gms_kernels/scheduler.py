@@ -30,6 +30,15 @@ Conventions (reference-notes 9):
   gives) is located by its position, without reading its value from the device.
 - fp16/bf16 samples are upcast (at least float32; the torch reference computes in float64) and
   the result is cast back, so half-precision pipelines do not produce NaN from scheduler maths.
+- Conditional networks: the scheduler never sees the condition; the loop passes it to the network
+  (``unet(x, t, class_labels=y).sample``, or ``encoder_hidden_states=``), and with the same trajectory and
+  int seed the loop gives ``gk.sample(..., model_kwargs={"class_labels": y})`` exactly. For classifier-free
+  guidance the user forms the heads before ``step``: run both branches in one batched call (the conditional
+  rows, then the unconditional ones with the null condition), then
+  ``heads = gms_kernels.model_io.guided_heads(out[:n], out[n:], w, n_heads)`` (``n_heads``: 3 for gms, 2 for
+  sn-ddpm, 1 for ddpm/ddim) and ``scheduler.step(heads, t, x, ...)``: that is ``gk.sample(...,
+  guidance_scale=w, null_kwargs=...)`` exactly (two separate calls agree up to float rounding). Only the mean
+  is guided; the conditional branch's spread is kept (see :func:`~gms_kernels.model_io.guided_heads`).
 - ``step(..., variance_noise=z)`` (as in DDIMScheduler) takes the step's standard normal noise instead of
   drawing it from ``generator``; it is ``gk.step``'s ``noise=``.
 - The config is one diffusers' own schedulers read (``DDPMScheduler.from_config(s.config)``, or from the

@@ -6,7 +6,8 @@
 - :func:`train_backbone`: the usual eps-prediction loss, for small data sets (toy data, digits).
 
 The training data (:data:`TrainingData`) is a tensor [N, C, ...] held in memory, or read batch by batch: a
-map-style ``Dataset`` (items a tensor [C, ...] or a (tensor, label, ...) tuple whose labels are left aside), a
+map-style ``Dataset`` (items a tensor [C, ...] or a (tensor, label, ...) tuple: the labels are left aside, or
+given to a conditional network by :func:`train_heads`), a
 ``DataLoader`` over one (its dataset and loading settings are used: workers, collate_fn, pin_memory; its
 sampler and batch size are not), or a folder of PNG / JPEG images (:class:`gms_kernels.data.ImageFolder`, in
 the model's channel count, scaled to [-1, 1]). Read batch by batch, memory does not grow with the data set but
@@ -199,6 +200,16 @@ def _model_channels(module: nn.Module) -> int | None:
     return None
 
 
+def _labels_of(batch: Any) -> Any:
+    """The labels of a collated (tensor, label, ...) batch or item; ValueError when it has none."""
+    if not isinstance(batch, (list, tuple)) or len(batch) < 2:
+        got = f"a {len(batch)}-tuple" if isinstance(batch, (list, tuple)) else type(batch).__name__
+        raise ValueError(f"conditional head training reads (image, label) items, but the data gives {got}: pass a "
+                         "Dataset of (image, label) pairs, e.g. torch.utils.data.TensorDataset(images, labels), or "
+                         "train an unconditional network")
+    return batch[1]
+
+
 def _without_labels(batch: Any) -> torch.Tensor:
     """The examples of an item or batch: a tensor (or array), or the first element of a (tensor, label, ...)."""
     if isinstance(batch, (list, tuple)) and batch:
@@ -235,6 +246,11 @@ class _Source:
         if self.tensor is not None:
             return self.tensor[idx]
         return self.examples(self.collate([self.dataset[i] for i in idx.tolist()]))
+
+    def labelled_rows(self, idx: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """(the examples, their labels) at ``idx`` (a labelled Dataset only)."""
+        batch = self.collate([self.dataset[i] for i in idx.tolist()])
+        return self.examples(batch), _labels_of(batch)
 
 
 def _source(data: TrainingData, channels: int | None) -> _Source:
@@ -284,6 +300,7 @@ class _Step:
     t: torch.Tensor
     eps: torch.Tensor
     state: dict  # what the checkpoint holds once this step is done: {"rng", "data"}
+    drop: torch.Tensor | None = None  # this rank's rows whose label becomes the null label (condition dropout)
 
 
 class _Draws:
@@ -292,8 +309,8 @@ class _Draws:
     with ``"epochs"`` they are the next ones of the current epoch's order (running on into the next epoch)."""
 
     def __init__(self, gen: torch.Generator, source: _Source, T: int, batch_size: int, mine: slice, sampling: str,
-                 seed: int):
-        self.gen, self.size, self.shape, self.T = gen, source.size, source.shape, T
+                 seed: int, drop_p: float = 0.0):
+        self.gen, self.size, self.shape, self.T, self.drop_p = gen, source.size, source.shape, T, drop_p
         self.batch_size, self.mine, self.sampling, self.seed = batch_size, mine, sampling, seed
         self.epoch, self.index = 0, 0  # the data position ("epochs")
         self._order: torch.Tensor | None = None
@@ -303,6 +320,8 @@ class _Draws:
         state = {"sampling": self.sampling, "size": self.size}
         if self.sampling == "epochs":
             state.update(seed=self.seed, epoch=self.epoch, index=self.index)
+        if self.drop_p:  # (it draws from the generator too)
+            state["condition_dropout"] = self.drop_p
         return state
 
     def resume(self, state: dict, path: Path) -> None:
@@ -313,6 +332,10 @@ class _Draws:
             raise ValueError(f"checkpoint {path} was written for {state['size']} examples with sampling "
                              f"{state['sampling']!r}, this run has {self.size} with {self.sampling!r}: resume with "
                              "the same data and sampling, or use another checkpoint path")
+        if state.get("condition_dropout", 0.0) != self.drop_p:
+            raise ValueError(f"checkpoint {path} was written with condition_dropout="
+                             f"{state.get('condition_dropout', 0.0)}, this run has {self.drop_p}: resume with the same "
+                             "condition_dropout, or use another checkpoint path")
         if self.sampling == "epochs":
             self.seed, self.epoch, self.index = int(state["seed"]), int(state["epoch"]), int(state["index"])
 
@@ -335,7 +358,10 @@ class _Draws:
         idx = self._indices()[self.mine]
         t = torch.randint(0, self.T, (self.batch_size,), generator=self.gen, device=self.gen.device)[self.mine]
         eps = torch.randn((self.batch_size, *self.shape), generator=self.gen, device=self.gen.device)[self.mine]
-        return _Step(idx, t, eps, {"rng": self.gen.get_state(), "data": self.data_state()})
+        drop = None
+        if self.drop_p:  # (drawn for the global batch, after the noise: a run without dropout draws as before)
+            drop = (torch.rand(self.batch_size, generator=self.gen, device=self.gen.device) < self.drop_p)[self.mine]
+        return _Step(idx, t, eps, {"rng": self.gen.get_state(), "data": self.data_state()}, drop)
 
 
 class _StepIndices:
@@ -360,12 +386,13 @@ class _StepIndices:
 _IN_ORDER = {"in_order": True} if "in_order" in inspect.signature(DataLoader).parameters else {}
 
 
-def _batches(source: _Source, draws: _Draws, count: int, seed: int) -> Iterator[tuple[torch.Tensor, _Step]]:
-    """``count`` steps of (this rank's examples, the step's draws)."""
+def _batches(source: _Source, draws: _Draws, count: int, seed: int,
+             labelled: bool = False) -> Iterator[tuple[torch.Tensor, Any, _Step]]:
+    """``count`` steps of (this rank's examples, their labels if ``labelled`` else None, the step's draws)."""
     if source.tensor is not None:
         for _ in range(count):
             step = draws()
-            yield source.tensor[step.idx], step
+            yield source.tensor[step.idx], None, step
         return
     if count < 1:  # (no loader, no workers started for nothing)
         return
@@ -374,14 +401,31 @@ def _batches(source: _Source, draws: _Draws, count: int, seed: int) -> Iterator[
     loader = DataLoader(source.dataset, batch_sampler=plan, collate_fn=source.collate,
                         generator=torch.Generator().manual_seed(seed), **source.loading, **_IN_ORDER)
     for batch in loader:
-        yield source.examples(batch), plan.pending.popleft()
+        yield source.examples(batch), _labels_of(batch) if labelled else None, plan.pending.popleft()
+
+
+@dataclass
+class _Condition:
+    """How the labels of a labelled data set reach a conditional network: as the keyword argument ``key``, each
+    replaced by ``null`` where the step's dropout mask says (classifier-free guidance's unconditional branch)."""
+    key: str
+    dropout: float
+    null: Any
+
+    def kwargs(self, labels: Any, drop: torch.Tensor | None, device: torch.device) -> dict[str, Any]:
+        labels = torch.as_tensor(labels)
+        if drop is not None:
+            mask = drop.to(labels.device).reshape(-1, *[1] * (labels.dim() - 1))
+            labels = torch.where(mask, torch.as_tensor(self.null, dtype=labels.dtype, device=labels.device), labels)
+        return {self.key: labels.to(device)}
 
 
 def _loop(module: nn.Module, loss_terms: Callable, source: _Source, schedule: Schedule, kind: str, *,
           steps: int, batch_size: int, lr: float, optimizer: str, ema_decay: float, grad_clip: float,
           checkpoint: str | Path | None, checkpoint_every: int, seed: int, progress: bool,
-          log: Callable[[dict], None] | None, sampling: str) -> TrainResult:
-    """``loss_terms(model, x_t, t, eps)`` -> {name: scalar loss}; ``model`` is the module or its DDP wrapper."""
+          log: Callable[[dict], None] | None, sampling: str, condition: _Condition | None = None) -> TrainResult:
+    """``loss_terms(model, x_t, t, eps, **condition)`` -> {name: scalar loss}; ``model`` is the module or its DDP
+    wrapper; ``condition``: the labels' keyword argument (None: no keyword arguments)."""
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
     _check_batch_size(batch_size)
@@ -396,7 +440,8 @@ def _loop(module: nn.Module, loss_terms: Callable, source: _Source, schedule: Sc
     ema = EMA(params, ema_decay)
     gen = torch.Generator().manual_seed(seed)
     local = batch_size // world
-    draws = _Draws(gen, source, schedule.T, batch_size, slice(rank * local, (rank + 1) * local), sampling, seed)
+    draws = _Draws(gen, source, schedule.T, batch_size, slice(rank * local, (rank + 1) * local), sampling, seed,
+                   condition.dropout if condition is not None else 0.0)
     result = TrainResult(0)
     path = Path(checkpoint) if checkpoint else None
     if path is not None and path.exists():
@@ -431,11 +476,12 @@ def _loop(module: nn.Module, loss_terms: Callable, source: _Source, schedule: Sc
 
     bar = progress_bar(total=steps, initial=result.steps, desc=f"train {kind}", enabled=progress and rank == 0)
     # the global batch is drawn on every rank (same generator, same state), each keeps (and reads) its rows
-    batches = _batches(source, draws, max(0, steps - result.steps), seed)
+    batches = _batches(source, draws, max(0, steps - result.steps), seed, condition is not None)
     try:
-        for x0, step in batches:
+        for x0, labels, step in batches:
             t, eps = step.t, step.eps.to(device)
-            losses = loss_terms(model, _noised(schedule, x0.to(device), t, eps), t.to(device), eps)
+            kwargs = {} if condition is None else condition.kwargs(labels, step.drop, device)
+            losses = loss_terms(model, _noised(schedule, x0.to(device), t, eps), t.to(device), eps, **kwargs)
             total = sum(losses.values())
             opt.zero_grad(set_to_none=True)
             total.backward()  # under DDP the gradients come back averaged over the ranks
@@ -501,9 +547,10 @@ def _load_checkpoint(path: Path, kind: str) -> dict:
 
 
 def _head_targets(net: nn.Module, x_t: torch.Tensor, tv: torch.Tensor, eps: torch.Tensor, C: int,
-                  central: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(the heads' outputs [B, (orders - 1) * C, ...], the base whose powers they fit, the number of orders)."""
-    out = net(x_t, tv, head_outputs=True) if central else net(x_t, tv)
+                  central: bool, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(the heads' outputs [B, (orders - 1) * C, ...], the base whose powers they fit, the number of orders);
+    ``kwargs``: the network's condition."""
+    out = net(x_t, tv, head_outputs=True, **kwargs) if central else net(x_t, tv, **kwargs)
     orders = out.shape[1] // C
     if orders < 2:
         raise ValueError(f"train_heads needs a network with higher-order heads; it returned {out.shape[1]} "
@@ -515,7 +562,7 @@ def _head_targets(net: nn.Module, x_t: torch.Tensor, tv: torch.Tensor, eps: torc
 
 @torch.no_grad()
 def _target_scales(net: nn.Module, source: _Source, schedule: Schedule, time_input: str, central: bool,
-                   batch_size: int, seed: int) -> dict[int, torch.Tensor]:
+                   batch_size: int, seed: int, label_key: str | None = None) -> dict[int, torch.Tensor]:
     """{n: s_n(t), float64 [T]}: an estimate of E[(y_n)^2 | t], y_n the target of head n (eps^n, or r^n for
     central heads), from the frozen backbone on the training data, with a generator of its own (so the
     training draws are untouched, and every process of a multi-process run computes the same table).
@@ -545,8 +592,15 @@ def _target_scales(net: nn.Module, source: _Source, schedule: Schedule, time_inp
             idx = torch.randint(0, source.size, (m,), generator=gen)
             t = torch.randint(lo, hi, (m,), generator=gen)
             eps = torch.randn((m, *source.shape), generator=gen).to(device)
-            x_t = _noised(schedule, source.rows(idx).to(device), t, eps)
-            _, base, orders = _head_targets(net, x_t, time_values(t, T, time_input).to(device), eps, C, central)
+            kwargs = {}
+            if label_key is None:
+                x0 = source.rows(idx)
+            else:  # (each example's own label: the targets of the conditional model)
+                x0, y = source.labelled_rows(idx)
+                kwargs[label_key] = torch.as_tensor(y).to(device)
+            x_t = _noised(schedule, x0.to(device), t, eps)
+            _, base, orders = _head_targets(net, x_t, time_values(t, T, time_input).to(device), eps, C, central,
+                                            **kwargs)
             for n in range(2, orders + 1):
                 acc[n] = acc.get(n, 0.0) + float(base.double().pow(2 * n).sum())
         for n, v in acc.items():
@@ -567,12 +621,39 @@ def _target_scales(net: nn.Module, source: _Source, schedule: Schedule, time_inp
     return scales
 
 
+def _is_conditional(net: nn.Module) -> bool:
+    """Whether a network says it takes a condition (``conditional``: a class-conditional diffusers UNet's
+    wrapper, or a MomentNet on one)."""
+    return bool(getattr(net, "conditional", False) or getattr(getattr(net, "backbone", None), "conditional", False))
+
+
+def _head_condition(net: nn.Module, label_key: str | None, dropout: float, null_label: Any) -> _Condition | None:
+    """train_heads' label arguments checked: None when the labels are left aside."""
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= float(dropout) <= 1.0:
+        raise ValueError(f"condition_dropout must be a probability in [0, 1] (the share of labels replaced by "
+                         f"null_label), got {dropout!r}")
+    dropout = float(dropout)
+    if dropout > 0 and null_label is None:
+        raise ValueError(f"condition_dropout={dropout} replaces labels by null_label: give it (e.g. null_label="
+                         "num_classes for a UNet2DModel built with num_class_embeds=num_classes + 1)")
+    if null_label is not None and not (torch.is_tensor(null_label) or (isinstance(null_label, int)
+                                                                       and not isinstance(null_label, bool))):
+        raise TypeError(f"null_label must be an int label or a tensor, got {type(null_label).__name__}")
+    if label_key is not None and not (isinstance(label_key, str) and label_key.isidentifier()):
+        raise ValueError(f"label_key must be the name of the network's keyword argument (e.g. 'class_labels'), "
+                         f"got {label_key!r}")
+    if label_key is None and not (_is_conditional(net) or dropout > 0 or null_label is not None):
+        return None
+    return _Condition(label_key or "class_labels", dropout, null_label)
+
+
 def train_heads(net: nn.Module, data: TrainingData, schedule: Schedule | None = None, *, steps: int = 1000,
                 batch_size: int = 128, lr: float = 2e-4, optimizer: str = "adan", ema_decay: float = 0.9999,
                 grad_clip: float = 1.0, checkpoint: str | Path | None = None, checkpoint_every: int = 500,
                 seed: int = 0, time_input: str | None = None, progress: bool = True,
                 log: Callable[[dict], None] | None = None, loss_weighting: str = "uniform",
-                output_scale: bool = False, sampling: str = "replacement") -> TrainResult:
+                output_scale: bool = False, sampling: str = "replacement", label_key: str | None = None,
+                condition_dropout: float = 0.0, null_label: Any = None) -> TrainResult:
     """Paper Alg. learning: fit the heads e^n (n >= 2) of a ``MomentNet`` to eps^n with MSE (to (eps - e1)^n
     for a MomentNet with ``targets="central"``).
 
@@ -584,6 +665,16 @@ def train_heads(net: nn.Module, data: TrainingData, schedule: Schedule | None = 
     (example, label) tuples), a ``DataLoader`` over one, or a folder of PNG / JPEG images (read in the
     network's channel count, ``net.channels``, scaled to [-1, 1]); all but the tensor are read batch by batch.
     ``sampling``: ``"replacement"`` or ``"epochs"`` (see the module's docstring).
+
+    Conditional networks (e.g. a MomentNet on a class-conditional diffusers UNet2DModel): ``data`` gives
+    (image, label) items (``TensorDataset(images, labels)``), and each batch's labels are passed to the network
+    as the keyword argument ``label_key``. ``label_key`` None: ``"class_labels"`` for a network that says it is
+    conditional (``conditional``, its backbone's too) or when ``condition_dropout`` / ``null_label`` is given;
+    otherwise the labels are left aside, as for an unconditional network. ``condition_dropout`` p: each label is
+    replaced by ``null_label`` with probability p, so that the heads learn the unconditional branch of
+    classifier-free guidance as well (``gk.sample(..., guidance_scale=w, null_kwargs={"class_labels":
+    null_label})``); the draws come from the training generator, so a resumed run drops the same labels.
+    With p = 0 nothing is drawn, and data without labels trains exactly as before.
 
     ``loss_weighting``:
 
@@ -629,9 +720,16 @@ def train_heads(net: nn.Module, data: TrainingData, schedule: Schedule | None = 
     if loss_weighting not in HEAD_LOSS_WEIGHTINGS:
         raise ValueError(f"unknown loss_weighting {loss_weighting!r}; valid: {', '.join(HEAD_LOSS_WEIGHTINGS)}")
     _check_sampling(sampling)
+    condition = _head_condition(net, label_key, condition_dropout, null_label)
     schedule = schedule or getattr(net, "schedule", None) or Schedule.linear()
     time_input = time_input or getattr(net, "time_input", "index")
     source = _source(data, _model_channels(net))
+    if condition is not None:
+        if source.tensor is not None:
+            raise ValueError(f"the network is trained with labels (as {condition.key!r}) but data is a tensor without "
+                             "them: pass torch.utils.data.TensorDataset(images, labels), or train_heads(..., "
+                             "label_key=None) for an unconditional network")
+        _labels_of(source.dataset[0])  # (refused before any work when the items have no label)
     C = source.shape[0]
     net.train()
 
@@ -642,7 +740,8 @@ def train_heads(net: nn.Module, data: TrainingData, schedule: Schedule | None = 
                          f"not a {type(net).__name__}")
     if loss_weighting != "uniform" or output_scale:
         _check_batch_size(batch_size)  # (before the scales are estimated from data)
-        estimate = _target_scales(net, source, schedule, time_input, central, batch_size, seed + 7919)
+        estimate = _target_scales(net, source, schedule, time_input, central, batch_size, seed + 7919,
+                                  None if condition is None else condition.key)
         if output_scale:
             orders = getattr(net, "orders", tuple(sorted(estimate)))
             net.set_output_scale(torch.stack([estimate[n].sqrt() for n in orders]))
@@ -657,9 +756,9 @@ def train_heads(net: nn.Module, data: TrainingData, schedule: Schedule | None = 
             placed[key] = weights[n].to(device=like.device, dtype=like.dtype)
         return placed[key][t.to(like.device)]
 
-    def loss_terms(wrapped, x_t, t, eps):
+    def loss_terms(wrapped, x_t, t, eps, **kwargs):
         tv = time_values(t, schedule.T, time_input)
-        heads, base, orders = _head_targets(wrapped, x_t, tv, eps, C, central)
+        heads, base, orders = _head_targets(wrapped, x_t, tv, eps, C, central, **kwargs)
         terms = {}
         for n in range(2, orders + 1):
             err = (heads[:, (n - 2) * C:(n - 1) * C] - base**n).pow(2)
@@ -675,7 +774,8 @@ def train_heads(net: nn.Module, data: TrainingData, schedule: Schedule | None = 
         kind = f"heads-{loss_weighting}-scaled"
     result = _loop(net, loss_terms, source, schedule, kind, steps=steps, batch_size=batch_size, lr=lr,
                    optimizer=optimizer, ema_decay=ema_decay, grad_clip=grad_clip, checkpoint=checkpoint,
-                   checkpoint_every=checkpoint_every, seed=seed, progress=progress, log=log, sampling=sampling)
+                   checkpoint_every=checkpoint_every, seed=seed, progress=progress, log=log, sampling=sampling,
+                   condition=condition)
     result.loss_scales = scales
     return result
 

@@ -296,7 +296,7 @@ def test_diffusers_folder_with_bin_weights_or_no_class_name_loads(tmp_path):
         assert torch.equal(gm.load(tmp_path / "bin")(x, t), unet(x, t).sample)
 
 
-@pytest.mark.parametrize("config, named", [({"_class_name": "UNet2DConditionModel"}, "'UNet2DConditionModel'"),
+@pytest.mark.parametrize("config, named", [({"_class_name": "VQModel"}, "'VQModel'"),
                                            ([1, 2], "'list'")])
 def test_diffusers_folder_of_another_model_names_what_it_holds(tmp_path, config, named):
     folder = tmp_path / "other"

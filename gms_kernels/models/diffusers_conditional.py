@@ -38,7 +38,6 @@ class DiffusersConditionalUNet(nn.Module):
     """
 
     time_input = "index"
-    family = "diffusers"
 
     def __init__(self, unet: nn.Module, schedule: Schedule | None = None, eps_only: bool | None = None,
                  variance_type: str | None = None, source: str | None = None):
@@ -55,6 +54,12 @@ class DiffusersConditionalUNet(nn.Module):
         self.eps_only = learned if eps_only is None else bool(eps_only)
         self.eps_channels = self.in_channels
         self.cross_attention = not isinstance(unet, sys.modules["diffusers"].UNet2DModel)  # (it needs the states)
+
+    @property
+    def family(self) -> str:
+        """The backbone family gk.models.export_diffusers records: a UNet2DModel is rebuilt as a
+        :class:`DiffusersUNet` (which takes ``class_labels`` too), a UNet2DConditionModel as this wrapper."""
+        return "diffusers-condition" if self.cross_attention else "diffusers"
 
     @property
     def config(self) -> dict[str, Any]:

@@ -16,6 +16,12 @@ training index that diffusers' pipelines pass; it is converted to the network's 
 A bare diffusers UNet2DModel trained to output the heads (out_channels = 3C, or 2C with ``heads=2``)
 is exported with them (:func:`bare_heads`).
 
+Conditional networks: a class-conditional UNet2DModel (``num_class_embeds`` / ``class_embed_type``), bare
+or as a MomentNet's backbone, and a bare ``UNet2DConditionModel`` export too; ``forward(sample, timestep,
+class_labels=y)`` (and ``encoder_hidden_states=``, or any other keyword argument the UNet takes) passes the
+condition to the network, so a hand-written loop of ``unet(x, t, class_labels=y).sample`` and
+``GMSScheduler.step`` samples it (``DDPMPipeline`` itself passes no condition).
+
 ``model_index.json`` names both classes ``["gms_kernels", class name]`` (they are ``gk.GMSDiffusersModel``
 and ``gk.GMSScheduler``), so that ``import gms_kernels`` before ``from_pretrained`` is all a new process
 needs: diffusers imports a library it does not know only when the process has imported it.
@@ -43,6 +49,7 @@ from torch import nn
 from ..files import json_ready
 from ..model_io import HEAD_NAMES, check_time_input, time_values
 from ..schedule import Schedule
+from .diffusers_conditional import DiffusersConditionalUNet, is_conditional_unet
 from .diffusers_unet import DiffusersUNet, is_diffusers_unet
 from .moment_net import BACKBONES, MomentNet
 
@@ -56,10 +63,11 @@ def _backbone_spec(backbone: nn.Module) -> dict[str, Any]:
         raise ValueError(f"export_diffusers knows the backbone families {', '.join(BACKBONES)}, not "
                          f"{type(backbone).__name__}; wrap the network in one of gk.models' backbones")
     config = backbone.config
-    if family == "diffusers":  # the UNet2DModel config without diffusers' private entries
+    diffusers = family in ("diffusers", "diffusers-condition")
+    if diffusers:  # the UNet config without diffusers' private entries
         config = {k: v for k, v in config.items() if not k.startswith("_")}
     spec = {"family": family, "config": json_ready(config, f"the {family} backbone config")}
-    if family == "diffusers":
+    if diffusers:
         spec["eps_only"] = bool(backbone.eps_only)
     return spec
 
@@ -88,6 +96,13 @@ def bare_heads(backbone: nn.Module, heads: int | None = None) -> int:
     if heads is not None and (isinstance(heads, bool) or not isinstance(heads, int) or not 1 <= heads <= 3):
         raise ValueError(f"heads must be 1, 2 or 3 (how many heads [e1, e2, e3] the network's output holds), "
                          f"got {heads!r}")
+    if isinstance(backbone, DiffusersConditionalUNet):  # (a UNet2DConditionModel: its wrapper says what it gives)
+        gives = backbone.output_heads
+        if heads not in (None, 1, gives):
+            raise ValueError(f"heads={heads} but the {type(backbone.unet).__name__} gives {gives} (out_channels = "
+                             f"{backbone.out_channels}, in_channels = {backbone.in_channels}); pass heads=1 (eps "
+                             f"alone) or heads={gives}, or leave it out")
+        return gives if heads is None else heads
     if not isinstance(backbone, DiffusersUNet):
         if heads not in (None, 1):
             raise ValueError(f"heads={heads}: a {type(backbone).__name__} gives eps alone (channels after it are a "
@@ -121,7 +136,11 @@ def bare_heads(backbone: nn.Module, heads: int | None = None) -> int:
 
 
 def as_gk_backbone(net: nn.Module) -> nn.Module:
-    return DiffusersUNet(net) if is_diffusers_unet(net) else net
+    """A bare diffusers UNet in its gms_kernels wrapper (a UNet2DModel, class-conditional or not, in
+    DiffusersUNet; a UNet2DConditionModel in DiffusersConditionalUNet); anything else as it is."""
+    if is_diffusers_unet(net):
+        return DiffusersUNet(net)
+    return DiffusersConditionalUNet(net) if is_conditional_unet(net) else net
 
 
 def build_network(spec: dict[str, Any]) -> nn.Module:
@@ -187,7 +206,7 @@ class GMSDiffusersModel(ModelMixin, ConfigMixin):
         backbone = net.backbone if isinstance(net, MomentNet) else as_gk_backbone(net)
         channels = int(backbone.eps_channels)
         if sample_size is None:
-            if backbone_family(net) != "diffusers":
+            if backbone_family(net) not in ("diffusers", "diffusers-condition"):
                 raise ValueError("pass sample_size= (the image height, or (height, width)): the network does not "
                                  "record the resolution it was trained at, and DDPMPipeline needs it")
             sample_size = backbone.config["sample_size"]
@@ -205,17 +224,30 @@ class GMSDiffusersModel(ModelMixin, ConfigMixin):
         model.net.load_state_dict(state, strict=True)
         return model.eval()
 
+    @property
+    def conditional(self) -> bool:
+        """Whether the network takes a condition (a class-conditional UNet2DModel or a UNet2DConditionModel
+        backbone): ``forward`` then passes ``class_labels`` / ``encoder_hidden_states`` and the like to it."""
+        backbone = self.net.backbone if isinstance(self.net, MomentNet) else self.net
+        return bool(getattr(backbone, "conditional", False)) or isinstance(backbone, DiffusersConditionalUNet)
+
     def forward(self, sample: torch.Tensor, timestep: torch.Tensor | int, class_labels: Any = None,
-                return_dict: bool = True) -> UNet2DOutput | tuple:
+                return_dict: bool = True, **kwargs: Any) -> UNet2DOutput | tuple:
+        """The heads at the 0-based training index ``timestep``; ``class_labels`` and the other keyword
+        arguments (``encoder_hidden_states``, ...) go to a conditional network as they are."""
         if class_labels is not None:
-            raise ValueError("GMSDiffusersModel is unconditional: class_labels must be None")
+            kwargs["class_labels"] = class_labels
+        if kwargs and not self.conditional:
+            raise ValueError(f"this GMSDiffusersModel's network is unconditional, so it takes no "
+                             f"{', '.join(sorted(kwargs))}: call it as unet(sample, timestep), or export a "
+                             "class-conditional UNet2DModel (num_class_embeds) or a UNet2DConditionModel")
         t = torch.as_tensor(timestep, device=sample.device)
         if t.dim() == 0:
             t = t.expand(sample.shape[0])
         if t.is_floating_point() and not torch.equal(t, t.round()):
             raise ValueError("GMSDiffusersModel takes the 0-based integer training index as timestep (as diffusers' "
                              f"pipelines pass it), got {t.tolist()}")
-        out = self.net(sample, time_values(t, self.config.num_train_timesteps, self._time_input))
+        out = self.net(sample, time_values(t, self.config.num_train_timesteps, self._time_input), **kwargs)
         return UNet2DOutput(sample=out) if return_dict else (out,)
 
 

@@ -78,7 +78,9 @@ def is_diffusers_unet(module: Any) -> bool:
 
 
 class DiffusersUNet(nn.Module):
-    """``model(x, t) = unet(x, t).sample`` for a diffusers ``UNet2DModel`` (time input: the index t).
+    """``model(x, t, **kwargs) = unet(x, t, **kwargs).sample`` for a diffusers ``UNet2DModel`` (time input: the
+    index t). A class-conditional UNet2DModel (``num_class_embeds`` or ``class_embed_type``; ``conditional``
+    is then True) needs ``class_labels=`` (``gk.sample(..., model_kwargs={"class_labels": y})``).
 
     ``eps_only``: None (default) returns only the first ``in_channels`` channels when the UNet predicts
     a learned variance too (out_channels = 2 * in_channels) and the whole output otherwise (e.g. a UNet
@@ -88,8 +90,9 @@ class DiffusersUNet(nn.Module):
     ``"learned"`` / ``"learned_range"`` the channels after the first C are a learned variance: they are
     never returned as E[eps^2] (``eps_only=False`` is refused). ``source``: the checkpoint path, named in
     error messages. :meth:`forward_features` returns (h, temb, output) of one pass, h being the input of
-    ``conv_norm_out``. ``schedule_note``: set when the training schedule was looked for and not found (what
-    was looked at); ``gk.sample`` then warns that it assumes linear betas.
+    ``conv_norm_out`` (temb includes the class embedding of a class-conditional UNet). ``schedule_note``: set
+    when the training schedule was looked for and not found (what was looked at); ``gk.sample`` then warns
+    that it assumes linear betas.
     """
 
     time_input = "index"
@@ -115,6 +118,7 @@ class DiffusersUNet(nn.Module):
         self.feature_channels = int(unet.conv_norm_out.num_channels)
         self.temb_channels = int(unet.time_embedding.linear_2.out_features)
         self.eps_channels = self.in_channels
+        self.conditional = getattr(unet, "class_embedding", None) is not None
 
     @property
     def config(self) -> dict[str, Any]:
@@ -148,13 +152,26 @@ class DiffusersUNet(nn.Module):
     def _add_heads_hint(self) -> str:
         return add_heads_hint(self.source)
 
-    def forward(self, x: torch.Tensor, t: torch.Tensor | int) -> torch.Tensor:
-        out = self.unet(x, t).sample
+    def _check_condition(self, kwargs: dict[str, Any]) -> None:
+        if self.conditional and kwargs.get("class_labels") is None:
+            raise TypeError(f"{self._name()} is class-conditional (num_class_embeds="
+                            f"{self.unet.config.num_class_embeds}, class_embed_type="
+                            f"{self.unet.config.class_embed_type!r}) and needs class_labels: pass "
+                            "gk.sample(..., model_kwargs={'class_labels': labels}) or model(x, t, class_labels=labels)")
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor | int, **kwargs: Any) -> torch.Tensor:
+        """The UNet's output (its first C channels when ``eps_only``); ``kwargs`` (e.g. ``class_labels``) go
+        to the UNet's forward."""
+        self._check_condition(kwargs)
+        out = self.unet(x, t, **kwargs).sample
         return out[:, :self.in_channels] if self.eps_only else out
 
-    def forward_features(self, x: torch.Tensor, t: torch.Tensor | int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One ordinary UNet2DModel forward, with hooks that catch the time embedding handed to the first
-        down block (class embedding included) and the feature entering ``conv_norm_out``."""
+    def forward_features(self, x: torch.Tensor, t: torch.Tensor | int,
+                         **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One ordinary UNet2DModel forward (``kwargs``, e.g. ``class_labels``, passed to it), with hooks that
+        catch the time embedding handed to the first down block (class embedding included) and the feature
+        entering ``conv_norm_out``."""
+        self._check_condition(kwargs)
         seen: dict[str, torch.Tensor] = {}
 
         def grab_temb(module, args, kwargs):
@@ -172,7 +189,7 @@ class DiffusersUNet(nn.Module):
                    self.unet.time_embedding.register_forward_hook(grab_embedding),
                    self.unet.conv_norm_out.register_forward_pre_hook(grab_h)]
         try:
-            out = self.unet(x, t).sample
+            out = self.unet(x, t, **kwargs).sample
         finally:
             for handle in handles:
                 handle.remove()

@@ -3,7 +3,7 @@
 Formats: pytorch-ddpm ``ckpt.pt`` ({net_model, ema_model, ...} or a raw state dict), improved-diffusion
 raw state dicts (``.pt`` or ``.safetensors``), the DDIM repository's ``Model`` (raw state dicts, among them
 the DDPM CIFAR10/CelebA/LSUN checkpoints), the official GMS code's eps/eps^2/eps^3 files (merged into
-one network by :mod:`.official_gms`), diffusers UNet2DModel directories (config.json +
+one network by :mod:`.official_gms`), diffusers UNet2DModel / UNet2DConditionModel directories (config.json +
 diffusion_pytorch_model.safetensors / .bin, or a pipeline directory with a ``unet`` folder), and this
 package's MomentNet heads / whole-network files. Every file is read with ``weights_only=True``.
 """
@@ -23,6 +23,7 @@ from ..schedule import Schedule
 from ._common import (check_cuda_present, check_map_location, check_state_dict, describe_contents, format_call,
                       holds_tensors, materialize, meta_model, mismatch_message, mismatch_report, read_location,
                       read_weights_file, strip_prefix)
+from .diffusers_conditional import DiffusersConditionalUNet
 from .diffusers_unet import DiffusersUNet, scheduler_config_near
 from .ddim_model import RESOLUTION_FLAG, DDIMModel, resolve_resolution
 from .iddpm import IDDPMUNet
@@ -83,7 +84,9 @@ def load(path_or_dir: str | os.PathLike | Sequence[str | os.PathLike], kind: str
       official GMS code, and the official constructor's arguments: see :func:`.official_gms.load_official`
       (``shared_backbone``, ``backbone_rtol``, ``use_ema``, ``schedule``, ``time_input``).
     - diffusers: ``subfolder``, ``variant``, ``eps_only`` (see DiffusersUNet), ``schedule`` (default: read
-      from a pipeline's ``scheduler/scheduler_config.json`` when there is one).
+      from a pipeline's ``scheduler/scheduler_config.json`` when there is one). A UNet2DModel directory gives
+      a DiffusersUNet (a class-conditional one takes ``class_labels=``), a UNet2DConditionModel directory a
+      DiffusersConditionalUNet (``encoder_hidden_states=``); pass them with ``gk.sample(..., model_kwargs=)``.
     - gms-heads: ``backbone`` (a module or a path loaded with this function): returns a MomentNet.
     - moment-net: nothing.
 
@@ -410,7 +413,7 @@ def _placed(model: nn.Module, path: str, map_location: Any) -> nn.Module:
 
 
 def _load_diffusers(path: str, subfolder: str | None = None, variant: str | None = None, eps_only: bool | None = None,
-                    schedule: Schedule | None = None) -> DiffusersUNet:
+                    schedule: Schedule | None = None) -> nn.Module:
     if subfolder is None and not os.path.isfile(os.path.join(path, "config.json")) \
             and os.path.isfile(os.path.join(path, "unet", "config.json")):
         subfolder = "unet"  # a pipeline directory
@@ -429,15 +432,18 @@ def _load_diffusers(path: str, subfolder: str | None = None, variant: str | None
         from .diffusers_export import load_exported
 
         return load_exported(model_dir, schedule=schedule, variant=variant, eps_only=eps_only)
-    if not isinstance(cfg, dict) or cfg.get("_class_name", "UNet2DModel") != "UNet2DModel":
-        name = cfg.get("_class_name") if isinstance(cfg, dict) else type(cfg).__name__
-        raise ValueError(f"{model_dir}/config.json describes {name!r}, not a UNet2DModel; gms_kernels adapts "
-                         "UNet2DModel only")
-    from diffusers import UNet2DModel
+    class_name = cfg.get("_class_name", "UNet2DModel") if isinstance(cfg, dict) else None
+    if class_name not in ("UNet2DModel", "UNet2DConditionModel"):
+        name = class_name if isinstance(cfg, dict) else type(cfg).__name__
+        raise ValueError(f"{model_dir}/config.json describes {name!r}, not a UNet2DModel (class-conditional or "
+                         "not), a UNet2DConditionModel or gk.models.export_diffusers' GMSDiffusersModel, the diffusers "
+                         "models gms_kernels adapts")
+    import diffusers
 
     try:
-        unet, info = UNet2DModel.from_pretrained(path, subfolder=subfolder, variant=variant, local_files_only=True,
-                                                 low_cpu_mem_usage=False, output_loading_info=True)
+        unet, info = getattr(diffusers, class_name).from_pretrained(
+            path, subfolder=subfolder, variant=variant, local_files_only=True, low_cpu_mem_usage=False,
+            output_loading_info=True)
     except Exception as e:  # diffusers raises many types; report them uniformly
         text = str(e)
         shapes = _SIZE_MISMATCH.findall(text)
@@ -447,7 +453,7 @@ def _load_diffusers(path: str, subfolder: str | None = None, variant: str | None
                              f"{found}. Fix: correct config.json (block_out_channels, layers_per_block, in/out_channels, "
                              "norm_num_groups, attention settings) to the one the weights were saved with") from None
         first = text.strip().splitlines()[0] if text.strip() else ""
-        raise ValueError(f"{model_dir}: diffusers could not load the UNet2DModel ({type(e).__name__}: {first}). "
+        raise ValueError(f"{model_dir}: diffusers could not load the {class_name} ({type(e).__name__}: {first}). "
                          f"Check that config.json and {', '.join(weights)} are complete and belong together "
                          "(a truncated or corrupted weights file gives this too: download or save it again)") from None
     missing, unexpected = list(info.get("missing_keys", [])), list(info.get("unexpected_keys", []))
@@ -460,8 +466,9 @@ def _load_diffusers(path: str, subfolder: str | None = None, variant: str | None
     if schedule is None:
         schedule = _diffusers_schedule(path, subfolder)
     variance_type = (scheduler_config_near(path, subfolder) or {}).get("variance_type")
-    return DiffusersUNet(unet.eval(), schedule=schedule, eps_only=eps_only, variance_type=variance_type,
-                         source=path).eval()
+    # (a class-conditional UNet2DModel stays a DiffusersUNet: it takes class_labels and carries heads)
+    wrap = DiffusersUNet if class_name == "UNet2DModel" else DiffusersConditionalUNet
+    return wrap(unet.eval(), schedule=schedule, eps_only=eps_only, variance_type=variance_type, source=path).eval()
 
 
 def _diffusers_schedule(path: str, subfolder: str | None) -> Schedule | None:

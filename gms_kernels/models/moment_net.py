@@ -142,6 +142,8 @@ class MomentNet(nn.Module):
       :meth:`set_output_scale` and ``gk.training.train_heads(output_scale=True)``, which sets it to the targets'
       RMS at each t.
     ``time_input`` and ``schedule`` are the backbone's. :func:`gms_kernels.training.train_heads` trains either kind.
+    A conditional backbone (a class-conditional UNet2DModel) takes its condition through ``forward(x, t,
+    class_labels=y)``: keyword arguments go to the backbone's pass, whose feature and time embedding the heads read.
     """
 
     def __init__(self, backbone: nn.Module, orders: Sequence[int] = (2, 3), head: str | Sequence[str] = "conv",
@@ -250,18 +252,23 @@ class MomentNet(nn.Module):
         return self
 
     # -- forward -------------------------------------------------------------------------------------
-    def features(self, x: torch.Tensor, t: torch.Tensor | int | float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(h, temb, eps) from one backbone pass, without gradients."""
+    def features(self, x: torch.Tensor, t: torch.Tensor | int | float,
+                 **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(h, temb, eps) from one backbone pass, without gradients; ``kwargs`` (a condition, e.g.
+        ``class_labels``) go to the backbone's ``forward_features``."""
         with torch.no_grad():
-            h, temb, out = self.backbone.forward_features(x, t)
+            h, temb, out = self.backbone.forward_features(x, t, **kwargs)
         if out.shape[1] < self.channels:
             raise ValueError(f"the backbone returned {out.shape[1]} channels, fewer than its {self.channels} eps channels")
         return h, temb, out[:, :self.channels]
 
-    def forward(self, x: torch.Tensor, t: torch.Tensor | int | float, head_outputs: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, t: torch.Tensor | int | float, head_outputs: bool = False,
+                **kwargs: Any) -> torch.Tensor:
         """cat([e1, e2, e3]): the raw moments E[eps^n | x_t]. ``head_outputs=True`` returns what the heads
-        themselves predict instead (for ``targets="central"`` the central moments c2, c3; what training fits)."""
-        h, temb, eps = self.features(x, t)
+        themselves predict instead (for ``targets="central"`` the central moments c2, c3; what training fits).
+        ``kwargs``: the condition of a conditional backbone (e.g. ``class_labels``), passed to it; the heads
+        read it through the backbone's feature and time embedding."""
+        h, temb, eps = self.features(x, t, **kwargs)
         outs = [self.heads[str(n)](h, temb).to(eps.dtype) for n in self.orders]
         if self.output_scale is not None:
             scale = self._scale_at(t, eps.shape[0], eps.device).to(eps.dtype)
@@ -436,5 +443,15 @@ def _build_diffusers(spec: dict) -> tuple[nn.Module, bool]:
     return DiffusersUNet(UNet2DModel.from_config(config), eps_only=spec.get("eps_only")), False
 
 
+def _build_diffusers_condition(spec: dict) -> tuple[nn.Module, bool]:
+    from diffusers import UNet2DConditionModel
+
+    from .diffusers_conditional import DiffusersConditionalUNet
+
+    config = spec["config"]
+    config = json.loads(config) if isinstance(config, str) else dict(config)
+    return DiffusersConditionalUNet(UNet2DConditionModel.from_config(config), eps_only=spec.get("eps_only")), False
+
+
 BACKBONES = {"pytorch-ddpm": _build_pytorch_ddpm, "improved-diffusion": _build_iddpm, "ddim": _build_ddim,
-             "diffusers": _build_diffusers}
+             "diffusers": _build_diffusers, "diffusers-condition": _build_diffusers_condition}
