@@ -1,9 +1,7 @@
 """Conditional networks through the diffusers side of the package: export / load / MomentNet pass the
 condition to the network, a hand-written GMSScheduler loop (guided or not) equals gk.sample, head training on
 labelled data, and the documented example."""
-import re
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,12 +10,12 @@ diffusers = pytest.importorskip("diffusers")
 from diffusers import UNet2DConditionModel, UNet2DModel  # noqa: E402
 
 import gms_kernels as gk  # noqa: E402
+from readme_examples import readme_example  # noqa: E402
 import gms_kernels.models as gm  # noqa: E402
 from gms_kernels.model_io import guided_heads  # noqa: E402
 from gms_kernels.models.diffusers_conditional import DiffusersConditionalUNet  # noqa: E402
 from gms_kernels.models.diffusers_export import GMSDiffusersModel, export_diffusers  # noqa: E402
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "conditional.md"
 NULL = 2  # the null label of the tiny class-conditional UNets (num_class_embeds = 2 classes + the null label)
 
 
@@ -289,12 +287,10 @@ def test_a_conditional_network_on_data_without_labels_is_told_what_to_pass():
 
 
 # -- 4. the documented example ------------------------------------------------------------------------------------
-def test_the_documented_example_runs():
-    if not DOC.exists():  # (an sdist ships the tests, not docs/)
-        pytest.skip(f"{DOC} is not here")
-    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
-    assert len(blocks) == 1 and "steps=2000" in blocks[0]
-    code = blocks[0].replace("steps=2000", "steps=2")  # (a tiny run of the same calls)
+def test_the_readme_example_runs():
+    code = readme_example("conditional")
+    assert "steps=2000" in code
+    code = code.replace("steps=2000", "steps=2")  # (a tiny run of the same calls)
     torch.manual_seed(0)
     unet = UNet2DModel(sample_size=8, in_channels=1, out_channels=1, layers_per_block=1, block_out_channels=(8, 16),
                        norm_num_groups=4, down_block_types=("DownBlock2D", "DownBlock2D"),
@@ -303,6 +299,6 @@ def test_the_documented_example_runs():
     scope = {"unet": unet, "images": data.tensors[0], "labels": torch.arange(16) % 10}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (the tiny UNet comes with no training schedule)
-        exec(compile(code, str(DOC), "exec"), scope)
+        exec(compile(code, "README.md", "exec"), scope)
     assert scope["samples"].shape == (4, 1, 8, 8) and bool(torch.isfinite(scope["samples"]).all())
     assert any(p.abs().sum() > 0 for p in scope["net"].heads.parameters())  # (the heads were trained)

@@ -6,16 +6,15 @@ real package only where it is installed.
 """
 import math
 import re
-from pathlib import Path
 
 import pytest
 import torch
 
 import gms_kernels as gk
+from readme_examples import readme_example
 from gms_kernels.k_diffusion import (GMSDenoiser, check_sigmas, get_sigmas_karras, sample_ddim, sample_ddpm,
                                      sample_gms, sample_sn_ddpm)
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "k-diffusion.md"
 SAMPLERS = {"gms": sample_gms, "sn-ddpm": sample_sn_ddpm, "ddpm": sample_ddpm, "ddim": sample_ddim}
 
 
@@ -307,12 +306,8 @@ def test_bad_input_is_refused_with_the_argument_named(small):
 
 
 # -- the documented example -----------------------------------------------------------------------------
-def test_the_documented_example_runs():
-    if not DOC.exists():  # (an sdist ships the tests, not docs/)
-        pytest.skip(f"{DOC} is not here")
-    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
-    assert len(blocks) == 1
+def test_the_readme_example_runs():
     scope = {"model": oracle(shape=(1, 8, 8))}
-    exec(compile(blocks[0], str(DOC), "exec"), scope)
+    exec(compile(readme_example("k-diffusion"), "README.md", "exec"), scope)
     assert scope["samples"].shape == (4, 1, 8, 8) and bool(torch.isfinite(scope["samples"]).all())
     assert scope["denoised"].shape == (4, 1, 8, 8)

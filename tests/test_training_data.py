@@ -442,19 +442,18 @@ def test_a_resumed_run_with_dropout_draws_the_same_masks(digits_folder, tmp_path
     _assert_equal(run(6, tmp_path / "ckpt.pt"), whole)
 
 
-def test_the_documented_training_example_runs(digits_folder, tmp_path):
-    """docs/training.md's example, run on a folder of digits with a tiny eps network."""
-    import re
+def test_the_readme_training_example_runs(digits_folder, tmp_path):
+    """The README's training example, run on a folder of digits with a tiny eps network."""
+    from readme_examples import readme_example
 
-    doc = Path(__file__).resolve().parents[1] / "docs" / "training.md"
-    (block,) = re.findall(r"```python\n(.*?)```", doc.read_text(), flags=re.S)
+    block = readme_example("training")
     folder, _ = digits_folder
     work = tmp_path / "work"
     work.mkdir()
     for image in folder.iterdir():
         (work / image.name).write_bytes(image.read_bytes())
     scope = {"folder": work, "eps_net": _backbone(), "steps": 3}
-    exec(compile(block, str(doc), "exec"), scope)
+    exec(compile(block, "README.md", "exec"), scope)
     loaded = gk.models.load(work / "gms_net.pt")
     x = gk.sample(loaded, shape=(2, 1, 8, 8), steps=2, generator=0, progress=False)
     assert x.shape == (2, 1, 8, 8) and bool(torch.isfinite(x).all())
