@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -324,22 +325,36 @@ def test_shards_refuse_per_sample_kwargs_of_another_length(tmp_path, oracle):
 
 SHARD_SCRIPT = """
 import sys
+from pathlib import Path
 import torch
 from gms_kernels import distributed
 from gms_kernels.oracle import ClassConditionalOracle
+sys.path.insert(0, {tests!r})
+from test_conditional import _tiny_class_unet, _tiny_cross_attention_unet
 
 distributed.init_from_env()
+out = Path(sys.argv[1])
 oracle = ClassConditionalOracle(**{args!r})
 n = 14
-distributed.sample_shards(oracle, sys.argv[1], n, (1,), shard_size=3, batch_size=2, seed=7, progress=False, steps=4,
-                          data_range=None, model_kwargs={{"class_labels": torch.arange(n) % 2}}, guidance_scale=2.0,
-                          null_kwargs={{"class_labels": torch.tensor(2)}})
+distributed.sample_shards(oracle, out / "oracle", n, (1,), shard_size=3, batch_size=2, seed=7, progress=False,
+                          steps=4, data_range=None, model_kwargs={{"class_labels": torch.arange(n) % 2}},
+                          guidance_scale=2.0, null_kwargs={{"class_labels": torch.tensor(2)}})
+m = 6  # the two conditional diffusers UNets (their weights made from one seed in every process)
+distributed.sample_shards(_tiny_class_unet(), out / "class", m, (1, 8, 8), shard_size=2, batch_size=2, seed=3,
+                          progress=False, steps=2, model_kwargs={{"class_labels": torch.arange(m) % 2}},
+                          guidance_scale=2.0, null_kwargs={{"class_labels": torch.tensor(2)}})
+states = torch.linspace(-1, 1, m * 3 * 8).reshape(m, 3, 8)
+distributed.sample_shards(_tiny_cross_attention_unet(), out / "cross", m, (1, 8, 8), shard_size=2, batch_size=2,
+                          seed=3, progress=False, steps=2, model_kwargs={{"encoder_hidden_states": states}})
 """
 
 
 def test_torchrun_two_processes_match_one_process_for_a_conditional_model(tmp_path, oracle):
+    """The sharded sampler under torchrun, 1 and 2 processes: the class-conditional oracle with guidance, a
+    class-conditional UNet2DModel with guidance and a UNet2DConditionModel give the same shards bit for bit."""
+    pytest.importorskip("diffusers")
     script = tmp_path / "conditional_shards.py"
-    script.write_text(textwrap.dedent(SHARD_SCRIPT.format(args=ORACLE_ARGS)))
+    script.write_text(textwrap.dedent(SHARD_SCRIPT.format(args=ORACLE_ARGS, tests=str(Path(__file__).parent))))
     env = dict(os.environ, OMP_NUM_THREADS="1")
     results = []
     for nproc in (1, 2):
@@ -347,11 +362,13 @@ def test_torchrun_two_processes_match_one_process_for_a_conditional_model(tmp_pa
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
                str(script), str(out)]
         subprocess.run(cmd, env=env, check=True, timeout=300, capture_output=True, cwd=tmp_path)
-        results.append(distributed.load_shards(out))
-    assert results[0].shape == (14, 1)
-    assert torch.equal(results[0], results[1])
+        results.append({name: distributed.load_shards(out / name) for name in ("oracle", "class", "cross")})
+    assert results[0]["oracle"].shape == (14, 1)
+    assert results[0]["class"].shape == results[0]["cross"].shape == (6, 1, 8, 8)
+    for name in results[0]:
+        assert torch.equal(results[0][name], results[1][name]), name
     whole = gk.sample(oracle, shape=(14, 1), generator=7, progress=False, **_shard_kwargs(14))
-    assert torch.equal(results[0], whole)
+    assert torch.equal(results[0]["oracle"], whole)
 
 
 # --- bad arguments -------------------------------------------------------------------------------------------------
