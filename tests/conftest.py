@@ -132,3 +132,25 @@ def host_reads(monkeypatch):
 
         monkeypatch.setattr(torch.Tensor, name, counted)
     return reads
+
+
+def randomize(module, seed=0, scale=0.05):
+    """Weights moved off their initial values (a fresh diffusers UNet's output layer is zero)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale)
+    return module
+
+
+def quiet_pipe(directory):
+    """DDPMPipeline.from_pretrained(directory) without its warnings and progress bar."""
+    import warnings
+
+    from diffusers import DDPMPipeline
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pipe = DDPMPipeline.from_pretrained(directory, local_files_only=True)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe

@@ -15,16 +15,10 @@ import gms_kernels.models as gm  # noqa: E402
 from gms_kernels.model_io import guided_heads  # noqa: E402
 from gms_kernels.models.diffusers_conditional import DiffusersConditionalUNet  # noqa: E402
 from gms_kernels.models.diffusers_export import GMSDiffusersModel, export_diffusers  # noqa: E402
+from conftest import quiet_pipe, randomize  # noqa: E402
 
 NULL = 2  # the null label of the tiny class-conditional UNets (num_class_embeds = 2 classes + the null label)
 
-
-def randomize(module, seed=0, scale=0.05):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * scale)
-    return module
 
 
 def class_unet(out_channels=3, seed=0):
@@ -54,13 +48,6 @@ def moment_net(seed=1):
 def labels():
     return torch.tensor([0, 1, 1, 0])
 
-
-def quiet_pipe(directory):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        pipe = diffusers.DDPMPipeline.from_pretrained(directory, local_files_only=True)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
 
 
 X = torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(5))

@@ -1,7 +1,6 @@
 """Issue 22 part 3: gms_kernels networks back into diffusers (export, reload, DDPMPipeline), raw
 UNet2DModels in gk.sample, and clear refusals for eps-only and learned-variance UNets."""
 import json
-import warnings
 
 import pytest
 import torch
@@ -14,14 +13,8 @@ from gms_kernels.cli import main
 from gms_kernels.embedded import default_model
 from gms_kernels.model_io import time_values
 from gms_kernels.models.diffusers_export import GMSDiffusersModel, export_diffusers
+from conftest import quiet_pipe, randomize
 
-
-def randomize(module, seed=0, scale=0.05):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * scale)
-    return module
 
 
 def tiny_unet(out_channels, seed=0):
@@ -31,13 +24,6 @@ def tiny_unet(out_channels, seed=0):
                        down_block_types=("DownBlock2D", "DownBlock2D"),
                        up_block_types=("UpBlock2D", "UpBlock2D")).eval()
 
-
-def quiet_pipe(directory):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        pipe = DDPMPipeline.from_pretrained(directory, local_files_only=True)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ import gms_kernels.models as gm
 from gms_kernels import metrics
 from gms_kernels.embedded import default_model
 from gms_kernels.models.diffusers_export import GMSDiffusersModel, export_diffusers
+from conftest import quiet_pipe
 
 
 def tiny_unet(out_channels, seed=0, scale=0.02):
@@ -29,13 +30,6 @@ def tiny_unet(out_channels, seed=0, scale=0.02):
             p.add_(torch.randn(p.shape, generator=g) * scale)
     return unet.eval()
 
-
-def quiet_pipe(directory):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        pipe = DDPMPipeline.from_pretrained(directory, local_files_only=True)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
 
 
 def messages(caught):
