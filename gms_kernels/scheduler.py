@@ -70,7 +70,6 @@ import inspect
 import math
 import numbers
 import operator
-import re
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -89,7 +88,7 @@ from .model_io import check_state_tensor, split_heads
 from .random import fixed_seeds
 from .sampling import DeferredFiniteCheck, step as gk_step
 from .schedule import DATA, TRAJECTORY_KINDS, Schedule, time_index, trajectory
-from .solvers import SOLVERS, get_solver, resolve_options
+from .solvers import SOLVERS, check_skew_scale, get_solver, resolve_options
 
 BETA_SCHEDULES = ("linear", "scaled_linear", "cosine", "squaredcos_cap_v2", "sigmoid")
 # 'exact' needs an oracle object; EDM-SDE, SEEDS-2 and GGF make several calls per step (gk.sample only)
@@ -168,22 +167,6 @@ def time_indices(timesteps: object) -> list[int]:
                          f"descending), got {type(timesteps).__name__} {timesteps!r}; for a number of steps pass "
                          "num_inference_steps instead")
     return [time_index(v, f"timesteps[{i}]") for i, v in enumerate(values)]
-
-
-def _skew_scale_by_t(mapping: Mapping) -> dict:
-    """``skew_scale={t: factor}`` with its numeric keys as ints: a JSON config stores them as strings
-    ("500"). Any other key is kept for the option's own check to refuse."""
-    out: dict = {}
-    for key, value in mapping.items():
-        t = key
-        if isinstance(key, str) and re.fullmatch(r"[+-]?[0-9]+", key.strip()):
-            t = int(key)
-        elif isinstance(key, numbers.Integral) and not isinstance(key, bool):
-            t = int(key)
-        if t in out:
-            raise ValueError(f"skew_scale has two factors for t={t} (keys {list(mapping)!r}): give one per time index")
-        out[t] = value
-    return out
 
 
 def _describe(value: object) -> str:
@@ -409,9 +392,8 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
                 names = ", ".join(k for k in SOLVERS[c.solver].options if k not in _GMS_KEYS + ("eta",))
                 raise TypeError(f"solver_options' keys must be option names (strings), got {bad[0]!r}; solver "
                                 f"{c.solver!r} takes: {names or 'none'}")
-            if isinstance(solver_options.get("skew_scale"), Mapping):  # JSON keys are strings: "500" stands for t = 500
-                by_t = _skew_scale_by_t(solver_options["skew_scale"])
-                solver_options["skew_scale"] = {str(t): v for t, v in by_t.items()}
+            if isinstance(solver_options.get("skew_scale"), Mapping):  # (checked before JSON makes its keys strings,
+                check_skew_scale(dict(solver_options["skew_scale"]))  # which the steps read back as time indices)
         # the config is saved as JSON: keep tensors / arrays / tuples there as lists
         trained_betas = json_ready(c.trained_betas, "trained_betas")
         data_range = json_ready(c.data_range, "data_range")
@@ -484,8 +466,6 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
                 value = tuple(value)
             elif key == "gamma" and value is not None:  # (a list in the config) the table the steps index
                 value = as_tensor_on(value, torch.float64)
-            elif key == "skew_scale" and isinstance(value, Mapping):  # (string keys in the config) looked up by int t
-                value = _skew_scale_by_t(value)
             options[key] = value
         return options
 
