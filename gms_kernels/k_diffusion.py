@@ -41,7 +41,8 @@ from .sampling import step
 from .schedule import DATA, Schedule, schedule_for
 from .solvers import denoised_and_eps, get_solver, resolve_options, with_model_defaults
 
-__all__ = ["GMSDenoiser", "get_sigmas_karras", "sample_gms", "sample_sn_ddpm", "sample_ddpm", "sample_ddim"]
+__all__ = ["GMSDenoiser", "get_sigmas_karras", "sample_gms", "sample_sn_ddpm", "sample_ddpm", "sample_ddpm_large",
+           "sample_ddim", "sample_analytic_dpm", "sample_seeds_1"]
 
 Callback = Callable[[dict], None]
 
@@ -197,6 +198,37 @@ def sample_ddim(model: GMSDenoiser | Callable[..., torch.Tensor], x: torch.Tenso
                 **options: Any) -> torch.Tensor:
     """DDIM (``eta=0``: deterministic; ``eta=1``: DDPM's variance) as :func:`sample_gms` runs GMS."""
     return _sample("ddim", model, x, sigmas, extra_args, callback, disable, generator, first_index, data_range,
+                   backend, options)
+
+
+def sample_ddpm_large(model: GMSDenoiser | Callable[..., torch.Tensor], x: torch.Tensor,
+                      sigmas: torch.Tensor | Sequence[float], extra_args: dict[str, Any] | None = None,
+                      callback: Callback | None = None, disable: bool | None = None, *,
+                      generator: GeneratorLike = None, first_index: int = 0, data_range: DataRange = (-1.0, 1.0),
+                      backend: str = "auto", **options: Any) -> torch.Tensor:
+    """DDPM with the variance beta_{t|s} ("fixed large") as :func:`sample_gms` runs GMS."""
+    return _sample("ddpm-large", model, x, sigmas, extra_args, callback, disable, generator, first_index, data_range,
+                   backend, options)
+
+
+def sample_analytic_dpm(model: GMSDenoiser | Callable[..., torch.Tensor], x: torch.Tensor,
+                        sigmas: torch.Tensor | Sequence[float], extra_args: dict[str, Any] | None = None,
+                        callback: Callback | None = None, disable: bool | None = None, *,
+                        generator: GeneratorLike = None, first_index: int = 0,
+                        data_range: DataRange = (-1.0, 1.0), backend: str = "auto", **options: Any) -> torch.Tensor:
+    """Analytic-DPM (``gamma=gk.estimate_gamma(...)``, one entry per trained level) as :func:`sample_gms` runs GMS."""
+    return _sample("analytic-dpm", model, x, sigmas, extra_args, callback, disable, generator, first_index,
+                   data_range, backend, options)
+
+
+def sample_seeds_1(model: GMSDenoiser | Callable[..., torch.Tensor], x: torch.Tensor,
+                   sigmas: torch.Tensor | Sequence[float], extra_args: dict[str, Any] | None = None,
+                   callback: Callback | None = None, disable: bool | None = None, *, generator: GeneratorLike = None,
+                   first_index: int = 0, data_range: DataRange = (-1.0, 1.0), backend: str = "auto",
+                   **options: Any) -> torch.Tensor:
+    """SEEDS-1 (``prediction="noise"|"data"``), the first-order exponential SDE integrator, as
+    :func:`sample_gms` runs GMS."""
+    return _sample("seeds-1", model, x, sigmas, extra_args, callback, disable, generator, first_index, data_range,
                    backend, options)
 
 

@@ -12,10 +12,12 @@ import torch
 
 import gms_kernels as gk
 from readme_examples import readme_example
-from gms_kernels.k_diffusion import (GMSDenoiser, check_sigmas, get_sigmas_karras, sample_ddim, sample_ddpm,
-                                     sample_gms, sample_sn_ddpm)
+from gms_kernels.k_diffusion import (GMSDenoiser, check_sigmas, get_sigmas_karras, sample_analytic_dpm, sample_ddim,
+                                     sample_ddpm, sample_ddpm_large, sample_gms, sample_seeds_1, sample_sn_ddpm)
 
-SAMPLERS = {"gms": sample_gms, "sn-ddpm": sample_sn_ddpm, "ddpm": sample_ddpm, "ddim": sample_ddim}
+SAMPLERS = {"gms": sample_gms, "sn-ddpm": sample_sn_ddpm, "ddpm": sample_ddpm, "ddpm-large": sample_ddpm_large,
+            "ddim": sample_ddim, "analytic-dpm": sample_analytic_dpm, "seeds-1": sample_seeds_1}
+GAMMA = torch.linspace(0.3, 0.9, 100, dtype=torch.float64)  # (analytic-dpm's table on the 100-step schedule)
 
 
 # -- k-diffusion's conventions, written out in float64 ----------------------------------------------------
@@ -132,7 +134,8 @@ def test_get_sigmas_karras_is_edm_eq5_with_a_zero():
 
 # -- the samplers ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("solver, options", [("gms", {}), ("gms", {"select": "pixel", "fit": "adan"}),
-                                             ("sn-ddpm", {}), ("ddpm", {}), ("ddim", {"eta": 0.5})],
+                                             ("sn-ddpm", {}), ("ddpm", {}), ("ddpm-large", {}), ("ddim", {"eta": 0.5}),
+                                             ("analytic-dpm", {"gamma": GAMMA}), ("seeds-1", {"prediction": "data"})],
                          ids=lambda c: str(c))
 def test_on_trained_levels_it_is_gk_sample_with_that_trajectory(small, solver, options):
     ts = [99, 70, 41, 20, 6, 2, 0]
