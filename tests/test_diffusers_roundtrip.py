@@ -85,8 +85,9 @@ torch.save({{"images": images, "x_T": x_T, "stepped": x, "raw": raw_images,
 def test_exported_pipeline_loads_in_a_fresh_process_and_samples_as_gk_sample(exported, tmp_path, imports):
     out = tmp_path / "out.pt"
     script = textwrap.dedent(FRESH).format(imports=imports)
+    # (cwd: a fresh process in the checkout would import its uncompiled source tree, not the installed package)
     done = subprocess.run([sys.executable, "-c", script, str(exported), str(out)], capture_output=True, text=True,
-                          timeout=600)
+                          timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     got = torch.load(out, weights_only=True)
     assert got["classes"] == ["GMSDiffusersModel", "GMSScheduler", "GMSScheduler"]

@@ -54,7 +54,8 @@ def test_identical_sample_commands_racing_on_one_folder_all_succeed(tmp_path):
         gate.mkdir()
         racers = [subprocess.Popen([sys.executable, "-c", _RACER, str(gate), str(i), str(RACERS), *SAMPLE,
                                     "--out", str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   text=True) for i in range(RACERS)]
+                                   text=True, cwd=tmp_path)  # (not the checkout's uncompiled source tree)
+                  for i in range(RACERS)]
         for racer in racers:
             _, err = racer.communicate(timeout=300)
             assert racer.returncode == 0, f"race {race + 1} of {RACES}: {err}"
