@@ -212,12 +212,12 @@ def dtype_mismatch(model: object, dtype: torch.dtype) -> str | None:
 
 
 def check_inputs_finite(x_t: torch.Tensor | None, heads: list[torch.Tensor], where: str = "",
-                        x_name: str = "x_t", first_head: int = 0) -> None:
-    """A ValueError naming the first of x_t and the heads [e1, e2, e3][first_head:] that has a NaN or inf."""
+                        x_name: str = "x_t") -> None:
+    """A ValueError naming the first of x_t and the heads [e1, e2, e3] that has a NaN or inf."""
     if x_t is not None and not all_finite(x_t):
         raise ValueError(f"{x_name} {where}has non-finite values (NaN or inf)")
-    for i in range(first_head, len(heads)):
-        if not all_finite(heads[i]):
+    for i, h in enumerate(heads):
+        if not all_finite(h):
             raise nonfinite_output_error(where, i)
 
 

@@ -17,7 +17,7 @@ import torch
 from .backends import fused_step
 from .fit import (ADAN_MEANS, DEFAULT_WEIGHTS, LR_RANGE, PAPER_LR_TABLES, MixtureParams, check_fit_iters,
                   check_var_floor, check_weights, fit_adan, fit_closed)
-from .kernels import MODE_ADAN, MODE_CLOSED, MODE_DENOISE, FusedStepConfig, NonFiniteInput, make_config
+from .kernels import MODE_ADAN, MODE_CLOSED, FusedStepConfig, NonFiniteInput, make_config
 from .mixture import check_select, sample_mixture
 from .model_io import check_inputs_finite
 from .moments import (DataRange, TransitionMoments, central_third_moment, clamp_x0_moments, last_step_variance_cap,
@@ -527,6 +527,17 @@ def _memo_fused_config(key: tuple, options: _Unhashed) -> FusedStepConfig | None
     return make_config(name, k, data_range, o, T, batch, per_sample)
 
 
+def heads_read(solver: Solver, k: StepCoefficients, o: dict[str, Any]) -> int:
+    """How many of the heads [e1, e2, e3] the step t -> s reads with the resolved options ``o``: the step into
+    data with ``denoise_final`` reads e1 alone, GMS's Gaussian last step e1 and e2. A NaN or inf is refused in
+    exactly these, on every backend (the fused kernels check what they read)."""
+    if k.s == DATA and o.get("denoise_final", False):
+        return min(solver.heads, 1)
+    if solver.name == "gms" and k.s == 0 and o["gaussian_last_step"]:
+        return 2
+    return solver.heads
+
+
 def solver_step(name: str, x_t: torch.Tensor, heads: list[torch.Tensor], k: StepCoefficients,
                 rand: StepRandomness, data_range: DataRange, T: int, options: dict[str, Any],
                 backend: str = "torch", want_info: bool = True, where: str = "",
@@ -548,8 +559,6 @@ def solver_step(name: str, x_t: torch.Tensor, heads: list[torch.Tensor], k: Step
             if x_t.device != seeds.device:  # (the launcher checks the counter range only on host tensors)
                 src.check_capacity(math.prod(x_t.shape[1:]))
                 seeds, indices = src.on(x_t.device)
-            if cfg.mode == MODE_DENOISE:  # (the kernel reads e1 alone: check the others as the torch reference does)
-                check_inputs_finite(None, heads, where, first_head=1)
             try:
                 x_s, p = fused_step(backend, x_t, heads[0], e2, e3, seeds, indices, cfg, want_info, nonfinite_flag)
             except NonFiniteInput:
@@ -557,9 +566,9 @@ def solver_step(name: str, x_t: torch.Tensor, heads: list[torch.Tensor], k: Step
                 raise
             fitted = p is not None and cfg.mode in (MODE_CLOSED, MODE_ADAN)  # (other modes fit no mixture)
             return x_s, ({"mu1": p.mu1, "mu2": p.mu2, "s2": p.s2} if fitted else {})
-    check_inputs_finite(x_t, heads, where)
     solver = get_solver(name)
     o = resolve_options(solver, options, T)
+    check_inputs_finite(x_t, heads[:heads_read(solver, k, o)], where)  # (what the step reads, as the kernels check)
     o.update(data_range=data_range, T=T)
     x_t = x_t.to(torch.float64)
     heads = [h.to(torch.float64) for h in heads]

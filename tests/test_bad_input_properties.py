@@ -150,10 +150,12 @@ def corrupt(draw, call: Call, heads: int) -> None:
     elif kind == "nonfinite":
         target = draw(st.sampled_from(["x", "out"]))
         bad_value = draw(st.sampled_from([math.nan, math.inf, -math.inf]))
-        original = x if target == "x" else out
+        original = x if target == "x" else out[:, :heads_read(call, heads) * x.shape[1]]
         flat = original.reshape(-1).clone()
         flat[draw(st.integers(0, flat.numel() - 1))] = bad_value
         tensor = flat.reshape(original.shape)
+        if target == "out":  # (the bad value in a head the step reads; the others pass unread)
+            tensor = torch.cat([tensor, out[:, tensor.shape[1]:]], 1)
         if target == "x":
             call.x_t, call.bad = tensor, r"x_t .*non-finite"
         else:
@@ -203,6 +205,16 @@ def corrupt(draw, call: Call, heads: int) -> None:
         name = draw(st.sampled_from(options))
         call.kwargs[name] = draw(st.sampled_from(BAD_OPTION_VALUES[name]))
         call.bad = re.escape(name)
+
+
+def heads_read(call: Call, heads: int) -> int:
+    """The heads a step reads: e1 alone into data (denoise_final, the default), e1 and e2 for GMS's Gaussian
+    last step (gaussian_last_step, the default), else all the solver's."""
+    if call.s == -1 and call.kwargs.get("denoise_final", True):
+        return 1
+    if call.solver == "gms" and call.s == 0 and call.kwargs.get("gaussian_last_step", True):
+        return 2
+    return max(heads, 1)
 
 
 def run(call: Call) -> torch.Tensor:

@@ -131,10 +131,11 @@ def test_non_finite_model_output_names_step_and_head():
 
 @pytest.mark.parametrize("backend, checks_per_step", [("torch", 1), ("cpp", 0)])
 def test_the_sampling_loop_checks_each_step_for_nan_once(backend, checks_per_step, monkeypatch):
-    """The torch step checks x_t and the heads once per step (x_t and e1..e3: 4 reads); the fused C++ step
-    checks them while it reads them, so Python checks only the heads its step into data does not read (e2, e3,
-    once). The loop's own split_heads must not check again: on the Triton path that would be a host sync per
-    step, which the deferred flag exists to avoid."""
+    """The torch step checks x_t and the heads it reads once per step (x_t and e1..e3: 4 reads; the Gaussian
+    step to t = 0 reads x_t, e1, e2: 3; the step into data x_t and e1: 2); the fused C++ step checks them while
+    it reads them, so Python checks nothing.
+    The loop's own split_heads must not check again: on the Triton path that would be a host sync per step,
+    which the deferred flag exists to avoid."""
     import gms_kernels.model_io as model_io
 
     reads = []
@@ -143,9 +144,8 @@ def test_the_sampling_loop_checks_each_step_for_nan_once(backend, checks_per_ste
     model, calls = _const_model(9), []
     gk.sample(lambda x, t: calls.append(t) or model(x, t), shape=(2, 3, 4, 4), steps=4, generator=0,
               progress=False, backend=backend)
-    unread_on_the_last_step = 2 if backend == "cpp" else 0
-    assert len(calls) == 5  # (K + 1 calls: the last denoises)
-    assert len(reads) == 4 * checks_per_step * len(calls) + unread_on_the_last_step
+    assert len(calls) == 5  # (K + 1 calls: 999 -> 749 -> 499 -> 249 -> 0 -> data)
+    assert len(reads) == checks_per_step * (4 * 3 + 3 + 2)
 
 
 def test_too_few_channels_say_which_heads():

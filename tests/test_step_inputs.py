@@ -288,3 +288,20 @@ def test_gk_step_takes_a_diffusers_scheduler_as_its_schedule():
     x, out = step_inputs()
     ref = gk.step(x, out, 500, 300, S, "gms", 7)
     assert torch.equal(gk.step(x, out, 500, 300, DDPMScheduler(), "gms", 7), ref)
+
+
+@pytest.mark.parametrize("s, solver, unread", [(-1, "gms", slice(3, 9)), (0, "gms", slice(6, 9)),
+                                               (-1, "sn-ddpm", slice(3, 6))])
+def test_a_nan_in_a_head_the_step_does_not_read_is_ignored_alike_on_every_backend(s, solver, unread):
+    """Every backend checks the heads the step reads, no more: the step into data reads e1, GMS's Gaussian last
+    step e1 and e2 (the fused kernels never see the others); a NaN in a read head is refused on each."""
+    x, out = step_inputs()
+    out = out[:, :SOLVERS[solver].heads * 3].clone()
+    clean = gk.step(x, out, 100, s, S, solver, 0, backend="torch")
+    out[:, unread] = float("nan")
+    for backend in BACKENDS:
+        torch.testing.assert_close(gk.step(x, out, 100, s, S, solver, 0, backend=backend), clean, rtol=1e-5, atol=1e-5)
+    out[:, 0] = float("nan")
+    for backend in BACKENDS:
+        with pytest.raises(ValueError, match="non-finite values"):
+            gk.step(x, out, 100, s, S, solver, 0, backend=backend)
