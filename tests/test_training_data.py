@@ -291,7 +291,7 @@ def _kill_after_checkpoint(proc, out, nproc, after=0.25, timeout=180):
     assert proc.poll() is None, "the run ended before it was killed"
     for rank in range(nproc):
         os.kill(int((out / f"pid{rank}").read_text()), signal.SIGKILL)
-    if nproc > 1:  # (torchrun itself; its workers run in sessions of their own)
+    if nproc > 1:  # (torchrun itself; its workers run in process groups of their own)
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
     state = _load(out / "killed.ckpt")
