@@ -22,7 +22,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: CPU
 import torch  # noqa: E402
 
 import gms_kernels as gk  # noqa: E402
-from gms_kernels.backends import backend_available  # noqa: E402
+from gms_kernels.kernels.dispatch import backend_available  # noqa: E402
 
 CASES = [(25, 900, 800), (25, 200, 100), (40, 200, 100), (70, 900, 800), (70, 500, 400), (70, 200, 100),
          (70, 60, 30)]  # (iterations, t, s)

@@ -39,9 +39,9 @@ def runner(backend: str, fit: str, x_t: torch.Tensor, out: torch.Tensor, schedul
         g = torch.Generator(device=x_t.device).manual_seed(0)
         return lambda: reference_step(x_t, out[:, :c], out[:, c:2 * c], out[:, 2 * c:], k, iters, generator=g)
     if backend in ("cpp-kernel", "triton-kernel"):  # the fused kernel alone, without gk.step's checks and dispatch
-        from gms_kernels.backends import fused_step
+        from gms_kernels.kernels.dispatch import fused_step
         from gms_kernels.kernels import make_config
-        from gms_kernels.random import SampleNoise
+        from gms_kernels.core.random import SampleNoise
         from gms_kernels.solvers import SOLVERS, resolve_options
 
         k = schedule.coefficients(t, s)

@@ -5,15 +5,15 @@ an ADAN optimizer object, a loss that is the mean over the whole batch of the sq
 errors, ``fit_iters`` optimizer steps each costing about a dozen kernel launches, beta clamped after
 each step (reference-notes 2). Moments come from the shared torch code in the model's dtype
 (float32), like the official code. This is only the speed baseline; gms_kernels' own fit is
-``gms_kernels.fit.fit_adan`` (the same update written per element, no autograd).
+``gms_kernels.core.fit.fit_adan`` (the same update written per element, no autograd).
 """
 from __future__ import annotations
 
 import torch
 
-from gms_kernels.fit import ADAN_BETA_BOUNDS, ADAN_BETAS, ADAN_EPS, ADAN_INIT_BETA, ADAN_INIT_GAP
-from gms_kernels.moments import transition_moments
-from gms_kernels.optim import Adan
+from gms_kernels.core.fit import ADAN_BETA_BOUNDS, ADAN_BETAS, ADAN_EPS, ADAN_INIT_BETA, ADAN_INIT_GAP
+from gms_kernels.core.moments import transition_moments
+from gms_kernels.train.optim import Adan
 
 
 def reference_fit(m1: torch.Tensor, var: torch.Tensor, m3: torch.Tensor, iters: int = 70, lr: float = 0.06,

@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import gms_kernels as gk  # noqa: E402
-from gms_kernels.backends import backend_available  # noqa: E402
+from gms_kernels.kernels.dispatch import backend_available  # noqa: E402
 from cases import FITS, SIZES, interleaved_seconds, make_inputs, median_seconds, runner  # noqa: E402
 
 # Floating-point work per element of the fused C++ step, counted operation by operation in the code

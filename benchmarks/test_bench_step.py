@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import gms_kernels as gk
-from gms_kernels.backends import backend_available
+from gms_kernels.kernels.dispatch import backend_available
 from cases import FITS, SIZES, make_inputs, runner
 
 BACKENDS = ["reference-loop", "torch", "cpp", "triton"]
@@ -39,8 +39,8 @@ def test_mixture_sampling(benchmark, size, backend):
     x = (u < w1 ? mu1 : mu2) + sqrt(s2) z with the step's Philox streams. torch: the reference
     (random.py's streams, then mixture.sample_mixture); cpp: the C++ extension."""
     from gms_kernels import random as rng
-    from gms_kernels.fit import MixtureParams
-    from gms_kernels.mixture import sample_mixture
+    from gms_kernels.core.fit import MixtureParams
+    from gms_kernels.core.mixture import sample_mixture
 
     if backend == "cpp" and not backend_available("cpp"):
         pytest.skip("the C++ extension is not built")

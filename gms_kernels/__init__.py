@@ -2,16 +2,17 @@
 
 Pipeline: schedule -> moments -> fit -> mixture sampling -> solver step -> sampling loop.
 """
-from .schedule import DATA, Schedule, StepCoefficients, karras_trajectory, trajectory, TRAJECTORY_KINDS
-from .moments import TransitionMoments, X0Moments, transition_moments, x0_moments
-from .fit import MixtureParams, fit_adan, fit_closed, mixture_raw_moments
-from .mixture import sample_mixture
+from .core.schedule import DATA, Schedule, StepCoefficients, karras_trajectory, trajectory, TRAJECTORY_KINDS
+from .core.moments import TransitionMoments, X0Moments, transition_moments, x0_moments
+from .core.fit import MixtureParams, fit_adan, fit_closed, mixture_raw_moments
+from .core.mixture import sample_mixture
 from .solvers import SOLVERS, solver_step
 from .sampling import estimate_gamma, sample, step
-from .oracle import GaussianMixtureOracle
+from .eval.oracle import GaussianMixtureOracle
 from .sdedit import SDEditResult, sdedit, stroke_guide
-from .tuning import OptionChoice, choose_options
-from . import data, metrics
+from .eval.tuning import OptionChoice, choose_options
+from .core import data
+from .eval import metrics
 
 __version__ = "0.1.0"
 
@@ -24,13 +25,14 @@ __all__ = [
     "GMSDiffusersModel", "train_heads", "train_backbone", "reproduce",
 ]
 
-_LAZY = {"GMSScheduler": "scheduler", "GMSSchedulerOutput": "scheduler", "models": None, "inception": None,
-         "reproduce": None, "k_diffusion": None,
-         "GMSDiffusersModel": "models.diffusers_export", "train_heads": "training", "train_backbone": "training"}
+_LAZY = {"GMSScheduler": "integrations.scheduler", "GMSSchedulerOutput": "integrations.scheduler", "models": None,
+         "inception": "eval.inception", "reproduce": "eval.reproduce", "k_diffusion": "integrations.k_diffusion",
+         "GMSDiffusersModel": "integrations.diffusers_export", "train_heads": "train.training",
+         "train_backbone": "train.training"}
 # A pipeline's model_index.json names these classes ["gms_kernels", class name]: diffusers' loader imports the
 # library by that name and takes from it the class and the diffusers bases it checks the class against, which
 # are found here (not listed by dir or __all__: they are diffusers' names).
-_DIFFUSERS_BASES = {"ModelMixin": "models.diffusers_export", "SchedulerMixin": "scheduler"}
+_DIFFUSERS_BASES = {"ModelMixin": "integrations.diffusers_export", "SchedulerMixin": "integrations.scheduler"}
 
 
 def __dir__() -> list[str]:
@@ -47,4 +49,6 @@ def __getattr__(name: str):
 
     if where is None:
         return importlib.import_module(f".{name}", __name__)
+    if name in ("inception", "reproduce", "k_diffusion"):  # modules, not names within them
+        return importlib.import_module(f".{where}", __name__)
     return getattr(importlib.import_module(f".{where}", __name__), name)

@@ -60,7 +60,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def _oracle(args: argparse.Namespace) -> int:
-    from .experiments import oracle_study as study
+    from studies import oracle_study as study
 
     _check_output(args.out, "--out", folder=True)
     _check_counts(args, "samples", "steps")
@@ -156,8 +156,8 @@ def _sdedit(args: argparse.Namespace) -> int:
     import numpy as np
     import torch
 
-    from .images import image_grid
-    from .schedule import Schedule
+    from .core.images import image_grid
+    from .core.schedule import Schedule
     from .sdedit import sdedit, stroke_guide
 
     _check_output(args.out, "--out", folder=True)
@@ -193,7 +193,7 @@ def _sdedit(args: argparse.Namespace) -> int:
 
 
 def _digits(args: argparse.Namespace) -> int:
-    from .experiments.digits_job import run_digits_job
+    from studies.digits_job import run_digits_job
 
     _check_output(args.out, "--out", folder=True)
     _check_counts(args, "steps", "samples", "seeds")
@@ -210,11 +210,11 @@ def _digits(args: argparse.Namespace) -> int:
 def _sample(args: argparse.Namespace) -> int:
     import torch
 
-    from . import distributed
-    from .embedded import DIGITS_SHAPE, default_model
-    from .files import write_atomically
-    from .images import image_grid
-    from .reproduce import model_shape
+    from .integrations import distributed
+    from .models.embedded import DIGITS_SHAPE, default_model
+    from .core.files import write_atomically
+    from .core.images import image_grid
+    from .eval.reproduce import model_shape
 
     _check_output(args.out, "--out", folder=True)
     _check_output(args.npz, "--npz", folder=False)
@@ -254,7 +254,7 @@ def _sample(args: argparse.Namespace) -> int:
         if args.npz:
             import numpy as np
 
-            from .images import to_uint8
+            from .core.images import to_uint8
 
             def save_npz(tmp: Path) -> None:
                 with open(tmp, "wb") as f:  # (a file object: np.savez would add .npz to the temporary name)
@@ -263,8 +263,8 @@ def _sample(args: argparse.Namespace) -> int:
             write_atomically(args.npz, save_npz)
             print(f"wrote {args.npz} (arr_0: uint8 [N, H, W, C], as the FID tools read)")
         if args.fd:
-            from .data import digits
-            from .metrics import fd_digits
+            from .core.data import digits
+            from .eval.metrics import fd_digits
 
             print(f"FD-digits: {fd_digits(images, digits('all')[0]):.3f}")
     if started:
@@ -277,7 +277,7 @@ CHOOSE_METRICS = ("fd-digits", "fd-dct", "swd", "fid")
 
 def _choice_score(metric: str, inception: str | None, reference):
     """choose-options' score(samples, reference), lower is better."""
-    from . import metrics
+    from .eval import metrics
 
     if metric == "fd-digits":
         return metrics.fd_digits
@@ -285,7 +285,7 @@ def _choice_score(metric: str, inception: str | None, reference):
         return metrics.frechet_distance_dct
     if metric == "swd":
         return lambda x, y: metrics.sliced_wasserstein1(x, y, n_projections=256)
-    from .inception import load_fid_inception  # (fid: _choose_options has checked that inception is given)
+    from .eval.inception import load_fid_inception  # (fid: _choose_options has checked that inception is given)
 
     net = load_fid_inception(inception)
     reference_stats = metrics.fid_statistics(reference, net)  # (once, not once per run)
@@ -295,8 +295,8 @@ def _choice_score(metric: str, inception: str | None, reference):
 def _choose_options(args: argparse.Namespace) -> int:
     """Choose the model's own GMS options on held-out data (gk.choose_options) and print them; --out saves the
     network with them as its defaults."""
-    from .embedded import default_model
-    from .tuning import choose_options
+    from .models.embedded import default_model
+    from .eval.tuning import choose_options
 
     _check_output(args.out, "--out", folder=False)
     _check_counts(args, "steps", "seeds", "samples")
@@ -318,7 +318,7 @@ def _choose_options(args: argparse.Namespace) -> int:
     if args.first_seed < 0:
         raise UsageError(f"--first-seed must be >= 0, got {args.first_seed}")
     if reference == "digits":
-        from .data import digits
+        from .core.data import digits
 
         x_ref = digits("validation")[0]
     else:
@@ -362,8 +362,8 @@ def _reproduce(args: argparse.Namespace) -> int:
 
     import torch
 
-    from . import distributed
-    from .reproduce import command_line, reproduce
+    from .integrations import distributed
+    from .eval.reproduce import command_line, reproduce
 
     _check_output(args.out, "--out", folder=True)
     if (args.inception is None) == (args.feature_extractor is None):
@@ -400,13 +400,13 @@ def _training_data(spec: str, stream: bool = False):
     import torch
 
     if spec == "digits":
-        from .data import digits
+        from .core.data import digits
 
         return digits("all")[0]
     if Path(spec).is_dir():
         if stream:
             return Path(spec)
-        from .data import ImageFolder
+        from .core.data import ImageFolder
 
         folder = ImageFolder(spec)
         return torch.stack([folder[i] for i in range(len(folder))])
@@ -426,7 +426,7 @@ def _training_setup(seed: int):
     """
     import torch
 
-    from . import distributed
+    from .integrations import distributed
 
     started = distributed.init_from_env()
     rank, _ = distributed.world()
@@ -446,10 +446,10 @@ def _train_backbone(args: argparse.Namespace) -> int:
     import torch
     from torch.utils.data import DataLoader
 
-    from .data import ImageFolder
-    from .files import save_atomically
+    from .core.data import ImageFolder
+    from .core.files import save_atomically
     from .models import PytorchDDPMUNet
-    from .training import train_backbone
+    from .train.training import train_backbone
 
     _check_training_args(args)
     _check_counts(args, "T", "ch", "ch_mult", "num_res_blocks")
@@ -484,10 +484,10 @@ def _train_heads(args: argparse.Namespace) -> int:
     import torch
     from torch.utils.data import DataLoader
 
-    from .data import ImageFolder
-    from .files import write_atomically
+    from .core.data import ImageFolder
+    from .core.files import write_atomically
     from .models import MomentNet
-    from .training import train_heads
+    from .train.training import train_heads
 
     _check_training_args(args)
     started, rank, device = _training_setup(args.seed)
@@ -524,7 +524,7 @@ def _check_training_args(args: argparse.Namespace) -> None:
 
 
 def _add_training_args(p: argparse.ArgumentParser, out: str, optimizer: str) -> None:
-    from .training import SAMPLINGS
+    from .train.training import SAMPLINGS
 
     p.add_argument("--data", default="digits",
                    help="'digits', a .npy/.pt tensor [N, C, H, W] in [-1, 1], or a folder of PNG/JPEG images (read "
@@ -612,9 +612,9 @@ def _analytic_gamma(args: argparse.Namespace, model):
     if args.model:
         raise UsageError("--solver analytic-dpm needs --gamma TABLE.pt with --model: save one with "
                          "torch.save(gk.estimate_gamma(model, x0, schedule, timesteps), 'TABLE.pt')")
-    from .data import digits
+    from .core.data import digits
     from .sampling import estimate_gamma
-    from .schedule import schedule_for, trajectory
+    from .core.schedule import schedule_for, trajectory
 
     schedule = schedule_for(model)  # (the one gk.sample uses)
     return estimate_gamma(model, digits("train")[0][:GAMMA_DIGITS], schedule,
@@ -623,8 +623,8 @@ def _analytic_gamma(args: argparse.Namespace, model):
 
 
 def _add_sampler_args(p: argparse.ArgumentParser, steps: int, solvers: Sequence[str]) -> None:
-    from .backends import BACKENDS
-    from .schedule import TRAJECTORY_KINDS
+    from .kernels.dispatch import BACKENDS
+    from .core.schedule import TRAJECTORY_KINDS
 
     p.add_argument("--steps", type=int, default=steps, help="sampling steps K")
     p.add_argument("--solver", default="gms", choices=solvers, help="the reverse-step solver")
@@ -639,9 +639,9 @@ def _add_sampler_args(p: argparse.ArgumentParser, steps: int, solvers: Sequence[
 
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
-    from .backends import BACKENDS
-    from .reproduce import REPRODUCIBLE_SOLVERS
-    from .schedule import TRAJECTORY_KINDS
+    from .kernels.dispatch import BACKENDS
+    from .eval.reproduce import REPRODUCIBLE_SOLVERS
+    from .core.schedule import TRAJECTORY_KINDS
     from .solvers import SOLVERS
 
     formatter = _HelpFormatter
@@ -729,7 +729,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "else 3)")
 
     from .models.moment_net import TRAINABLE_HEAD_KINDS
-    from .training import HEAD_LOSS_WEIGHTINGS
+    from .train.training import HEAD_LOSS_WEIGHTINGS
 
     th = command("train-heads", "train the e2/e3 heads on a frozen backbone (paper Alg. learning)" + ddp
                  + "train-heads ...", _train_heads)

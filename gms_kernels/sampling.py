@@ -10,12 +10,12 @@ import torch
 from .model_io import (Conditioning, adapt_model, call_model, check_inputs_finite, check_model_heads,
                        check_model_signature, check_positive_ints, check_state_tensor, check_time_input,
                        make_conditioning, split_heads)
-from .moments import DataRange, check_data_range, transition_moments
-from .progress import progress_bar
-from .random import STREAM_INITIAL, GeneratorLike, SampleNoise, check_first_index
-from .schedule import DATA, Schedule, StepCoefficients, check_schedule, schedule_for, trajectory as make_trajectory
-from .backends import resolve_backend
-from .devices import check_device, generator_device, module_device
+from .core.moments import DataRange, check_data_range, transition_moments
+from .core.progress import progress_bar
+from .core.random import STREAM_INITIAL, GeneratorLike, SampleNoise, check_first_index
+from .core.schedule import DATA, Schedule, StepCoefficients, check_schedule, schedule_for, trajectory as make_trajectory
+from .kernels.dispatch import resolve_backend
+from .core.devices import check_device, generator_device, module_device
 from .sde import SAMPLERS, EpsFunction
 from .solvers import (StepRandomness, denoise_coefficients, get_solver, resolve_options, solver_step,
                       with_model_defaults)
@@ -109,7 +109,7 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
            null_kwargs: dict[str, Any] | None = None, **solver_options: Any) -> torch.Tensor:
     """Draw samples by solving the reverse process with ``solver`` in ``steps`` steps.
 
-    ``trajectory`` is a kind of :func:`gms_kernels.schedule.trajectory` (the time indices visited for ``steps``)
+    ``trajectory`` is a kind of :func:`gms_kernels.core.schedule.trajectory` (the time indices visited for ``steps``)
     or an explicit descending list of indices, which then fixes the steps by itself (``steps`` is not used).
 
     Without a model, the embedded digits model is used (16 samples of 1x8x8 unless ``shape`` says).
@@ -140,7 +140,7 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
     """
     with torch.no_grad():  # a block, not a decorator: mutmut skips decorated functions
         if model is None and shape is None and x_T is None:  # the embedded digits model's shape
-            from .embedded import DIGITS_SHAPE
+            from .models.embedded import DIGITS_SHAPE
 
             shape = (16, *DIGITS_SHAPE)
         _check_run_args(dtype, device, callback)
@@ -299,7 +299,7 @@ def sampled_model(model: Model | None) -> Model:
     """The network :func:`sample` runs for ``model``: the embedded digits model for None, a raw diffusers
     ``UNet2DModel`` / ``GMSDiffusersModel`` made a gms_kernels model, anything else as it is."""
     if model is None:
-        from .embedded import default_model
+        from .models.embedded import default_model
 
         model = default_model()
     return adapt_model(model)

@@ -11,7 +11,7 @@ All of them read only the e1 head (eps prediction) of the package's models, eval
 schedule's integer time indices (an off-grid noise level is rounded to the nearest one, as EDM does for
 discrete VP models: :meth:`Schedule.index_of_ve_sigma`), use the clamped x0 estimate like every solver here
 (:func:`gms_kernels.solvers.denoised_and_eps`), and draw their noise from the Philox streams of
-``gms_kernels.random``, so sample i depends only on (seed, its index), on every backend (they have no fused
+``gms_kernels.core.random``, so sample i depends only on (seed, its index), on every backend (they have no fused
 kernel: the float64 torch code runs whatever ``backend`` says). Each callback dict also carries ``nfe``: the
 network calls made so far (per sample for GGF, whose count varies from sample to sample).
 
@@ -27,11 +27,11 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .model_io import Conditioning, call_model, nonfinite_output_error, split_heads
-from .moments import DataRange
-from .progress import progress_bar
-from .random import (STREAM_ADAPTIVE, STREAM_BROWNIAN, STREAM_SECOND_NOISE, STREAM_STEP_NOISE, STREAM_THIRD_NOISE,
+from .core.moments import DataRange
+from .core.progress import progress_bar
+from .core.random import (STREAM_ADAPTIVE, STREAM_BROWNIAN, STREAM_SECOND_NOISE, STREAM_STEP_NOISE, STREAM_THIRD_NOISE,
                      SampleNoise)
-from .schedule import DATA, Schedule
+from .core.schedule import DATA, Schedule
 from .solvers import denoised_and_eps
 
 EpsFn = Callable[..., torch.Tensor]  # e1(x, t, rows=None): see the module's docstring

@@ -8,7 +8,7 @@ makes it realistic (paper Sec. SDEdit). Faithfulness is reported as the per-imag
 units), as in the paper's "L2 distance summed over all pixels".
 
 Randomness: the noise eps that lifts the guide comes from the Philox stream ``STREAM_SDEDIT``
-(= 3) of :mod:`gms_kernels.random`, addressed by (seed, t0, sample index) like every other random
+(= 3) of :mod:`gms_kernels.core.random`, addressed by (seed, t0, sample index) like every other random
 number of the package (streams 0-2 are the step noise, the component choice and x_T), so an edit
 is reproducible and does not depend on the batch it is computed in.
 """
@@ -21,12 +21,12 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from .moments import DataRange, check_data_range
-from .random import GeneratorLike, SampleNoise, fixed_seeds
+from .core.moments import DataRange, check_data_range
+from .core.random import GeneratorLike, SampleNoise, fixed_seeds
 from .sampling import sample
-from .schedule import Schedule, schedule_for, trajectory as make_trajectory
+from .core.schedule import Schedule, schedule_for, trajectory as make_trajectory
 
-STREAM_SDEDIT = 3  # Philox stream of the noise that lifts the guide to t0 (0, 1, 2: see gms_kernels.random)
+STREAM_SDEDIT = 3  # Philox stream of the noise that lifts the guide to t0 (0, 1, 2: see gms_kernels.core.random)
 
 
 @dataclass

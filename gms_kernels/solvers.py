@@ -14,17 +14,17 @@ from typing import Any, Callable
 
 import torch
 
-from .backends import fused_step
-from .fit import (ADAN_MEANS, DEFAULT_WEIGHTS, LR_RANGE, PAPER_LR_TABLES, MixtureParams, check_fit_iters,
+from .kernels.dispatch import fused_step
+from .core.fit import (ADAN_MEANS, DEFAULT_WEIGHTS, LR_RANGE, PAPER_LR_TABLES, MixtureParams, check_fit_iters,
                   check_var_floor, check_weights, fit_adan, fit_closed)
 from .kernels import MODE_ADAN, MODE_CLOSED, FusedStepConfig, NonFiniteInput, make_config
-from .mixture import check_select, sample_mixture
+from .core.mixture import check_select, sample_mixture
 from .model_io import check_inputs_finite
-from .moments import (DataRange, TransitionMoments, central_third_moment, clamp_x0_moments, last_step_variance_cap,
+from .core.moments import (DataRange, TransitionMoments, central_third_moment, clamp_x0_moments, last_step_variance_cap,
                       scale_spread, transition_moments, x0_moments)
-from .devices import as_tensor_on
-from .random import STREAM_COMPONENT, STREAM_STEP_NOISE, SampleNoise
-from .schedule import DATA, StepCoefficients
+from .core.devices import as_tensor_on
+from .core.random import STREAM_COMPONENT, STREAM_STEP_NOISE, SampleNoise
+from .core.schedule import DATA, StepCoefficients
 
 FITS = ("closed", "adan")
 # the fused kernels' ADAN loop: None is the backends' default (float32, with out-of-range elements
@@ -131,7 +131,7 @@ def sn_ddpm_step(x_t, heads, k, rand, o):
 
 def sn_ddpm_from_moments(mom: TransitionMoments, k: StepCoefficients, rand: StepRandomness,
                          o: dict) -> tuple[torch.Tensor, dict]:
-    """The SN-DDPM step from the transition moments as :func:`~gms_kernels.moments.transition_moments` forms
+    """The SN-DDPM step from the transition moments as :func:`~gms_kernels.core.moments.transition_moments` forms
     them (a caller may change them first, as python/quality_benchmark.py's excess-variance rows do)."""
     return _learned_gaussian(scale_spread(mom, o["variance_scale"]), k, rand, o)
 
@@ -193,7 +193,7 @@ def gms_step(x_t, heads, k, rand, o):
     """GMS: fit w1 N(mu1, s2) + w2 N(mu2, s2) to (M1, Var, M3) and sample it (paper Alg. sampling).
 
     ``variance_scale`` c fits (M1, c Var, c^1.5 kappa3) instead: the same shape, c times the spread
-    (:func:`~gms_kernels.moments.scale_spread`). ``skew_threshold`` tau > 0 is the paper's threshold (appendix,
+    (:func:`~gms_kernels.core.moments.scale_spread`). ``skew_threshold`` tau > 0 is the paper's threshold (appendix,
     "optimizing only when the disparity between the reverse transition kernel and Gaussian exceeds it"): elements
     whose standardized skewness |kappa3| / Var^1.5 is at most tau draw from N(M1, Var) instead of the mixture.
     ``skew_scale`` lambda fits (M1, Var, lambda kappa3) instead: the heads' skew shrunk (lambda < 1) towards the
@@ -205,7 +205,7 @@ def gms_step(x_t, heads, k, rand, o):
 def gms_from_moments(mom: TransitionMoments, k: StepCoefficients, rand: StepRandomness,
                      o: dict) -> tuple[torch.Tensor, dict]:
     """The GMS step (:func:`gms_step`, every option) from the transition moments (M1, Var, M3) as
-    :func:`~gms_kernels.moments.transition_moments` forms them (a caller may change them first)."""
+    :func:`~gms_kernels.core.moments.transition_moments` forms them (a caller may change them first)."""
     mom = scale_spread(mom, o["variance_scale"])
     if k.s == 0 and o["gaussian_last_step"]:
         return _learned_gaussian(mom, k, rand, o)
@@ -450,7 +450,7 @@ def with_model_defaults(solver: Solver, options: dict[str, Any], model: Any) -> 
     """The caller's ``options`` over the options ``model`` recommends for ``solver``.
 
     A model may carry ``solver_defaults``, a mapping {solver name: {option: value}} (the shipped models carry the
-    settings chosen on their own validation split, ``gms_kernels.embedded``). They take the place of the library's
+    settings chosen on their own validation split, ``gms_kernels.models.embedded``). They take the place of the library's
     defaults, and give way to every option the caller names, a preset included: a preset the caller names sets its
     options over the model's, as it does over the library's. ValueError for a malformed or invalid table."""
     table = getattr(model, "solver_defaults", None)

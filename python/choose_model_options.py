@@ -5,7 +5,7 @@ Run from the repository root after `pip install .`:
 
     OMP_NUM_THREADS=1 python python/choose_model_options.py --testbed digits
 
-The shipped models' options (gms_kernels.embedded.SOLVER_DEFAULTS) were chosen with the same rule from the cached
+The shipped models' options (gms_kernels.models.embedded.SOLVER_DEFAULTS) were chosen with the same rule from the cached
 runs of python/quality_benchmark.py (python/results/quality.md, section 7); this reruns the choice end to end
 through the library.
 """
@@ -15,8 +15,8 @@ import time
 import torch
 
 import gms_kernels as gk
-from gms_kernels.devices import cpu_description
-from gms_kernels.experiments.quality_study import testbed
+from gms_kernels.core.devices import cpu_description
+from studies.quality_study import testbed
 
 
 def main() -> None:

@@ -21,12 +21,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-from gms_kernels.devices import cpu_description
-from gms_kernels.data import digits  # noqa: E402
-from gms_kernels.embedded import DIGITS_MODEL, default_model  # noqa: E402
-from gms_kernels.experiments import digits_study as study  # noqa: E402
-from gms_kernels.random import STREAM_VERSION  # noqa: E402
-from gms_kernels.images import save_figure, save_panels  # noqa: E402
+from gms_kernels.core.devices import cpu_description
+from gms_kernels.core.data import digits  # noqa: E402
+from gms_kernels.models.embedded import DIGITS_MODEL, default_model  # noqa: E402
+from studies import digits_study as study  # noqa: E402
+from gms_kernels.core.random import STREAM_VERSION  # noqa: E402
+from gms_kernels.core.images import save_figure, save_panels  # noqa: E402
 
 BASELINES_EQUAL_TIME = ("ddpm", "sn-ddpm", "ddim")
 

@@ -20,9 +20,9 @@ import argparse
 
 import torch
 
-from gms_kernels.data import digits, patch_photos, patches
-from gms_kernels.embedded import default_model, patches_model
-from gms_kernels.schedule import Schedule
+from gms_kernels.core.data import digits, patch_photos, patches
+from gms_kernels.models.embedded import default_model, patches_model
+from gms_kernels.core.schedule import Schedule
 
 
 def errors(net, data: torch.Tensor, ts: list[int | None], draws: int, seed: int = 0) -> dict:

@@ -1,4 +1,4 @@
-"""Check gms_kernels.inception against pytorch-fid and torch-fidelity and write the test fixtures.
+"""Check gms_kernels.eval.inception against pytorch-fid and torch-fidelity and write the test fixtures.
 
 Not run by the tests: it needs the reference packages, which the default install cannot import
 (their torchvision wheels do not load against the CPU torch). Put their source in one folder:
@@ -151,7 +151,7 @@ def main() -> None:
         "about": "FID InceptionV3 pool features of make_images() on random_state_dict(weights_seed) weights, "
                  "computed in float64 by the reference packages (python/make_inception_fixture.py)",
         "reference_versions": {**VERSIONS, "torch": torch.__version__},
-        "weights": f"gms_kernels.inception.random_state_dict(seed={WEIGHTS_SEED})",
+        "weights": f"gms_kernels.eval.inception.random_state_dict(seed={WEIGHTS_SEED})",
         "images": f"torch.randint(0, 256, (2, 3, 32, 32), generator=torch.Generator().manual_seed({IMAGE_SEED}))"
                   ".to(torch.uint8); pytorch-fid is given images / 255, torch-fidelity the uint8 images",
         "weights_seed": WEIGHTS_SEED, "image_seed": IMAGE_SEED,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from gms_kernels.experiments import oracle_study as study
+from studies import oracle_study as study
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ Run from the repository root after `pip install .`:
     OMP_NUM_THREADS=1 python python/oracle_defaults.py
 
 Writes python/results/oracle_defaults.md. Exact heads (gk.GaussianMixtureOracle), W1 against fresh data; validation:
-sampler seeds 100-102 and fresh data of seed 100 (gms_kernels.experiments.oracle_study.VALIDATION_SEEDS); test: seeds
+sampler seeds 100-102 and fresh data of seed 100 (studies.oracle_study.VALIDATION_SEEDS); test: seeds
 0-4 with the fresh data of python/results/oracle.md.
 """
 import argparse
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from gms_kernels.devices import cpu_description
-from gms_kernels.experiments import oracle_study as study
+from gms_kernels.core.devices import cpu_description
+from studies import oracle_study as study
 
 
 def main() -> None:

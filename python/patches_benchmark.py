@@ -21,14 +21,14 @@ from pathlib import Path
 
 import torch
 
-from gms_kernels.data import PATCH_PHOTOS, patches
-from gms_kernels.devices import cpu_description
-from gms_kernels.embedded import PATCHES_CONFIG, PATCHES_MODEL, patches_model
-from gms_kernels.experiments import patches_study as study
-from gms_kernels.experiments.digits_study import ResultCache
-from gms_kernels.images import save_panels
-from gms_kernels.metrics import seed_interval
-from gms_kernels.random import STREAM_VERSION
+from gms_kernels.core.data import PATCH_PHOTOS, patches
+from gms_kernels.core.devices import cpu_description
+from gms_kernels.models.embedded import PATCHES_CONFIG, PATCHES_MODEL, patches_model
+from studies import patches_study as study
+from studies.digits_study import ResultCache
+from gms_kernels.core.images import save_panels
+from gms_kernels.eval.metrics import seed_interval
+from gms_kernels.core.random import STREAM_VERSION
 
 READING = "## Reading (written by hand"  # kept when the tables are written again
 METRICS = (("test/fd_dct", "FD-|DCT| against the test photos", 3),

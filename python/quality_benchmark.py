@@ -1,5 +1,5 @@
 """Issue 20: baselines, variance controls and GMS variants on the digits and patches testbeds, chosen on
-validation and reported on test (gms_kernels.experiments.quality_study).
+validation and reported on test (studies.quality_study).
 
     # measure cells (cached in gms_out/quality-<testbed>-<run>.json; runs resume; parallel runs take their own --run):
     nice -n 5 python python/quality_benchmark.py measure --testbed digits --labels ddpm "sn-ddpm c=0.5" --seeds 5
@@ -37,15 +37,15 @@ from pathlib import Path
 
 import torch
 
-from gms_kernels.devices import cpu_description
-from gms_kernels.experiments import quality_study as study
-from gms_kernels.experiments.digits_study import ResultCache
-from gms_kernels.metrics import paired_difference, seed_interval
+from gms_kernels.core.devices import cpu_description
+from studies import quality_study as study
+from studies.digits_study import ResultCache
+from gms_kernels.eval.metrics import paired_difference, seed_interval
 from gms_kernels.model_io import time_indices
 from gms_kernels.models.moment_net import raw_from_central
-from gms_kernels.moments import TransitionMoments, central_third_moment, transition_moments
-from gms_kernels.schedule import schedule_for
-from gms_kernels.tuning import mean_ranks
+from gms_kernels.core.moments import TransitionMoments, central_third_moment, transition_moments
+from gms_kernels.core.schedule import schedule_for
+from gms_kernels.eval.tuning import mean_ranks
 
 
 # -- a shrinkage of the heads' excess variance (issue 20; quality.md 5l) -----------------------------------------
@@ -260,8 +260,8 @@ def exvar_check(net, factors: float | dict[int, float], data: torch.Tensor, step
     binds) and ``pre_k3_change`` = RMS(kappa3' - kappa3) / RMS(kappa3) (0 where no clamp binds); and the mean
     standardized skewness |kappa3| / Var^1.5 of the heads (``skew``), under ``exvar`` (``skew_exvar``: kappa3 kept,
     Var' = lam2 + f (Var - lam2)) and under ``exvarpre`` (``skew_pre``)."""
-    from gms_kernels.moments import x0_moments
-    from gms_kernels.schedule import DATA, trajectory
+    from gms_kernels.core.moments import x0_moments
+    from gms_kernels.core.schedule import DATA, trajectory
 
     schedule = schedule_for(net)
     wrapped = ExcessVarianceShrink(net, factors)
@@ -494,7 +494,7 @@ def shrinkage(args) -> None:
     'skew=lamval' (of validation images) read, factors clipped to [0, 100], into the testbed's table file."""
     import json
 
-    from gms_kernels.data import digits, patches
+    from gms_kernels.core.data import digits, patches
 
     if args.testbed not in ("digits", "patches"):
         sys.exit("shrinkage needs a testbed with a network: digits or patches")
@@ -573,7 +573,7 @@ def mean_error_moments(net, exact, x0: torch.Tensor, times, seed: int = 0, batch
     d = m - e1, heads trained on (eps - e1)^n learn at best c2 + d^2 and k3 + 3 d c2 + d^3 (expand
     ((eps - m) + d)^n). Per t, over all elements of x_t = a_t x0 + sigma_t eps of ``x0`` (one eps each, from
     ``seed``): the correlation of the heads' c2 / k3 with the exact ones and with these d-shifted ones, and RMSs."""
-    from gms_kernels.schedule import Schedule
+    from gms_kernels.core.schedule import Schedule
 
     schedule = Schedule.linear()
     eps = torch.randn(x0.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
@@ -606,7 +606,7 @@ def mean_error_moments(net, exact, x0: torch.Tensor, times, seed: int = 0, batch
 def mean_error(args) -> None:
     """mean_error_moments of the testbed's model on --samples images of --x-split at --times (exact heads: the
     train images), as a Markdown table."""
-    from gms_kernels.data import digits, patches
+    from gms_kernels.core.data import digits, patches
 
     bed = study.testbed(args.testbed, args.model)
     images = (lambda sp: digits(sp)[0]) if args.testbed == "digits" else patches

@@ -16,7 +16,7 @@ import argparse
 import importlib.util
 from pathlib import Path
 
-from gms_kernels.metrics import paired_difference
+from gms_kernels.eval.metrics import paired_difference
 
 BASELINES = ("sn-ddpm", "ddpm")
 

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import torch
 
-from gms_kernels.devices import cpu_description
-from gms_kernels.data import digits
-from gms_kernels.embedded import default_model
-from gms_kernels.experiments import sde_baselines_study as study
-from gms_kernels.experiments.digits_study import ResultCache
+from gms_kernels.core.devices import cpu_description
+from gms_kernels.core.data import digits
+from gms_kernels.models.embedded import default_model
+from studies import sde_baselines_study as study
+from studies.digits_study import ResultCache
 
 
 

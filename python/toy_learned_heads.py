@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from gms_kernels.experiments import toy_learned as toy
+from studies import toy_learned as toy
 
 
 def main() -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from gms_kernels.data import digits
-from gms_kernels.features import DIGITS_CLASSIFIER, DigitsClassifier
+from gms_kernels.core.data import digits
+from gms_kernels.eval.features import DIGITS_CLASSIFIER, DigitsClassifier
 
 
 def main(epochs: int = 60, seed: int = 0) -> None:

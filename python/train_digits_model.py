@@ -33,11 +33,11 @@ from pathlib import Path
 
 import torch
 
-from gms_kernels.data import digits
-from gms_kernels.embedded import DIGITS_CONFIG, DIGITS_MODEL, build_digits_backbone, default_model, save_embedded
-from gms_kernels.experiments.head_training import add_head_options, head_run_tag
+from gms_kernels.core.data import digits
+from gms_kernels.models.embedded import DIGITS_CONFIG, DIGITS_MODEL, build_digits_backbone, default_model, save_embedded
+from studies.head_training import add_head_options, head_run_tag
 from gms_kernels.models import MomentNet
-from gms_kernels.training import train_backbone, train_heads
+from gms_kernels.train.training import train_backbone, train_heads
 
 
 def main() -> None:

@@ -35,13 +35,13 @@ from pathlib import Path
 
 import torch
 
-from gms_kernels.data import patches
-from gms_kernels.embedded import PATCHES_CONFIG, PATCHES_MODEL, build_patches_backbone, patches_model, save_embedded
-from gms_kernels.experiments.head_training import add_head_options, head_run_tag
-from gms_kernels.experiments.patches_study import eps_losses
-from gms_kernels.files import save_atomically
+from gms_kernels.core.data import patches
+from gms_kernels.models.embedded import PATCHES_CONFIG, PATCHES_MODEL, build_patches_backbone, patches_model, save_embedded
+from studies.head_training import add_head_options, head_run_tag
+from studies.patches_study import eps_losses
+from gms_kernels.core.files import save_atomically
 from gms_kernels.models import MomentNet
-from gms_kernels.training import train_backbone, train_heads
+from gms_kernels.train.training import train_backbone, train_heads
 
 
 def main() -> None:

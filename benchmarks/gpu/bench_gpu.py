@@ -35,7 +35,7 @@ from cases import FITS, SIZES, STEP, make_inputs, median_seconds, runner  # noqa
 from gms_kernels.kernels import MODE_ADAN, MODE_CLOSED, make_config  # noqa: E402
 from gms_kernels.kernels import triton_gms as tg  # noqa: E402
 from gms_kernels.model_io import check_inputs_finite  # noqa: E402
-from gms_kernels.random import SampleNoise  # noqa: E402
+from gms_kernels.core.random import SampleNoise  # noqa: E402
 from gms_kernels.sampling import DeferredFiniteCheck  # noqa: E402
 from gms_kernels.solvers import SOLVERS, resolve_options  # noqa: E402
 from run_cpu import flops_per_element  # noqa: E402

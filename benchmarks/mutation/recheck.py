@@ -58,7 +58,7 @@ def forked(tests: list[str], only: list[str] | None, limit_s: float = 300.0) -> 
     import torch  # noqa: F401
     import gms_kernels  # noqa: F401  (the mutated copy: mutants/ is first on sys.path)
     assert gms_kernels.__file__.startswith(os.getcwd()), gms_kernels.__file__
-    for module in ("diffusers", "gms_kernels.scheduler", "gms_kernels.models"):  # slow imports, once
+    for module in ("diffusers", "gms_kernels.integrations.scheduler", "gms_kernels.models"):  # slow imports, once
         try:
             __import__(module)
         except ImportError:

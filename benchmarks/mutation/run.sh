@@ -2,7 +2,7 @@
 # Mutation testing of the core modules with mutmut (issue 25 item 7). Not part of the default test run.
 #
 #   pip install -e ".[test,mutation]"      # mutmut==3.8.1
-#   [PYTHON=mutmut-venv/bin/python BUILD_PYTHON=.venv/bin/python] benchmarks/mutation/run.sh [MUTANT_PATTERN ...]   # e.g. "gms_kernels.schedule.*"; none: every core module
+#   [PYTHON=mutmut-venv/bin/python BUILD_PYTHON=.venv/bin/python] benchmarks/mutation/run.sh [MUTANT_PATTERN ...]   # e.g. "gms_kernels.core.schedule.*"; none: every core module
 #
 # The run happens in a detached git worktree of HEAD (a frozen snapshot: the checkout can change meanwhile),
 # with the C++ extension built there. mutmut copies gms_kernels/ and tests/ into <worktree>/mutants/ and puts
@@ -25,9 +25,9 @@ mkdir -p mutants/benchmarks  # also_copy copies benchmarks/reference_loop.py int
 # one worker, one thread per test process: the machine is shared
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 if [ $# -eq 0 ]; then
-    set -- "gms_kernels.schedule.*" "gms_kernels.moments.*" "gms_kernels.mixture.*" "gms_kernels.fit.*" \
-           "gms_kernels.solvers.*" "gms_kernels.scheduler.*" "gms_kernels.sampling.*" "gms_kernels.models.*" \
-           "gms_kernels.tuning.*" "gms_kernels.metrics.*"
+    set -- "gms_kernels.core.schedule.*" "gms_kernels.core.moments.*" "gms_kernels.core.mixture.*" "gms_kernels.core.fit.*" \
+           "gms_kernels.solvers.*" "gms_kernels.integrations.scheduler.*" "gms_kernels.sampling.*" "gms_kernels.models.*" \
+           "gms_kernels.eval.tuning.*" "gms_kernels.eval.metrics.*"
 fi
 nice -n 10 "$PY" -m mutmut run --max-children 1 "$@"
 "$PY" "$ROOT/benchmarks/mutation/report.py" --diffs

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..fit import adan_learning_rates
-from ..moments import last_step_variance_cap
-from ..schedule import DATA
+from ..core.fit import adan_learning_rates
+from ..core.moments import last_step_variance_cap
+from ..core.schedule import DATA
 
 MODE_GAUSSIAN, MODE_CLOSED, MODE_ADAN, MODE_DENOISE, MODE_FIXED, MODE_DDIM = 0, 1, 2, 3, 4, 5
 
@@ -102,7 +102,7 @@ def set_cpu_target(name: str | None) -> str:
 def _fixed_variance_config(solver: str, k, data_range, o: dict, common: dict) -> FusedStepConfig:
     """ddpm, ddpm-large, analytic-dpm (N(M1, a variance shared by every element)) and ddim, from the
     torch reference's own definitions of their variances and coefficients (solvers.py)."""
-    from ..moments import transition_moments
+    from ..core.moments import transition_moments
     from ..solvers import analytic_x0_variance, ddim_scales
 
     if solver == "ddim":

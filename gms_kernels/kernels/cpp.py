@@ -24,8 +24,8 @@ import os
 
 import torch
 
-from ..devices import as_tensor_on
-from ..fit import MixtureParams
+from ..core.devices import as_tensor_on
+from ..core.fit import MixtureParams
 from . import FusedStepConfig, NonFiniteInput
 
 CPU_TARGET_ENV = "GMS_KERNELS_CPU_TARGET"
@@ -193,7 +193,7 @@ def fused_step(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | None, e3:
     """One fused GMS step (see :mod:`gms_kernels.kernels` for the contract).
 
     Returns ``(x_s, params)``: x_s like x_t (dtype and shape); params a
-    :class:`gms_kernels.fit.MixtureParams` of float32 tensors shaped like x_t, or None.
+    :class:`gms_kernels.core.fit.MixtureParams` of float32 tensors shaped like x_t, or None.
     The ADAN fit runs in float32 (in double for elements whose values could overflow float32);
     ``adan_fp64=True`` runs it in double everywhere (about 3x slower). By default (None) it follows
     ``cfg.adan_fp64`` (the ``adan_precision`` option), else float32.

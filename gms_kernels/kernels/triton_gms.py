@@ -36,9 +36,9 @@ import types
 
 import torch
 
-from ..fit import ADAN_BETA_BOUNDS, ADAN_BETAS, ADAN_EPS, ADAN_INIT_BETA, ADAN_INIT_GAP, MixtureParams, knee_delta2
-from ..devices import as_tensor_on, to_device_async
-from ..random import STREAM_COMPONENT, STREAM_STEP_NOISE, check_counter_range, counter
+from ..core.fit import ADAN_BETA_BOUNDS, ADAN_BETAS, ADAN_EPS, ADAN_INIT_BETA, ADAN_INIT_GAP, MixtureParams, knee_delta2
+from ..core.devices import as_tensor_on, to_device_async
+from ..core.random import STREAM_COMPONENT, STREAM_STEP_NOISE, check_counter_range, counter
 from . import (ADAN_FP32_LIMITS, MODE_ADAN, MODE_CLOSED, MODE_DDIM, MODE_DENOISE, MODE_FIXED, MODE_GAUSSIAN,
                FusedStepConfig, NonFiniteInput)
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..schedule import Schedule
+from ..core.schedule import Schedule
 
 
 def is_conditional_unet(module: Any) -> bool:

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..schedule import Schedule
+from ..core.schedule import Schedule
 
 
 LEARNED_VARIANCE = ("learned", "learned_range")
@@ -44,7 +44,7 @@ def pipeline_scheduler_config(unet: Any) -> tuple[dict | None, str | None]:
 def diffusers_schedule(config: Mapping[str, Any]) -> Schedule:
     """The training schedule of a diffusers scheduler config (DDPMScheduler, DDIMScheduler, GMSScheduler, ...):
     its ``trained_betas``, else ``beta_schedule`` on ``num_train_timesteps`` as diffusers computes it (float64)."""
-    from ..scheduler import make_betas
+    from ..integrations.scheduler import make_betas
 
     if config.get("rescale_betas_zero_snr"):
         raise ValueError("the diffusers scheduler config has rescale_betas_zero_snr=True: a zero terminal SNR "

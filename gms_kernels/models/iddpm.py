@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..schedule import Schedule
+from ..core.schedule import Schedule
 from ._common import GroupNorm32, attend
 
 

@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
-from ..schedule import Schedule
+from ..core.schedule import Schedule
 from ._common import (check_cuda_present, check_map_location, check_state_dict, describe_contents, format_call,
                       holds_tensors, materialize, meta_model, mismatch_message, mismatch_report, read_location,
                       read_weights_file, strip_prefix)
@@ -429,7 +429,7 @@ def _load_diffusers(path: str, subfolder: str | None = None, variant: str | None
     except (OSError, ValueError) as e:
         raise ValueError(f"{model_dir}/config.json: cannot read it as JSON ({e}); restore the file") from None
     if isinstance(cfg, dict) and cfg.get("_class_name") == "GMSDiffusersModel":  # gk.models.export_diffusers
-        from .diffusers_export import load_exported
+        from ..integrations.diffusers_export import load_exported
 
         return load_exported(model_dir, schedule=schedule, variant=variant, eps_only=eps_only)
     class_name = cfg.get("_class_name", "UNet2DModel") if isinstance(cfg, dict) else None

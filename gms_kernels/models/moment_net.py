@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..files import json_ready
+from ..core.files import json_ready
 from ..model_io import time_indices
-from ..schedule import Schedule
+from ..core.schedule import Schedule
 from ._common import (GroupNorm32, check_map_location, check_state_dict, format_call, group_count, materialize,
                       read_location, read_torch_file)
 from .ddim_model import DDIMModel
@@ -141,7 +141,7 @@ class MomentNet(nn.Module):
       keep its own output O(1). The table is a registered buffer (saved with the weights, never trained); see
       :meth:`set_output_scale` and ``gk.training.train_heads(output_scale=True)``, which sets it to the targets'
       RMS at each t.
-    ``time_input`` and ``schedule`` are the backbone's. :func:`gms_kernels.training.train_heads` trains either kind.
+    ``time_input`` and ``schedule`` are the backbone's. :func:`gms_kernels.train.training.train_heads` trains either kind.
     A conditional backbone (a class-conditional UNet2DModel) takes its condition through ``forward(x, t,
     class_labels=y)``: keyword arguments go to the backbone's pass, whose feature and time embedding the heads read.
     """
@@ -361,7 +361,7 @@ class MomentNet(nn.Module):
     def save_pretrained(self, directory: str | os.PathLike, **kwargs: Any) -> Any:
         """A ``DDPMPipeline`` directory with this network and a GMSScheduler: see
         :func:`gms_kernels.models.export_diffusers` (same arguments, e.g. ``sample_size``)."""
-        from .diffusers_export import export_diffusers
+        from ..integrations.diffusers_export import export_diffusers
 
         return export_diffusers(self, directory, **kwargs)
 

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ..model_io import check_time_input, time_values
-from ..schedule import Schedule
+from ..core.schedule import Schedule
 from ._common import check_state_dict, meta_model, materialize, read_torch_file, strip_prefix
 from .iddpm import IDDPMUNet
 from .loading import _DDIM_ARGS as DDIM_ARGS, _IDDPM_ARGS, _IDDPM_DEFAULTS, _build_checked, _is_state_dict, \
