@@ -40,13 +40,12 @@ def runner(backend: str, fit: str, x_t: torch.Tensor, out: torch.Tensor, schedul
         return lambda: reference_step(x_t, out[:, :c], out[:, c:2 * c], out[:, 2 * c:], k, iters, generator=g)
     if backend in ("cpp-kernel", "triton-kernel"):  # the fused kernel alone, without gk.step's checks and dispatch
         from gms_kernels.kernels.dispatch import fused_step
-        from gms_kernels.kernels import make_config
         from gms_kernels.core.random import SampleNoise
-        from gms_kernels.solvers import SOLVERS, resolve_options
+        from gms_kernels.solvers import SOLVERS, fused_config, resolve_options
 
         k = schedule.coefficients(t, s)
         c, n = x_t.shape[1], x_t.shape[0]
-        cfg = make_config(solver, k, (-1.0, 1.0), resolve_options(SOLVERS[solver], options), schedule.T, n,
+        cfg = fused_config(solver, resolve_options(SOLVERS[solver], options), k, (-1.0, 1.0), schedule.T, n,
                           x_t[0].numel())
         noise = SampleNoise.create(0, n)
         seeds, indices = noise.seeds.to(x_t.device), noise.indices.to(x_t.device)

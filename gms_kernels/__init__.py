@@ -7,7 +7,7 @@ from .core.moments import TransitionMoments, X0Moments, transition_moments, x0_m
 from .core.fit import MixtureParams, fit_adan, fit_closed, mixture_raw_moments
 from .core.mixture import sample_mixture
 from .solvers import SOLVERS, solver_step
-from .sampling import estimate_gamma, sample, step
+from .sampling import estimate_gamma, sample, set_default_model as _set_default_model, step
 from .eval.oracle import GaussianMixtureOracle
 from .sdedit import SDEditResult, sdedit, stroke_guide
 from .eval.tuning import OptionChoice, choose_options
@@ -15,6 +15,16 @@ from .core import data
 from .eval import metrics
 
 __version__ = "0.1.0"
+
+
+def _embedded_digits_model() -> tuple:
+    """gk.sample's model for model=None: the embedded digits model and its samples' shape (C, H, W)."""
+    from .models.embedded import DIGITS_SHAPE, default_model
+
+    return default_model(), DIGITS_SHAPE
+
+
+_set_default_model(_embedded_digits_model)
 
 __all__ = [
     "DATA", "Schedule", "StepCoefficients", "karras_trajectory", "trajectory", "TRAJECTORY_KINDS",

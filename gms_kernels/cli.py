@@ -555,10 +555,10 @@ def _add_common(p: argparse.ArgumentParser, out: str) -> None:
 
 def _add_gms_args(p: argparse.ArgumentParser) -> None:
     """GMS's options; left out, each takes the model's own (its solver_defaults: the embedded digits model samples
-    per pixel), else the library's default (gms_kernels.solvers.SOLVERS['gms'])."""
-    from .solvers import PRESETS
+    per pixel), else the library's default (gms_kernels.solvers.gms.GMSOptions)."""
+    from .solvers.gms import GMS
 
-    p.add_argument("--preset", choices=sorted(PRESETS["gms"]), default=None,
+    p.add_argument("--preset", choices=sorted(GMS.presets), default=None,
                    help="GMS: a named option set (official: what the official GMS code runs); options below override it")
     p.add_argument("--fit", default=None, choices=["closed", "adan"], help="GMS: the mixture fit")
     p.add_argument("--select", default=None, choices=["sample", "pixel"],
@@ -567,22 +567,27 @@ def _add_gms_args(p: argparse.ArgumentParser) -> None:
 
 
 def _gms_options(args: argparse.Namespace) -> dict:
-    """The GMS options named on the command line (the model's and the library's defaults fill in the rest)."""
-    names = ("preset", "fit", "select", "fit_iters", "adan_precision")
+    """The GMS options named on the command line (the model's and the library's defaults fill in the rest): those
+    with a flag of their own, and ``sample``'s --adan-precision."""
+    from .solvers.gms import ARGUMENT_OPTIONS
+
+    names = ARGUMENT_OPTIONS + ("adan_precision",)
     return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
 
 
 def _solver_options(args: argparse.Namespace) -> dict:
-    """gk.sample's solver options from the command line: the GMS flags (--solver gms only), --eta (ddim only) and
-    any --option KEY=VALUE (checked by the library, like every option)."""
+    """gk.sample's solver options from the command line: the GMS flags, --eta and any --option KEY=VALUE, each for
+    a solver that has that option (the values are checked by the library, like every option)."""
+    from .solvers import get_solver
+
     named = _gms_options(args)
-    if named and args.solver != "gms":
-        flags = ", ".join("--" + n.replace("_", "-") for n in named)
-        raise UsageError(f"{flags}: GMS options, but --solver is {args.solver}")
     if args.eta is not None:
-        if args.solver != "ddim":
-            raise UsageError(f"--eta is DDIM's option, but --solver is {args.solver}")
         named["eta"] = args.eta
+    valid = get_solver(args.solver).options
+    foreign = [n for n in named if n not in valid]
+    if foreign:
+        flags = ", ".join("--" + n.replace("_", "-") for n in foreign)
+        raise UsageError(f"{flags}: not an option of --solver {args.solver} (it takes {', '.join(valid) or 'none'})")
     options = _key_values(args.option, "--option")
     twice = sorted(set(options) & set(named))
     if twice:
@@ -640,9 +645,14 @@ def _add_sampler_args(p: argparse.ArgumentParser, steps: int, solvers: Sequence[
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
     from .kernels.dispatch import BACKENDS
-    from .eval.reproduce import REPRODUCIBLE_SOLVERS
+    from .eval.reproduce import PAPER_SOLVERS, REPRODUCIBLE_SOLVERS
     from .core.schedule import TRAJECTORY_KINDS
     from .solvers import SOLVERS
+
+    # every solver that needs no oracle object (analytic-dpm's Gamma table comes from --gamma or the embedded model);
+    # SDEdit has no --gamma
+    sampling_solvers = [name for name, spec in SOLVERS.items() if "oracle" not in spec.requires]
+    sdedit_solvers = [name for name, spec in SOLVERS.items() if not spec.requires]
 
     formatter = _HelpFormatter
     p = argparse.ArgumentParser(prog="gms-kernels", description="Gaussian Mixture Solvers for diffusion models. "
@@ -673,7 +683,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--num-samples", type=int, default=100, help="how many samples")
     s.add_argument("--batch-size", type=int, default=250, help="samples per network call")
     s.add_argument("--shard-size", type=int, default=1000, help="samples per shard file")
-    _add_sampler_args(s, 10, [name for name in SOLVERS if name != "exact"])
+    _add_sampler_args(s, 10, sampling_solvers)
     s.add_argument("--gamma", metavar="TABLE.pt", help="analytic-dpm's Gamma table (torch.save of gk.estimate_gamma's "
                    "result); default with the embedded model: estimated on 256 of its training digits")
     s.add_argument("--adan-precision", choices=["float32", "float64"], default=None,
@@ -698,7 +708,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--feature-extractor", help="instead of --inception: a TorchScript module, uint8 [N, 3, H, W] -> "
                                                "features [N, d] (the statistics must come from it)")
     r.add_argument("--steps", type=int, nargs="+", default=[10, 20, 25, 40, 50, 100, 200, 1000], help="the K values")
-    r.add_argument("--solvers", nargs="+", default=["ddpm", "ddpm-large", "sn-ddpm", "gms"],
+    r.add_argument("--solvers", nargs="+", default=list(PAPER_SOLVERS),
                    choices=REPRODUCIBLE_SOLVERS, help="the table's rows")
     r.add_argument("--num-samples", type=int, default=50000, help="samples per (solver, K, seed)")
     r.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds (several: mean and 95%% interval)")
@@ -781,7 +791,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(pytorch-ddpm, improved-diffusion, diffusers, gms-heads, moment-net)")
     e.add_argument("--input", nargs="+", required=True, help=".png/.jpg images or .npy arrays")
     e.add_argument("--t0", type=_t0_arg, default=0.5, help="start index (e.g. 400) or fraction of T (e.g. 0.4)")
-    _add_sampler_args(e, 50, ["gms", "sn-ddpm", "ddpm", "ddpm-large", "ddim"])
+    _add_sampler_args(e, 50, sdedit_solvers)
     e.add_argument("--stroke", type=int, default=0, metavar="BLOCK",
                    help="make stroke guides from the inputs with this block size (0: inputs are the guides)")
     e.add_argument("--colors", type=int, default=6, help="colour levels per channel of --stroke guides")

@@ -1,6 +1,7 @@
 """The sampling loop, the drop-in single step, and Analytic-DPM's Gamma estimator (step 6)."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from typing import Any, Callable, Sequence
@@ -16,19 +17,37 @@ from .core.random import STREAM_INITIAL, GeneratorLike, SampleNoise, check_first
 from .core.schedule import DATA, Schedule, StepCoefficients, check_schedule, schedule_for, trajectory as make_trajectory
 from .kernels.dispatch import resolve_backend
 from .core.devices import check_device, generator_device, module_device
-from .sde import SAMPLERS, EpsFunction
-from .solvers import (StepRandomness, denoise_coefficients, get_solver, resolve_options, solver_step,
-                      with_model_defaults)
+from .solvers import (EpsFunction, Solver, SolverOptions, StepRandomness, denoise_coefficients, get_solver,
+                      solver_step, with_model_defaults)
 
 Model = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+# gk.sample's network for model=None and its samples' shape (C, ...), installed by the package (the embedded digits
+# model); this module imports no model of its own
+_default_model: Callable[[], tuple[Model, tuple[int, ...]]] | None = None
+
+
+def set_default_model(load: Callable[[], tuple[Model, tuple[int, ...]]]) -> None:
+    """Install the network :func:`sample` runs for ``model=None``: ``load()`` returns it and its samples' shape."""
+    global _default_model
+    _default_model = load
+
+
+def _load_default_model() -> tuple[Model, tuple[int, ...]]:
+    if _default_model is None:
+        raise ValueError("no default model is installed: pass model=")
+    return _default_model()
 
 
 def step(x_t: torch.Tensor, model_output: torch.Tensor | None, t: int, s: int, schedule: Schedule,
-         solver: str = "gms", generator: GeneratorLike = None, *, data_range: DataRange = (-1.0, 1.0),
+         solver: str | Solver = "gms", generator: GeneratorLike = None, *, data_range: DataRange = (-1.0, 1.0),
          noise: torch.Tensor | None = None, uniform: torch.Tensor | None = None, first_index: int = 0,
          return_info: bool = False, backend: str = "auto", nonfinite_flag: torch.Tensor | None = None,
-         **options: Any) -> torch.Tensor | tuple[torch.Tensor, dict]:
+         options: SolverOptions | None = None, **solver_options: Any) -> torch.Tensor | tuple[torch.Tensor, dict]:
     """One transition x_t -> x_s (s < t; s = -1 means data) for use inside any sampling loop.
+
+    ``solver``: a name of :data:`gms_kernels.solvers.SOLVERS` or a :class:`~gms_kernels.solvers.Solver` of your own.
+    Its options go in ``solver_options``, or, resolved once for a whole loop, in ``options``
+    (``get_solver(name).resolve({...}, schedule.T)``).
 
     ``model_output`` holds the heads [e1, e2, e3] concatenated along dim 1. Randomness comes from
     ``generator`` (int seed, torch.Generator, or one per sample) or from explicit ``noise``/``uniform``.
@@ -44,9 +63,12 @@ def step(x_t: torch.Tensor, model_output: torch.Tensor | None, t: int, s: int, s
     Returns x_s in the dtype of x_t (and the fitted quantities if ``return_info``).
     """
     spec = get_solver(solver)
-    if spec.multi_call:
-        raise ValueError(f"solver {solver!r} makes two or more network calls per step and has no one-step form: "
-                         f"use gk.sample(..., solver={solver!r})")
+    if not spec.per_step:
+        raise ValueError(f"solver {spec.name!r} has no one-step form (its step needs the model at other points than "
+                         f"x_t, or the previous step's output): use gk.sample(..., solver={spec.name!r})")
+    if options is not None and solver_options:
+        raise ValueError(f"pass the solver's options either resolved (options=) or by name "
+                         f"({', '.join(solver_options)}), not both")
     data_range = check_data_range(data_range)
     check_state_tensor(x_t)
     schedule = check_schedule(schedule)  # (a diffusers scheduler or its config becomes a gk.Schedule)
@@ -54,12 +76,13 @@ def step(x_t: torch.Tensor, model_output: torch.Tensor | None, t: int, s: int, s
     _check_explicit_randomness(x_t, noise, uniform)
     k = schedule.coefficients(t, s)
     where = f"at t={k.t} "
-    heads = [] if spec.heads == 0 else split_heads(model_output, x_t, spec.heads, solver, where, check_finite=False)
+    heads = [] if spec.heads == 0 else split_heads(model_output, x_t, spec.heads, spec.name, where, check_finite=False)
     source = None
     if noise is None or uniform is None:
         source = _step_noise(generator, x_t.shape[0], first_index)
     rand = StepRandomness(source, t, x_t, noise, uniform)
-    x_s, info = solver_step(solver, x_t, heads, k, rand, data_range, schedule.T, options,
+    o = spec.resolve(solver_options if options is None else options, schedule.T)
+    x_s, info = solver_step(spec, x_t, heads, k, rand, data_range, schedule.T, o,
                             resolve_backend(backend, x_t.device, x_t.dtype), return_info, where, nonfinite_flag)
     if x_s.dtype != x_t.dtype:
         x_s = x_s.to(x_t.dtype)
@@ -100,7 +123,7 @@ def _seeded_noise(seed: int, batch: int, first_index: int) -> SampleNoise:
 
 
 def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: torch.Tensor | None = None,
-           steps: int = 10, solver: str = "gms", schedule: Schedule | None = None,
+           steps: int = 10, solver: str | Solver = "gms", schedule: Schedule | None = None,
            trajectory: str | Sequence[int] = "even", generator: GeneratorLike = None, progress: bool = True,
            callback: Callable[[dict], None] | None = None, data_range: DataRange = (-1.0, 1.0), *,
            time_input: str | None = None, first_index: int = 0, dtype: torch.dtype = torch.float32,
@@ -112,6 +135,7 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
     ``trajectory`` is a kind of :func:`gms_kernels.core.schedule.trajectory` (the time indices visited for ``steps``)
     or an explicit descending list of indices, which then fixes the steps by itself (``steps`` is not used).
 
+    ``solver``: a name of :data:`gms_kernels.solvers.SOLVERS` or a :class:`~gms_kernels.solvers.Solver` of your own.
     Without a model, the embedded digits model is used (16 samples of 1x8x8 unless ``shape`` says).
 
     ``model(x_t, t)`` returns the heads [e1, e2, e3] concatenated along dim 1 in one forward pass
@@ -119,7 +143,7 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
     (integer t), ``"index+1"`` or ``"scaled"`` (t*1000/T); by default the model's ``time_input``
     attribute, else ``"index"``. Sample i is a function of (seed, ``first_index`` + i) only, so it
     does not depend on the batch it is drawn in (up to the network's rounding between batch sizes,
-    which ``ggf``'s step decisions can amplify: :func:`gms_kernels.sde.sample_ggf`). ``callback``
+    which ``ggf``'s step decisions can amplify: :func:`gms_kernels.solvers.ggf.sample_ggf`). ``callback``
     receives, after every step, a dict with the keys of :func:`callback_info` (step, t, s, sigma, x,
     denoised: the same for every solver) and the step's fitted quantities. Solver options (e.g. fit,
     select, fit_iters, eta) go in ``solver_options``; those not named there come from the model's
@@ -139,15 +163,15 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
     passes model_kwargs to its oracle's ``exact_step``.
     """
     with torch.no_grad():  # a block, not a decorator: mutmut skips decorated functions
-        if model is None and shape is None and x_T is None:  # the embedded digits model's shape
-            from .models.embedded import DIGITS_SHAPE
-
-            shape = (16, *DIGITS_SHAPE)
         _check_run_args(dtype, device, callback)
+        if model is None:
+            model, default_shape = _load_default_model()
+            if shape is None and x_T is None:
+                shape = (16, *default_shape)
         model = sampled_model(model)
         plan = _plan(model, steps, solver, schedule, trajectory, data_range, time_input, solver_options,
                      model_kwargs, guidance_scale, null_kwargs)
-        spec, solver_options, data_range, schedule, time_input, ts = plan
+        spec, o, data_range, schedule, time_input, ts = plan
 
         if x_T is None:
             if shape is None:
@@ -170,39 +194,38 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
             noise = SampleNoise.create(generator, x.shape[0], first_index)
         cond = make_conditioning(model_kwargs, guidance_scale, null_kwargs, heads=spec.heads, batch=x.shape[0],
                                  device=x.device)
-        if cond is not None and hasattr(solver_options.get("oracle"), "exact_step"):  # (the exact solver)
-            solver_options = dict(solver_options, oracle=ConditionedOracle(solver_options["oracle"], cond))
+        if cond is not None and hasattr(getattr(o, "oracle", None), "exact_step"):  # (the exact solver)
+            o = dataclasses.replace(o, oracle=ConditionedOracle(o.oracle, cond))
 
         backend = resolve_backend(backend, x.device, x.dtype)
-        if spec.multi_call:  # EDM-SDE, SEEDS-2, GGF: their own loops (float64 torch on every backend)
-            e1 = EpsFunction(model, schedule.T, time_input, solver, x.dtype,
-                             defer=_multi_call_defers_finite_check(x.device, callback, solver), conditioning=cond)
-            x = SAMPLERS[solver](e1, x, ts, schedule, noise, data_range, resolve_options(spec, solver_options),
-                                 callback, progress)[0]
+        if not spec.per_step:  # a loop of its own (float64 torch on every backend)
+            e1 = EpsFunction(model, schedule.T, time_input, spec.name, x.dtype,
+                             defer=_multi_call_defers_finite_check(x.device, callback, spec), conditioning=cond)
+            x = spec.loop(e1, x, ts, schedule, noise, data_range, o, callback, progress)[0]
             e1.raise_if_nonfinite()
             return x
         defer_check = backend == "triton" and callback is None  # a callback sees x at once: check at once
         pending = None
         k_label = steps if isinstance(trajectory, str) else len(ts)  # (an explicit trajectory fixes the steps)
-        for i, t in enumerate(progress_bar(ts, progress, desc=f"{solver} K={k_label}", leave=False)):
+        for i, t in enumerate(progress_bar(ts, progress, desc=f"{spec.name} K={k_label}", leave=False)):
             s = ts[i + 1] if i + 1 < len(ts) else DATA
             k = schedule.coefficients(t, s)
             heads, where = [], f"at step {i} (t={t}) "
             if spec.heads:
                 out = call_model(model, x, t, schedule.T, time_input, cond)
-                heads = split_heads(out, x, spec.heads, solver, where, check_finite=False)
+                heads = split_heads(out, x, spec.heads, spec.name, where, check_finite=False)
             if pending is not None:
                 pending.raise_if_set()
             pending = DeferredFiniteCheck(x, heads, where) if defer_check else None
             rand = StepRandomness(noise, t, x)
-            x_new, info = solver_step(solver, x, heads, k, rand, data_range, schedule.T, solver_options,
+            x_new, info = solver_step(spec, x, heads, k, rand, data_range, schedule.T, o,
                                       backend, callback is not None, where, None if pending is None else pending.flag)
             if pending is not None:
                 pending.launched()
             x_prev, x = x, x_new.to(x.dtype)
             if callback is not None:
                 e1 = heads[0] if heads else split_heads(call_model(model, x_prev, t, schedule.T, time_input, cond),
-                                                          x_prev, 1, solver, where)[0]
+                                                          x_prev, 1, spec.name, where)[0]
                 callback({**info, **callback_info(i, k, x, x_prev, e1, data_range)})
         if pending is not None:
             pending.raise_if_set()
@@ -219,12 +242,12 @@ def callback_info(i: int, k: StepCoefficients, x: torch.Tensor, x_t: torch.Tenso
     return {"step": i, "i": i, "t": k.t, "s": k.s, "sigma": k.sigma_t / k.a_t, "x": x, "denoised": denoised.to(x.dtype)}
 
 
-def _plan(model: Model | None, steps: int, solver: str, schedule: Schedule | None, trajectory: str | Sequence[int],
+def _plan(model: Model, steps: int, solver: str | Solver, schedule: Schedule | None, trajectory: str | Sequence[int],
           data_range: DataRange, time_input: str | None, solver_options: dict[str, Any],
           model_kwargs: object = None, guidance_scale: object = None, null_kwargs: object = None) -> tuple:
     """:func:`sample`'s arguments checked (before any network call) and completed with the model's
-    defaults: (solver, options, data range, schedule, time input, trajectory). (model_kwargs' rows are
-    checked once the batch is known.)"""
+    defaults: (solver, its resolved options, data range, schedule, time input, trajectory). (model_kwargs' rows
+    are checked once the batch is known.)"""
     spec = get_solver(solver)
     cond = make_conditioning(model_kwargs, guidance_scale, null_kwargs, heads=spec.heads)
     if cond is not None and cond.guided and not spec.heads:
@@ -233,18 +256,18 @@ def _plan(model: Model | None, steps: int, solver: str, schedule: Schedule | Non
     if spec.heads:  # (the exact solver never calls its oracle as a network)
         check_model_signature(model, list(cond.kwargs) if cond is not None else ())
     check_model_heads(model, spec.heads, spec.name)
-    if spec.name == "exact" and "oracle" not in solver_options:
+    if "oracle" in spec.requires and "oracle" not in solver_options:  # (the model is the oracle)
         solver_options = dict(solver_options, oracle=model)
     solver_options = with_model_defaults(spec, solver_options, model)
     data_range = check_data_range(data_range)
     schedule = schedule_for(model, schedule)
-    resolve_options(spec, solver_options, schedule.T)
+    o = spec.resolve(solver_options, schedule.T)
     time_input = check_time_input(time_input or getattr(model, "time_input", "index"))
     ts = make_trajectory(schedule, steps, trajectory)
-    return spec, solver_options, data_range, schedule, time_input, ts
+    return spec, o, data_range, schedule, time_input, ts
 
 
-def check_sample_args(model: Model | None = None, steps: int = 10, solver: str = "gms",
+def check_sample_args(model: Model | None = None, steps: int = 10, solver: str | Solver = "gms",
                       schedule: Schedule | None = None, trajectory: str | Sequence[int] = "even",
                       data_range: DataRange = (-1.0, 1.0), *, time_input: str | None = None,
                       dtype: torch.dtype = torch.float32, backend: str = "auto",
@@ -299,9 +322,7 @@ def sampled_model(model: Model | None) -> Model:
     """The network :func:`sample` runs for ``model``: the embedded digits model for None, a raw diffusers
     ``UNet2DModel`` / ``GMSDiffusersModel`` made a gms_kernels model, anything else as it is."""
     if model is None:
-        from .models.embedded import default_model
-
-        model = default_model()
+        model = _load_default_model()[0]
     return adapt_model(model)
 
 
@@ -318,11 +339,11 @@ def _sample_device(model: Model, device: torch.device | str | None) -> torch.dev
     return module_device(model) or torch.device("cpu")
 
 
-def _multi_call_defers_finite_check(device: torch.device, callback: Callable | None, solver: str) -> bool:
-    """Whether a multi-call sampler (EDM-SDE, SEEDS-2/3, GGF) reads its per-call NaN/inf verdicts once, at the end.
-    Off the CPU a read per network call would stall the host per call; not with a callback, which sees x at once,
-    nor for GGF, whose step-size decisions read the device anyway."""
-    return device.type != "cpu" and callback is None and solver != "ggf"
+def _multi_call_defers_finite_check(device: torch.device, callback: Callable | None, solver: str | Solver) -> bool:
+    """Whether a solver's own loop reads its per-call NaN/inf verdicts once, at the end. Off the CPU a read per
+    network call would stall the host per call; not with a callback, which sees x at once, nor for an adaptive
+    solver (GGF), whose step-size decisions read the device anyway."""
+    return device.type != "cpu" and callback is None and get_solver(solver).calls_per_step is not None
 
 
 class DeferredFiniteCheck:

@@ -101,7 +101,7 @@ def fused_kernel_calls(monkeypatch):
     """A list of the backends solvers.solver_step hands a step to: solvers.fused_step is replaced by a stub
     that records its backend and returns x_t, so a test sees which steps would run in a fused kernel (and
     which on the float64 torch step) without running one."""
-    import gms_kernels.solvers as solvers
+    import gms_kernels.solvers.base as solvers
 
     calls = []
 

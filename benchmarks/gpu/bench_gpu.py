@@ -32,12 +32,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gms_kernels as gk  # noqa: E402
 from cases import FITS, SIZES, STEP, make_inputs, median_seconds, runner  # noqa: E402
-from gms_kernels.kernels import MODE_ADAN, MODE_CLOSED, make_config  # noqa: E402
+from gms_kernels.kernels import MODE_ADAN, MODE_CLOSED  # noqa: E402
 from gms_kernels.kernels import triton_gms as tg  # noqa: E402
 from gms_kernels.model_io import check_inputs_finite  # noqa: E402
 from gms_kernels.core.random import SampleNoise  # noqa: E402
 from gms_kernels.sampling import DeferredFiniteCheck  # noqa: E402
-from gms_kernels.solvers import SOLVERS, resolve_options  # noqa: E402
+from gms_kernels.solvers import SOLVERS, fused_config, resolve_options  # noqa: E402
 from run_cpu import flops_per_element  # noqa: E402
 
 import triton  # noqa: E402  (after gms_kernels, which does not import it)
@@ -256,10 +256,10 @@ def loop_overhead(env: Setup, nets, schedule: gk.Schedule, turns: int = 7) -> li
 @torch.no_grad()
 def sde_loop(env: Setup, nets, schedule: gk.Schedule, turns: int = 5) -> list[str]:
     """EDM-SDE (10 steps: 19 network calls) with the backbones at batch 100 (cifar10 also at 8): the NaN/inf check
-    of each network output read at once (a sync per call, as before sde.EpsFunction deferred it) against
+    of each network output read at once (a sync per call, as before EpsFunction deferred it) against
     read once at the end (gk.sample), and the model calls alone; medians of ``turns``, per network call."""
     from gms_kernels.sampling import _plan
-    from gms_kernels.sde import SAMPLERS, EpsFunction, network_calls
+    from gms_kernels.solvers import EpsFunction
     rows = []
     cases = ([("cifar10-b100", 1)] if env.smoke
              else [("cifar10-b100", 100), ("cifar10-b100", 8), ("imagenet64-b100", 100)])
@@ -268,13 +268,12 @@ def sde_loop(env: Setup, nets, schedule: gk.Schedule, turns: int = 5) -> list[st
         x_t = torch.randn((batch,) + x.shape[1:], device=env.device)
         spec, options, data_range, _, time_input, ts = _plan(net, 1 if env.smoke else 10, "edm-sde", schedule,
                                                              "even", (-1.0, 1.0), None, {})
-        calls = network_calls("edm-sde", len(ts))
+        calls = spec.network_calls(len(ts))
         t_in = t[:batch]
 
         def run(defer: bool):
             e1 = EpsFunction(net, schedule.T, time_input, "edm-sde", x_t.dtype, defer)
-            SAMPLERS["edm-sde"](e1, x_t, ts, schedule, SampleNoise.create(0, batch), data_range,
-                                resolve_options(spec, options))
+            spec.loop(e1, x_t, ts, schedule, SampleNoise.create(0, batch), data_range, options)
             e1.raise_if_nonfinite()
 
         fns = {"alone": lambda: [net(x_t, t_in) for _ in range(calls)],
@@ -295,8 +294,8 @@ def step_breakdown(env: Setup, schedule: gk.Schedule) -> list[str]:
     x_t, out = make_inputs(env.sizes["cifar10-b100"], env.device)
     n, c = x_t.shape[0], x_t.shape[1]
     heads = [out[:, i * c:(i + 1) * c] for i in range(3)]
-    cfg = make_config("gms", schedule.coefficients(*STEP), (-1.0, 1.0),
-                      resolve_options(SOLVERS["gms"], FITS["closed"]), schedule.T, n, x_t[0].numel())
+    cfg = fused_config("gms", resolve_options(SOLVERS["gms"], FITS["closed"]), schedule.coefficients(*STEP), (-1.0, 1.0),
+                       schedule.T, n, x_t[0].numel())
     noise = SampleNoise.create(0, n)
     seeds, indices = noise.seeds.to(env.device), noise.indices.to(env.device)
     flag = torch.zeros(1, dtype=torch.int32, device=env.device)

@@ -29,19 +29,17 @@ from ..integrations import distributed
 from ..core.files import write_atomically
 from ..model_io import check_positive_ints
 from ..sampling import check_sample_args
-from ..solvers import SOLVERS
+from ..solvers import SOLVERS, get_solver
 
 PAPER_STEPS = (10, 20, 25, 40, 50, 100, 200, 1000)
-PAPER_SOLVERS = ("ddpm", "ddpm-large", "sn-ddpm", "gms")
-# the paper's row names; every other solver is named in the same style (row_label)
-ROW_LABELS = {"ddpm": "DDPM, β̃_t", "ddpm-large": "DDPM, β_t", "sn-ddpm": "SN-DDPM", "gms": "GMS",
-              "analytic-dpm": "Analytic-DPM", "exact": "Exact"}
+# the rows of the paper's FID tables
+PAPER_SOLVERS = tuple(name for name, spec in SOLVERS.items() if spec.in_paper)
 
 
 def row_label(solver: str) -> str:
     """The table's name of ``solver``: the paper's where it has one, else the solver's name in capitals
     (DDIM, SEEDS-1, EDM-SDE, GGF), so that no row is named in lower case beside the others."""
-    return ROW_LABELS.get(solver, solver.upper())
+    return get_solver(solver).table_label
 FID_FORMAT = "gms_kernels.fid/1"
 GMS_PAPER_OPTIONS = {"fit": "adan", "select": "sample", "fit_iters": 25}  # the paper's optimiser, 25 iterations
 
@@ -94,9 +92,9 @@ def _checkpoint_groups(checkpoints: Sequence[str | os.PathLike | Sequence[str | 
     return groups
 
 
-# the table's possible rows: every solver but the oracle's exact sampler and analytic-dpm (its Gamma table needs
-# training data)
-REPRODUCIBLE_SOLVERS = tuple(s for s in SOLVERS if s not in ("exact", "analytic-dpm"))
+# the table's possible rows: every solver that needs nothing but the network (not the oracle's exact sampler, nor
+# analytic-dpm, whose Gamma table needs training data)
+REPRODUCIBLE_SOLVERS = tuple(name for name, spec in SOLVERS.items() if not spec.requires)
 
 
 def _check_request(solvers: Sequence[str], steps: Sequence[int], num_samples: int, seeds: Sequence[int],

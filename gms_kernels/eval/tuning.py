@@ -1,7 +1,7 @@
-"""Choosing a model's own solver options on held-out data (issue 20's rule, for any model).
+"""Choosing a model's own solver options on held-out data.
 
-Which GMS variant samples best depends on the data (python/results/quality.md: one mixture component per image wins
-on natural-image patches and loses on digits), so a model can carry its own options (``solver_defaults``, see
+Which GMS variant samples best depends on the data (one mixture component per image can win on natural-image patches
+and lose on digits), so a model can carry its own options (``solver_defaults``, see
 :func:`gms_kernels.solvers.with_model_defaults`). :func:`choose_options` picks them the way the shipped models' were
 picked: every candidate samples at each K over a few seeds (the same initial noise for every candidate at a seed), a
 score against held-out data is averaged over the seeds, and the candidate with the lowest mean rank over the K wins.
@@ -17,20 +17,6 @@ from .metrics import seed_interval
 from ..core.progress import progress_bar
 from ..sampling import sample
 from ..solvers import get_solver, resolve_options
-
-# The GMS candidates of python/results/quality.md, section 7 (those that took the first three places there on
-# either testbed, and the official preset), and the variant that leads on exact heads (python/results/oracle.md:
-# per pixel with a mixture on the last step; it was among section 7's twelve candidates).
-GMS_CANDIDATES: dict[str, dict[str, Any]] = {
-    "closed, per image": {"fit": "closed", "select": "sample"},
-    "closed, per pixel": {"fit": "closed", "select": "pixel"},
-    "closed, per image, GMS on the last step": {"fit": "closed", "select": "sample", "gaussian_last_step": False},
-    "closed, per image, skew threshold 0.05": {"fit": "closed", "select": "sample", "skew_threshold": 0.05},
-    "closed, per pixel, GMS on the last step": {"fit": "closed", "select": "pixel", "gaussian_last_step": False},
-    "adan-70, per pixel": {"fit": "adan", "select": "pixel", "fit_iters": 70},
-    "official": {"preset": "official"},
-}
-
 
 def mean_ranks(scores: Mapping[tuple[Any, str, int], float], candidates: Sequence[str]) -> dict[str, float]:
     """The choice rule: ``scores[(cell, candidate, K)]`` are mean scores (lower is better; ``cell`` names a data set,
@@ -92,15 +78,17 @@ def choose_options(model: Any, reference: torch.Tensor, score: Callable[[torch.T
     ``score(samples, reference)`` (lower is better, e.g. ``gk.metrics.fd_digits`` or a Frechet distance on
     held-out data that the model was not trained on), and rank the candidates by their mean rank over the K.
 
-    ``candidates``: {name: options} (default :data:`GMS_CANDIDATES`); each runs on the library's defaults, never
-    on the model's own ``solver_defaults``, so that the choice does not depend on an earlier one. ``shape``: one
+    ``candidates``: {name: options} (default: the solver's own, :attr:`gms_kernels.solvers.Solver.candidates`);
+    each runs on the library's defaults, never on the model's own ``solver_defaults``, so that the choice does not
+    depend on an earlier one. ``shape``: one
     sample's shape (default: ``reference``'s). ``sample_kwargs`` go to every :func:`gms_kernels.sample` call
     (e.g. ``trajectory``, ``backend``, ``data_range``). Then ``model.solver_defaults = {solver: choice.options}``
     makes the winner the model's default. Every option set is checked before any sampling."""
     spec = get_solver(solver)
-    candidates = {name: dict(o) for name, o in (GMS_CANDIDATES if candidates is None else candidates).items()}
+    candidates = {name: dict(o) for name, o in (spec.candidates if candidates is None else candidates).items()}
     if not candidates:
-        raise ValueError("choose_options needs at least one candidate")
+        raise ValueError(f"choose_options needs at least one candidate (solver {spec.name!r} has none of its own): "
+                         "pass candidates={name: options}")
     if seeds < 1 or n_samples < 1 or not steps:
         raise ValueError(f"seeds and n_samples must be >= 1 and steps not empty, got {seeds}, {n_samples}, {steps}")
     if first_seed < 0:
@@ -116,7 +104,7 @@ def choose_options(model: Any, reference: torch.Tensor, score: Callable[[torch.T
     runs = [(name, k, seed) for k in steps for name in candidates for seed in range(first_seed, first_seed + seeds)]
     for name, k, seed in progress_bar(runs, progress, desc="choose_options"):
         x = sample(model, shape=(n_samples, *shape), steps=k, solver=solver, generator=seed, progress=False,
-                   **sample_kwargs, **full[name])
+                   **sample_kwargs, **full[name].as_dict())
         choice.values.setdefault((name, k), []).append(float(score(x, reference)))
     means = {(None, name, k): sum(v) / len(v) for (name, k), v in choice.values.items()}
     choice.ranks = mean_ranks(means, list(candidates))

@@ -259,7 +259,7 @@ def backbone_family(net: nn.Module) -> str | None:
 def _scheduler_for(net: nn.Module, **scheduler_kwargs: Any):
     """GMSScheduler on the network's training betas (the named linear schedule when they are exactly it), with the
     network's own solver options (``solver_defaults``) under the ones ``scheduler_kwargs`` name."""
-    from .scheduler import _GMS_KEYS, GMSScheduler
+    from .scheduler import ARGUMENT_KEYS, GMSScheduler
     from ..solvers import get_solver, with_model_defaults
 
     schedule = getattr(net, "schedule", None) or Schedule.linear()
@@ -267,7 +267,7 @@ def _scheduler_for(net: nn.Module, **scheduler_kwargs: Any):
     if not torch.equal(schedule.betas, Schedule.linear(schedule.T).betas):
         kwargs["trained_betas"] = schedule.betas.tolist()
     # the network's own options under the ones the caller names, split as GMSScheduler takes them
-    as_arguments = _GMS_KEYS + ("eta",)
+    as_arguments = ARGUMENT_KEYS
     caller = {k: v for k, v in scheduler_kwargs.items() if not (k in as_arguments and v is None)}
     extra = dict(caller.pop("solver_options", None) or {})
     named = {**{k: v for k, v in caller.items() if k in as_arguments}, **extra}

@@ -89,7 +89,7 @@ def solver_settings(sample_kwargs: dict[str, Any], model: Any = None) -> dict[st
     named = {k: v for k, v in sample_kwargs.items() if k not in own}
     spec = get_solver(sample_kwargs.get("solver", own["solver"].default))
     resolved = resolve_options(spec, with_model_defaults(spec, named, sampled_model(model)))
-    return {k: v for k, v in resolved.items() if k != "oracle"}  # (an object: its weights are the model's)
+    return {k: v for k, v in resolved.as_dict().items() if k != "oracle"}  # (an object: its weights are the model's)
 
 
 def sample_shards(model: Callable, out_dir: str | Path, num_samples: int, sample_shape: tuple[int, ...], *,

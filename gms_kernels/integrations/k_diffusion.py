@@ -278,8 +278,7 @@ def _sample(solver: str, model: Any, x: torch.Tensor, sigmas: object, extra_args
         spec, schedule = get_solver(solver), denoiser.schedule
         net = denoiser.inner_model
         check_model_heads(net, spec.heads, spec.name)
-        options = with_model_defaults(spec, options, net)
-        resolve_options(spec, options, schedule.T)
+        resolved = resolve_options(spec, with_model_defaults(spec, options, net), schedule.T)
         data_range = check_data_range(data_range)
         first_index = check_first_index(first_index)
         resolve_backend(backend, x.device, x.dtype)
@@ -301,7 +300,7 @@ def _sample(solver: str, model: Any, x: torch.Tensor, sigmas: object, extra_args
             if callback is not None:
                 callback(_callback_info(i, levels[i], t, s, x_t, out, solver, schedule, data_range))
             x_t = step(x_t, out, t, s, schedule, solver, seed, data_range=data_range, first_index=first_index,
-                       backend=backend, **options)
+                       backend=backend, options=resolved)
         return x_t  # (at sigma = 0, a = 1: the VP and VE scales coincide)
 
 

@@ -88,12 +88,15 @@ from ..model_io import check_state_tensor, split_heads
 from ..core.random import fixed_seeds
 from ..sampling import DeferredFiniteCheck, step as gk_step
 from ..core.schedule import DATA, TRAJECTORY_KINDS, Schedule, time_index, trajectory
-from ..solvers import SOLVERS, check_skew_scale, get_solver, resolve_options
+from ..solvers import SOLVERS, get_solver
+from ..solvers.gms import ARGUMENT_OPTIONS, check_skew_scale
 
 BETA_SCHEDULES = ("linear", "scaled_linear", "cosine", "squaredcos_cap_v2", "sigmoid")
-# 'exact' needs an oracle object; EDM-SDE, SEEDS-2 and GGF make several calls per step (gk.sample only)
-SCHEDULER_SOLVERS = tuple(name for name, spec in SOLVERS.items() if name != "exact" and not spec.multi_call)
-_GMS_KEYS = ("fit", "select", "fit_iters", "preset")
+# the solvers with a one-step form (the others run only in gk.sample), but the oracle's exact one, which needs an
+# oracle object
+SCHEDULER_SOLVERS = tuple(name for name, spec in SOLVERS.items() if spec.per_step and "oracle" not in spec.requires)
+# the options that are GMSScheduler arguments of their own, not solver_options entries
+ARGUMENT_KEYS = ARGUMENT_OPTIONS + ("eta",)
 
 
 @dataclass
@@ -269,15 +272,16 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
             next to the diffusers one. A config whose ``timestep_spacing`` is no longer the diffusers form of
             it (changed by a diffusers scheduler in between) uses ``timestep_spacing``, with a warning.
         steps_offset: added to the ``"leading"`` timesteps, as diffusers' DDPMScheduler does.
-        solver: ``"gms"`` (3 heads), ``"sn-ddpm"`` (2), ``"ddpm"``, ``"ddpm-large"``, ``"ddim"`` (1), or
-            ``"analytic-dpm"`` (1, with ``solver_options={"gamma": table}``), or ``"seeds-1"`` (1; SEEDS-1, the
-            exponential SDE step in the noise prediction). EDM-SDE, SEEDS-2 and GGF make two network calls per
-            step on states only their sampler holds, so they have no scheduler form: use ``gk.sample``.
+        solver: one of :data:`SCHEDULER_SOLVERS`, the solvers with a one-step form (``"gms"`` reads 3 heads,
+            ``"sn-ddpm"`` 2, the others 1; ``"analytic-dpm"`` needs ``solver_options={"gamma": table}``). A solver
+            whose step needs the model at other points than x_t, or the previous step's output, has no scheduler
+            form: use ``gk.sample``.
         fit, select, fit_iters: GMS options (ignored by the other solvers; None: ``gk.step``'s defaults, for the
             scheduler does not see the model: ``gk.models.export_diffusers`` writes a model's own options, its
-            ``solver_defaults``, here); eta: DDIM's eta.
+            ``solver_defaults``, here); eta: the noise share of the solvers that have one (DDIM's eta, 0 by
+            default; None: the solver's default).
         preset: GMS: a named option set under the options above, e.g. ``"official"`` (what the official GMS
-            code runs; see ``gms_kernels.solvers.PRESETS``).
+            code runs; see ``gms_kernels.solvers.gms.GMS.presets``).
         data_range: range of the data for the official clamps (like ``clip_sample``); ``None`` = off. The
             config also holds diffusers' ``clip_sample`` / ``clip_sample_range`` for it (:func:`clip_keys`:
             the smallest symmetric range that holds it), which diffusers' schedulers read.
@@ -341,7 +345,7 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
         fit: str | None = None,
         select: str | None = None,
         fit_iters: int | None = None,
-        eta: float = 0.0,
+        eta: float | None = None,
         data_range: Sequence[float] | None = (-1.0, 1.0),
         backend: str = "auto",
         solver_options: dict | None = None,
@@ -389,7 +393,7 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
             solver_options = dict(solver_options)
             bad = [k for k in solver_options if not isinstance(k, str)]
             if bad:
-                names = ", ".join(k for k in SOLVERS[c.solver].options if k not in _GMS_KEYS + ("eta",))
+                names = ", ".join(k for k in SOLVERS[c.solver].options if k not in ARGUMENT_KEYS)
                 raise TypeError(f"solver_options' keys must be option names (strings), got {bad[0]!r}; solver "
                                 f"{c.solver!r} takes: {names or 'none'}")
             if isinstance(solver_options.get("skew_scale"), Mapping):  # (checked before JSON makes its keys strings,
@@ -417,8 +421,8 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
             warnings.warn("GMSScheduler: timestep_spacing 'quad' has no diffusers equivalent; its config gives "
                           "diffusers' schedulers (DDPMScheduler.from_config(...)) the nearest one, 'leading', and "
                           "keeps 'quad' in gms_timestep_spacing for GMSScheduler", UserWarning, stacklevel=4)
-        self._options = self._solver_options(c.solver, c.fit, c.select, c.fit_iters, c.eta, solver_options, c.preset)
-        resolve_options(self._spec, dict(self._options), T)  # fail now, not at the first step
+        options = self._solver_options(c.solver, c.fit, c.select, c.fit_iters, c.eta, solver_options, c.preset)
+        self._options = self._spec.resolve(options, T)  # once, and so failing now, not at the first step
 
         self.schedule = Schedule(make_betas(T, c.beta_start, c.beta_end, c.beta_schedule, trained_betas))
         # float32 views for pipelines that read them (img2img-style code uses alphas_cumprod)
@@ -448,7 +452,7 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
         return out
 
     @staticmethod
-    def _solver_options(solver: str, fit: str | None, select: str | None, fit_iters: int | None, eta: float,
+    def _solver_options(solver: str, fit: str | None, select: str | None, fit_iters: int | None, eta: float | None,
                         extra: dict | None, preset: str | None) -> dict[str, Any]:
         valid = SOLVERS[solver].options
         options = {}
@@ -457,10 +461,10 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
             options.update({k: v for k, v in named.items() if v is not None})
         elif preset is not None:
             raise ValueError(f"preset applies to solver 'gms', not {solver!r}")
-        if "eta" in valid:
+        if "eta" in valid and eta is not None:
             options["eta"] = float(eta)
         for key, value in dict(extra or {}).items():
-            if key in _GMS_KEYS + ("eta",):
+            if key in ARGUMENT_KEYS:
                 raise ValueError(f"pass {key!r} as a GMSScheduler argument, not in solver_options")
             if key == "weights":
                 value = tuple(value)
@@ -699,7 +703,7 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
             pending = DeferredFiniteCheck(x_t, heads, f"at timestep {t} ")
         prev = gk_step(x_t, out, t, s, self.schedule, self.config.solver, fixed_seeds(generator),
                        data_range=self._data_range, noise=noise, backend=self.config.backend,
-                       nonfinite_flag=None if pending is None else pending.flag, **self._options)
+                       nonfinite_flag=None if pending is None else pending.flag, options=self._options)
         if pending is not None:
             pending.launched()
             self._pending = pending

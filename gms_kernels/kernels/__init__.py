@@ -1,8 +1,9 @@
 """Fused GMS step backends: one pass over memory that does moments -> fit -> mixture sampling.
 
 Every backend implements the same contract, ``fused_step(x_t, e1, e2, e3, seeds, indices, cfg,
-return_params)``, whose meaning is defined by the torch reference (``solvers.gms_step`` and the
-last-step rules of ``solvers.solver_step``). Per element (sample i, element j of D):
+return_params)``, whose meaning is defined by the solvers' float64 steps (:mod:`gms_kernels.solvers.gms` and the
+last-step rules of :func:`gms_kernels.solvers.solver_step`); a solver builds its steps' configs itself
+(:meth:`gms_kernels.solvers.Solver.fused_config`, from :func:`step_scalars`). Per element (sample i, element j of D):
 
 1. moments (fp64 in every backend): ``moments.x0_moments`` -> ``moments.clamp_x0_moments``
    (when ``cfg.has_range``) -> M1, Var (no clamp of its own: Var[x0|x_t] is clamped), M3;
@@ -10,7 +11,7 @@ last-step rules of ``solvers.solver_step``). Per element (sample i, element j of
    N(M1, fixed_var) from e1 alone (ddpm, ddpm-large, analytic-dpm; no draw when fixed_var is 0);
    DDIM takes M1 = E[x0|x_t] (c1 = 0, c2 = 1) and writes
    ``ddim_a_s x0 + ddim_eps_scale (x_t - a_t x0) / sigma_t`` plus N(0, fixed_var) noise
-   (``solvers.ddim_step``); CLOSED and ADAN fit
+   (:mod:`gms_kernels.solvers.ddim`); CLOSED and ADAN fit
    (mu1, mu2, s2) like ``fit.fit_closed`` / ``fit.fit_adan`` (learning rate ``cfg.lrs[k]`` at
    iteration k, gradient scale ``cfg.grad_scale`` = 2 / count), then draw
    ``(u < w1 ? mu1 : mu2) + sqrt(s2) z``. ADAN's loop runs in fp32 by default (``adan_precision``
@@ -27,11 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
-from ..core.fit import adan_learning_rates
-from ..core.moments import last_step_variance_cap
-from ..core.schedule import DATA
+from ..core.moments import DataRange
+from ..core.schedule import StepCoefficients
 
 MODE_GAUSSIAN, MODE_CLOSED, MODE_ADAN, MODE_DENOISE, MODE_FIXED, MODE_DDIM = 0, 1, 2, 3, 4, 5
 
@@ -80,9 +78,6 @@ class FusedStepConfig:
     ddim_eps_scale: float = 0.0
 
 
-FUSABLE_SOLVERS = ("gms", "sn-ddpm", "ddpm", "ddpm-large", "ddim", "analytic-dpm")
-
-
 def cpu_info() -> dict:
     """The C++ kernels' CPU target (see :func:`gms_kernels.kernels.cpp.cpu_info`): the one in use,
     the best this CPU runs, those compiled into the extension and those this CPU supports."""
@@ -99,67 +94,10 @@ def set_cpu_target(name: str | None) -> str:
     return cpp.set_cpu_target(name)
 
 
-def _fixed_variance_config(solver: str, k, data_range, o: dict, common: dict) -> FusedStepConfig:
-    """ddpm, ddpm-large, analytic-dpm (N(M1, a variance shared by every element)) and ddim, from the
-    torch reference's own definitions of their variances and coefficients (solvers.py)."""
-    from ..core.moments import transition_moments
-    from ..solvers import analytic_x0_variance, ddim_scales
-
-    if solver == "ddim":
-        eps_scale, noise_var = ddim_scales(k, o["eta"])
-        common.update(c1=0.0, c2=1.0, lam2=0.0)  # (M1 = E[x0|x_t]: the moments of t -> data)
-        return FusedStepConfig(mode=MODE_DDIM, fixed_var=noise_var, ddim_a_s=k.a_s, ddim_eps_scale=eps_scale, **common)
-    if solver == "analytic-dpm":  # Var of an isotropic Var[x0|x_t], clamped and capped like _learned_gaussian
-        one = torch.zeros(1, dtype=torch.float64, device="cpu")
-        x0_var = torch.full_like(one, analytic_x0_variance(o, k))
-        var = transition_moments(one, one, None, None, k, data_range, x0_var=x0_var).var
-        cap = last_step_variance_cap(data_range, o["clip_pixel"]) if k.s == 0 else None
-        var = float(var.clamp(0.0, cap) if cap is not None else var.clamp_min(0.0))
-    else:
-        var = max(k.lam2 if solver == "ddpm" else k.beta_ts, 0.0)
-    return FusedStepConfig(mode=MODE_FIXED, fixed_var=var, **common)
-
-
-# options the fused kernels do not implement, with the value that leaves a step as it is: a step that sets
-# another value (for a per-step mapping such as skew_scale's, at any step) runs the float64 torch reference
-TORCH_ONLY_OPTIONS = {"variance_interp": 0.0, "variance_scale": 1.0, "skew_threshold": 0.0, "skew_scale": 1.0}
-
-
-def _sets_torch_only_option(o: dict) -> bool:
-    for name, off in TORCH_ONLY_OPTIONS.items():
-        value = o.get(name, off)
-        if any(v != off for v in (value.values() if isinstance(value, dict) else (value,))):
-            return True
-    return False
-
-
-def make_config(solver: str, k, data_range, o: dict, T: int, batch: int, per_sample: int) -> FusedStepConfig | None:
-    """The fused-step config equivalent to ``solver_step(solver, ...)`` with resolved options ``o``;
-    None when the step is not one the fused kernels do."""
-    if solver not in FUSABLE_SOLVERS or _sets_torch_only_option(o):
-        return None
-    common = dict(t=k.t, a_t=k.a_t, sigma_t=k.sigma_t, c1=k.c1, c2=k.c2, lam2=k.lam2,
-                  has_range=data_range is not None)
+def step_scalars(k: StepCoefficients, data_range: DataRange) -> dict:
+    """The fields of :class:`FusedStepConfig` that every mode reads: the step's coefficients and the data range's
+    centre and half width (the clamps of the moments)."""
+    scalars = dict(t=k.t, a_t=k.a_t, sigma_t=k.sigma_t, c1=k.c1, c2=k.c2, lam2=k.lam2, has_range=data_range is not None)
     if data_range is not None:
-        common.update(center=(data_range[0] + data_range[1]) / 2, half=(data_range[1] - data_range[0]) / 2)
-    if k.s == DATA and o["denoise_final"]:
-        return FusedStepConfig(mode=MODE_DENOISE, **common)
-    if solver in ("ddpm", "ddpm-large", "ddim", "analytic-dpm"):
-        return _fixed_variance_config(solver, k, data_range, o, common)
-    if solver == "sn-ddpm" or (k.s == 0 and o["gaussian_last_step"]):
-        cap = last_step_variance_cap(data_range, o["clip_pixel"]) if k.s == 0 else None
-        return FusedStepConfig(mode=MODE_GAUSSIAN, var_cap=float("inf") if cap is None else cap, **common)
-    w1 = float(o["weights"][0])
-    per_pixel = o["select"] == "pixel"
-    if o["fit"] == "closed":
-        return FusedStepConfig(mode=MODE_CLOSED, w1=w1, var_floor=float(o["var_floor"]), per_pixel=per_pixel,
-                               **common)
-    count = per_sample * (batch if o["adan_mean"] == "batch" else 1)
-    precision = o.get("adan_precision")
-    if precision is None:  # the backend's default, which is float32, for loops float32 follows closely
-        adan_fp64 = True if o["fit_iters"] > ADAN_FP32_MAX_ITERS else None
-    else:
-        adan_fp64 = precision == "float64"
-    return FusedStepConfig(mode=MODE_ADAN, w1=w1, per_pixel=per_pixel,
-                           lrs=tuple(adan_learning_rates(o["fit_iters"], o["lr"], k.t, T)),
-                           grad_scale=2.0 / max(count, 1), adan_fp64=adan_fp64, **common)
+        scalars.update(center=(data_range[0] + data_range[1]) / 2, half=(data_range[1] - data_range[0]) / 2)
+    return scalars

@@ -342,7 +342,7 @@ def test_the_cpp_backend_runs_the_fixed_variance_and_ddim_steps_fused(solver, mo
     """backend='cpp' runs ddpm, ddpm-large and ddim (the modes only the C++ kernel has) in its fused kernel,
     not in the float64 torch reference; the kernel's result is kept."""
     pytest.importorskip("gms_kernels._C")
-    import gms_kernels.solvers as solvers
+    import gms_kernels.solvers.base as solvers
 
     calls = []
     real = solvers.fused_step
@@ -418,7 +418,7 @@ def test_real_options_are_resolved_to_python_floats(solver, key, value):
     from gms_kernels.solvers import SOLVERS, resolve_options
 
     v32 = np.float32(value)
-    got = resolve_options(SOLVERS[solver], {key: v32})[key]
+    got = resolve_options(SOLVERS[solver], {key: v32}).as_dict()[key]
     assert type(got) is float and got == float(v32)
     if key == "eta":
         sched = gk.Schedule.linear()
@@ -434,7 +434,7 @@ def test_edm_sde_churn_bounds():
     from gms_kernels.solvers import SOLVERS, resolve_options
 
     for churn in (0.0, 0.5, 80.0):
-        assert resolve_options(SOLVERS["edm-sde"], {"s_churn": churn})["s_churn"] == churn
+        assert resolve_options(SOLVERS["edm-sde"], {"s_churn": churn}).as_dict()["s_churn"] == churn
     with pytest.raises(ValueError, match=r"^s_churn must be a number in \[0, inf\] \(EDM's total churn S_churn\)"):
         resolve_options(SOLVERS["edm-sde"], {"s_churn": -0.1})
     with pytest.raises(ValueError, match=r"^s_tmin must be a number in \[0, inf\] \(EDM's lowest churned sigma S_tmin\)"):
@@ -452,7 +452,7 @@ def test_seeds_2_intermediate_point_lies_inside_the_step():
     from gms_kernels.solvers import SOLVERS, resolve_options
 
     for r in (0.5, 0.999):
-        assert resolve_options(SOLVERS["seeds-2"], {"r": r})["r"] == r
+        assert resolve_options(SOLVERS["seeds-2"], {"r": r}).as_dict()["r"] == r
     for r in (0.0, 1.5):
         with pytest.raises(ValueError, match=r"^r must be a number in \(0, 1\] \(SEEDS-2's intermediate point, a "
                                              r"fraction of the step in lambda\)"):
@@ -481,7 +481,7 @@ def test_ggf_max_attempts_bounds():
     from gms_kernels.solvers import SOLVERS, resolve_options
 
     for m in (1, 65535):
-        assert resolve_options(SOLVERS["ggf"], {"max_attempts": m})["max_attempts"] == m
+        assert resolve_options(SOLVERS["ggf"], {"max_attempts": m}).as_dict()["max_attempts"] == m
     for m in (0, 65536, 2.0, True):
         with pytest.raises(ValueError, match=r"max_attempts must be an integer in \[1, 65535\]"):
             resolve_options(SOLVERS["ggf"], {"max_attempts": m})
@@ -1349,7 +1349,7 @@ def test_sample_hands_multi_call_solvers_its_data_range_progress_flag_and_solver
     """For a multi-call solver (SEEDS-2) gk.sample passes on its data_range (the final denoised sample lies in
     (0, 1), unlike without a range), its progress flag (True by default, False when asked), and the solver's
     name for the heads check."""
-    from gms_kernels import sde
+    from gms_kernels.solvers import seeds as sde
 
     flags = []
     real_bar = sde.progress_bar
@@ -1516,7 +1516,7 @@ def test_resolved_weights_are_a_pair_of_python_floats():
 
     from gms_kernels.solvers import SOLVERS, resolve_options
 
-    got = resolve_options(SOLVERS["gms"], {"weights": [np.float32(0.25), np.float32(0.75)]})["weights"]
+    got = resolve_options(SOLVERS["gms"], {"weights": [np.float32(0.25), np.float32(0.75)]}).as_dict()["weights"]
     assert type(got) is tuple and [type(w) for w in got] == [float, float] and got == (0.25, 0.75)
 
 
@@ -1524,7 +1524,7 @@ def test_the_fused_backends_run_every_fusable_solver_and_leave_the_rest_to_the_f
     """solver_step hands ddpm, ddim and gms to the fused kernel of the backend asked for (Triton has every mode
     the C++ kernel has), and a step whose option no kernel implements (gms with variance_scale) to the float64
     torch step, with no kernel call."""
-    import gms_kernels.solvers as solvers
+    import gms_kernels.solvers.base as solvers
     from gms_kernels.core.random import SampleNoise
 
     calls = fused_kernel_calls
@@ -1553,7 +1553,7 @@ def test_a_fused_step_on_another_device_gets_the_seeds_there_after_the_counter_c
     per sample = C*H*W) and hands the fused kernel the seeds and indices moved to x_t's device. The meta device
     stands in for a GPU: with 4 x 8 x 8 = 256 elements per sample, the sample indices must stay below
     2^40 / 256 = 2^32, so indices 2^32 - 2 and 2^32 - 1 pass and 2^32 - 1, 2^32 are refused."""
-    import gms_kernels.solvers as solvers
+    import gms_kernels.solvers.base as solvers
     from gms_kernels.core.random import SampleNoise
 
     seen = []
@@ -1623,7 +1623,7 @@ def test_every_real_option_takes_the_ends_of_its_interval_and_refuses_just_past_
     from gms_kernels.solvers import SOLVERS, resolve_options
 
     def ok(value):
-        assert resolve_options(SOLVERS[solver], {key: value})[key] == value
+        assert resolve_options(SOLVERS[solver], {key: value}).as_dict()[key] == value
 
     def refused(value):
         with pytest.raises(ValueError, match="^" + re.escape(f"{key} must be a number in {interval} (")):
@@ -1651,7 +1651,7 @@ def test_edm_sde_s_tmin_and_s_tmax_ends():
     edm = SOLVERS["edm-sde"]
     for tmin in (0.0, 2.0):
         o = resolve_options(edm, {"s_tmin": tmin, "s_tmax": tmin})
-        assert (o["s_tmin"], o["s_tmax"]) == (tmin, tmin)
+        assert (o.s_tmin, o.s_tmax) == (tmin, tmin)
     with pytest.raises(ValueError, match=r"^s_tmin must be a number in \[0, inf\]"):
         resolve_options(edm, {"s_tmin": math.nextafter(0.0, -1.0), "s_tmax": 1.0})
     with pytest.raises(ValueError, match=r"^s_tmax must be a number in \[2, inf\]"):
@@ -1670,7 +1670,7 @@ def test_integer_and_var_floor_options_are_resolved_to_python_numbers(solver, ke
     from gms_kernels.solvers import SOLVERS, resolve_options
 
     given = getattr(np, value)(7 if kind is int else 0.25)
-    got = resolve_options(SOLVERS[solver], {key: given})[key]
+    got = resolve_options(SOLVERS[solver], {key: given}).as_dict()[key]
     assert type(got) is kind and got == (7 if kind is int else 0.25)
 
 
@@ -1750,7 +1750,7 @@ def test_denoise_final_must_be_a_bool(solver, value):
 
     with pytest.raises(ValueError, match="^" + re.escape(f"denoise_final must be True or False, got {value!r}") + "$"):
         resolve_options(SOLVERS[solver], {"denoise_final": value})
-    assert resolve_options(SOLVERS[solver], {"denoise_final": False})["denoise_final"] is False
+    assert resolve_options(SOLVERS[solver], {"denoise_final": False}).as_dict()["denoise_final"] is False
 
 
 def test_a_direct_solver_step_names_a_non_finite_x_t_without_a_step_label():
@@ -1890,12 +1890,12 @@ def test_gk_sample_hands_the_deferral_decision_to_the_multi_call_loop(monkeypatc
     with pytest.raises(ValueError, match=r"network call 2 \(t=799\) has non-finite values"):
         gk.sample(model, steps=5, solver="edm-sde", shape=(2, 1, 4, 4), schedule=gk.Schedule.linear(1000),
                   generator=0, progress=False)
-    assert asked == [(torch.device("cpu"), None, "edm-sde")]
-    from gms_kernels.sde import network_calls  # the loop ran to its end before it reported the bad call
-    assert len(calls) == network_calls("edm-sde", len(gk.trajectory(gk.Schedule.linear(1000), 5, "even")))
+    assert asked == [(torch.device("cpu"), None, gk.solvers.get_solver("edm-sde"))]
+    from gms_kernels.solvers import get_solver  # the loop ran to its end before it reported the bad call
+    assert len(calls) == get_solver("edm-sde").network_calls(len(gk.trajectory(gk.Schedule.linear(1000), 5, "even")))
 
     asked.clear()
     callback = lambda info: None  # noqa: E731
     gk.sample(lambda x, t: 0.1 * x, steps=3, solver="seeds-2", shape=(1, 1, 2, 2), generator=0, progress=False,
               callback=callback)
-    assert asked == [(torch.device("cpu"), callback, "seeds-2")]
+    assert asked == [(torch.device("cpu"), callback, gk.solvers.get_solver("seeds-2"))]

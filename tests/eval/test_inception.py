@@ -167,7 +167,8 @@ def test_cli_choose_options_scores_fid_against_reference_statistics_made_once(we
                                                                             monkeypatch):
     from conftest import small_central_moment_net
     from gms_kernels.cli import main
-    from gms_kernels.eval.tuning import GMS_CANDIDATES
+    from gms_kernels.solvers import get_solver
+    GMS_CANDIDATES = get_solver("gms").candidates
 
     small_central_moment_net(3).save(tmp_path / "net.pt")
     torch.save(torch.rand(6, 1, 8, 8) * 1.6 - 0.8, tmp_path / "val.pt")

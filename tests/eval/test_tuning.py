@@ -6,7 +6,9 @@ import gms_kernels as gk
 from gms_kernels.cli import main
 from gms_kernels.solvers import get_solver, resolve_options
 from gms_kernels.eval.metrics import seed_interval
-from gms_kernels.eval.tuning import GMS_CANDIDATES, OptionChoice, mean_ranks
+from gms_kernels.eval.tuning import OptionChoice, mean_ranks
+
+GMS_CANDIDATES = get_solver("gms").candidates
 
 from conftest import small_central_moment_net
 
@@ -59,7 +61,7 @@ def test_choose_options_defaults_and_what_every_run_is_given(monkeypatch):
                                backend="torch")
     assert choice.solver == "gms" and choice.steps == (5, 10, 20) and bars == [(True, {"desc": "choose_options"})]
     assert [(c["steps"], c["generator"]) for c in calls] == [(k, s) for k in (5, 10, 20) for s in (0, 1, 2)]
-    full = resolve_options(get_solver("gms"), {"fit": "closed"})
+    full = resolve_options(get_solver("gms"), {"fit": "closed"}).as_dict()
     for c in calls:
         assert c["shape"] == (1000, 1, 4, 4) and c["solver"] == "gms" and c["progress"] is False
         assert c["backend"] == "torch" and {k: c[k] for k in full} == full

@@ -173,8 +173,8 @@ def test_save_pretrained_with_tensor_options_round_trips(tmp_path):
     assert saved["solver_options"]["clip_pixel"] == 2.0 and len(saved["solver_options"]["gamma"]) == 50
     b = GMSScheduler.from_pretrained(tmp_path)
     for s in (a, b):
-        assert torch.equal(s._options["gamma"].nan_to_num(-1), gamma.nan_to_num(-1))
-        assert s._options["gamma"].dtype == torch.float64 and s._data_range == (-2.0, 2.0)
+        assert torch.equal(s._options.gamma.nan_to_num(-1), gamma.nan_to_num(-1))
+        assert s._options.gamma.dtype == torch.float64 and s._data_range == (-2.0, 2.0)
     torch.testing.assert_close(b.schedule.betas, torch.as_tensor(betas), rtol=0, atol=0)
     ts = [48, 30, 12]  # gamma is estimated there
     x = x_at()

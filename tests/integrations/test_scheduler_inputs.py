@@ -8,7 +8,7 @@ import torch
 from diffusers.models.unets.unet_2d import UNet2DOutput
 
 import gms_kernels as gk
-from gms_kernels.solvers import check_skew_scale
+from gms_kernels.solvers.gms import check_skew_scale
 from gms_kernels.integrations.scheduler import GMSScheduler
 
 C, H, W = 3, 4, 5
@@ -206,12 +206,12 @@ def reference_sample() -> torch.Tensor:
 def test_skew_scale_per_step_round_trips_through_save_pretrained(keys, tmp_path):
     skew = {{"int": int, "str": str, "numpy": np.int64}[keys](t): v for t, v in SKEW.items()}
     a = GMSScheduler(backend="torch", solver_options={"skew_scale": skew})
-    assert check_skew_scale(a._options["skew_scale"]) == SKEW  # the steps read the keys as int t
+    assert check_skew_scale(a._options.skew_scale) == SKEW  # the steps read the keys as int t
     a.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "scheduler_config.json").read_text())
     assert saved["solver_options"]["skew_scale"] == {str(t): v for t, v in SKEW.items()}
     b = GMSScheduler.from_pretrained(tmp_path)
-    assert check_skew_scale(b._options["skew_scale"]) == SKEW
+    assert check_skew_scale(b._options.skew_scale) == SKEW
     want = reference_sample()
     assert not torch.equal(want, sample_with(GMSScheduler(backend="torch")))  # the factors do change the samples
     assert torch.equal(sample_with(a), want)

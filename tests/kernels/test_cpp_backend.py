@@ -17,12 +17,12 @@ import torch
 import gms_kernels as gk
 from gms_kernels.core import random as rng
 from gms_kernels.core.fit import MixtureParams, fit_adan, moment_residuals
-from gms_kernels.kernels import MODE_ADAN, MODE_CLOSED, MODE_DENOISE, MODE_GAUSSIAN, NonFiniteInput, make_config
+from gms_kernels.kernels import MODE_ADAN, MODE_CLOSED, MODE_DENOISE, MODE_GAUSSIAN, NonFiniteInput
 from gms_kernels.core.mixture import sample_mixture as torch_sample_mixture
 from gms_kernels.core.moments import TransitionMoments, central_third_moment, transition_moments
 from gms_kernels.core.random import SampleNoise
 from gms_kernels.core.schedule import DATA
-from gms_kernels.solvers import SOLVERS, resolve_options
+from gms_kernels.solvers import SOLVERS, fused_config, resolve_options
 
 from conftest import image_oracle
 
@@ -135,7 +135,7 @@ def _adan_sensitivity(x, heads, k, dr, o, rel):
     """Per-element change of the float64 ADAN fit when (M1, Var, M3) move by a relative `rel`
     (random signs, two draws): the scale below which float32 arithmetic cannot be told apart."""
     mom = transition_moments(x.double(), *[h.double() for h in heads], k, dr)
-    fit = lambda m: fit_adan(m, o["weights"], o["fit_iters"], o["lr"], k.t, SCHED.T, o["adan_mean"])
+    fit = lambda m: fit_adan(m, o.weights, o.fit_iters, o.lr, k.t, SCHED.T, o.adan_mean)
     ref = fit(mom)
     g = torch.Generator().manual_seed(123)
     sens = [torch.zeros_like(mom.m1) for _ in range(3)]
@@ -156,7 +156,7 @@ def _check_step(x, heads, t, s, solver="gms", opts=None, dr=(-1.0, 1.0), seed=11
     D = x[0].numel() if N else math.prod(x.shape[1:])
     o = resolve_options(SOLVERS[solver], opts)
     k = SCHED.coefficients(t, s)
-    cfg = make_config(solver, k, dr, o, SCHED.T, N, D)
+    cfg = fused_config(solver, o, k, dr, SCHED.T, N, D)
     assert cfg is not None
     src = SampleNoise.create(seed, N, first)
     e2, e3 = (list(heads) + [None, None])[1:3]
@@ -307,7 +307,7 @@ def test_x_s_comes_back_in_the_dtype_of_x_t(x_dtype):
     heads = [h.to(x_dtype) for h in _heads("random", x.shape, g)]
     o = resolve_options(SOLVERS["gms"], {})
     k = SCHED.coefficients(400, 350)
-    cfg = make_config("gms", k, (-1.0, 1.0), o, SCHED.T, 2, 48)
+    cfg = fused_config("gms", o, k, (-1.0, 1.0), SCHED.T, 2, 48)
     src = SampleNoise.create(9, 2)
     x_s, p = cpp.fused_step(x, *heads, src.seeds, src.indices, cfg)
     assert x_s.dtype == x_dtype and x_s.shape == x.shape and p is None
@@ -347,7 +347,7 @@ def test_huge_values_take_the_float64_adan_path_per_element():
     _check_step(x, [e1, e2, e3], 999, 998, opts=FITS["adan"], dr=None)
     # the ordinary elements do not depend on which neighbours needed float64
     o = resolve_options(SOLVERS["gms"], FITS["adan"])
-    cfg = make_config("gms", SCHED.coefficients(999, 998), None, o, SCHED.T, 2, 600)
+    cfg = fused_config("gms", o, SCHED.coefficients(999, 998), None, SCHED.T, 2, 600)
     src = SampleNoise.create(1, 2)
     a = cpp.fused_step(x, e1, e2, e3, src.seeds, src.indices, cfg, True)[1]
     x2 = x.clone()
@@ -371,14 +371,14 @@ def test_adan_official_setting_and_float64_path(iters):
     opts = {"fit": "adan", "fit_iters": iters, "lr": 0.06, "adan_mean": "batch"}
     o = resolve_options(SOLVERS["gms"], opts)
     k = SCHED.coefficients(600, 500)
-    cfg = make_config("gms", k, (-1.0, 1.0), o, SCHED.T, 2, 105)
+    cfg = fused_config("gms", o, k, (-1.0, 1.0), SCHED.T, 2, 105)
     assert cfg.grad_scale == 2.0 / 210 and len(cfg.lrs) == iters
     src = SampleNoise.create(4, 2)
     _, p = cpp.fused_step(x, *heads, src.seeds, src.indices, cfg, True, adan_fp64=True)
     # the adan_precision option picks the same loops per call
     for precision, fp64 in (("float64", True), ("float32", False)):
-        cfg_p = make_config("gms", k, (-1.0, 1.0), resolve_options(SOLVERS["gms"], dict(opts, adan_precision=precision)),
-                            SCHED.T, 2, 105)
+        cfg_p = fused_config("gms", resolve_options(SOLVERS["gms"], dict(opts, adan_precision=precision)), k,
+                             (-1.0, 1.0), SCHED.T, 2, 105)
         by_option = cpp.fused_step(x, *heads, src.seeds, src.indices, cfg_p, True)[1]
         by_flag = cpp.fused_step(x, *heads, src.seeds, src.indices, cfg, True, adan_fp64=fp64)[1]
         assert all(torch.equal(getattr(by_option, n), getattr(by_flag, n)) for n in ("mu1", "mu2", "s2"))
@@ -388,7 +388,7 @@ def test_adan_official_setting_and_float64_path(iters):
             assert ((a.double() - b).abs() <= EPS32 * b.abs() + 1e-12).all()
         return
     mom = transition_moments(x.double(), *[h.double() for h in heads], k, (-1.0, 1.0))
-    loss = lambda q: sum(float((r**2).mean()) for r in moment_residuals(q, mom, o["weights"]))
+    loss = lambda q: sum(float((r**2).mean()) for r in moment_residuals(q, mom, o.weights))
     ref_loss = loss(MixtureParams(info["mu1"], info["mu2"], info["s2"]))
     p32 = cpp.fused_step(x, *heads, src.seeds, src.indices, cfg, True)[1]
     for q in (p, p32):
@@ -403,7 +403,7 @@ def test_results_do_not_depend_on_thread_count_or_batch_composition():
     x = torch.randn(N, D, generator=g)
     e1, e2, e3 = _heads("random", x.shape, g)
     o = resolve_options(SOLVERS["gms"], FITS["adan"])
-    cfg = make_config("gms", SCHED.coefficients(400, 380), (-1.0, 1.0), o, SCHED.T, N, D)
+    cfg = fused_config("gms", o, SCHED.coefficients(400, 380), (-1.0, 1.0), SCHED.T, N, D)
     src = SampleNoise.create(21, N)
     args = lambda n_threads, out: (x.numpy(), e1.numpy(), e2.numpy(), e3.numpy(), src.seeds.numpy(),
                                    src.indices.numpy(), out, None, None, None, N, D, cfg.mode, cfg.t, cfg.a_t,
@@ -447,7 +447,7 @@ def _strided_case(shape, extra_channels, g):
 
 def _run_cpp(x, heads, t, s, solver, opts, dr, n_threads=None, monkeypatch=None, **kw):
     o = resolve_options(SOLVERS[solver], opts)
-    cfg = make_config(solver, SCHED.coefficients(t, s), dr, o, SCHED.T, x.shape[0], x[0].numel())
+    cfg = fused_config(solver, o, SCHED.coefficients(t, s), dr, SCHED.T, x.shape[0], x[0].numel())
     src = SampleNoise.create(17, x.shape[0], first_index=3)
     if n_threads is not None:
         monkeypatch.setattr(cpp, "_threads", lambda: n_threads)
@@ -495,7 +495,7 @@ def test_extension_takes_per_sample_strides():
     x = torch.randn(N, D, generator=g)
     e1, e2, e3 = _heads("random", x.shape, g)
     o = resolve_options(SOLVERS["gms"], {})
-    cfg = make_config("gms", SCHED.coefficients(400, 380), (-1.0, 1.0), o, SCHED.T, N, D)
+    cfg = fused_config("gms", o, SCHED.coefficients(400, 380), (-1.0, 1.0), SCHED.T, N, D)
     src = SampleNoise.create(5, N)
 
     def run(xa, h1, h2, h3, **strides):
@@ -589,7 +589,7 @@ def test_kernel_reports_a_non_finite_input_and_gk_step_names_it(fit, where, bad,
         x[i, c, h, w] = bad
     else:
         out[i, where * 3 + c, h, w] = bad
-    cfg = make_config("gms", SCHED.coefficients(300, 200), (-1.0, 1.0), resolve_options(SOLVERS["gms"], FITS[fit]),
+    cfg = fused_config("gms", resolve_options(SOLVERS["gms"], FITS[fit]), SCHED.coefficients(300, 200), (-1.0, 1.0),
                       1000, 3, x[0].numel())
     noise = SampleNoise.create(0, 3)
     with pytest.raises(NonFiniteInput):
@@ -672,8 +672,8 @@ def test_bad_arguments_raise_clear_errors():
     call(mode=MODE_GAUSSIAN, e3=None)
     with pytest.raises(ValueError, match="CPU"):
         cpp.fused_step(torch.zeros(2, 3, device="meta"), *[torch.zeros(2, 3)] * 3, torch.zeros(2, dtype=torch.long),
-                       torch.arange(2), make_config("gms", SCHED.coefficients(5, 3), (-1.0, 1.0),
-                                                    resolve_options(SOLVERS["gms"], {}), SCHED.T, 2, 3))
+                       torch.arange(2), fused_config("gms", resolve_options(SOLVERS["gms"], {}), SCHED.coefficients(5, 3),
+                                                     (-1.0, 1.0), SCHED.T, 2, 3))
 
 
 def test_build_reports_openmp_and_isa():

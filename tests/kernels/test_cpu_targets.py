@@ -16,9 +16,9 @@ import torch
 
 import gms_kernels as gk
 from gms_kernels.core import random as rng
-from gms_kernels.kernels import cpp, cpu_info, make_config, set_cpu_target
+from gms_kernels.kernels import cpp, cpu_info, set_cpu_target
 from gms_kernels.core.random import SampleNoise
-from gms_kernels.solvers import get_solver, resolve_options
+from gms_kernels.solvers import fused_config, get_solver, resolve_options
 
 if not cpp.available():
     pytest.fail(f"the C++ extension is not available ({cpp.import_error()})", pytrace=False)
@@ -161,7 +161,7 @@ def test_non_contiguous_inputs_of_any_dtype(target, dtype):
 
 def fused(x, out, solver, count, opts, noise):
     o = resolve_options(get_solver(solver), opts)
-    cfg = make_config(solver, SCHED.coefficients(500, 400), (-1.0, 1.0), o, SCHED.T, x.shape[0], x[0].numel())
+    cfg = fused_config(solver, o, SCHED.coefficients(500, 400), (-1.0, 1.0), SCHED.T, x.shape[0], x[0].numel())
     c = x.shape[1]
     hs = [out[:, i * c:(i + 1) * c] for i in range(count)] + [None, None]
     return cpp.fused_step(x, hs[0], hs[1], hs[2], noise.seeds, noise.indices, cfg)[0]

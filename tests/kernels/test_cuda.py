@@ -9,7 +9,7 @@ import torch
 
 import gms_kernels as gk
 from gms_kernels.models.embedded import default_model
-from gms_kernels.sde import network_calls
+from gms_kernels.solvers import get_solver
 from sampling.test_reproducibility import BACKEND_TOL
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -202,4 +202,4 @@ def test_a_deferred_nonfinite_output_on_cuda_names_its_call():
     with pytest.raises(ValueError, match=r"model output at network call 3 \(t=\d+\) has non-finite"):
         gk.sample(model, shape=(2, 3, 8, 8), steps=5, solver="edm-sde", generator=3, progress=False, device="cuda")
     # the loop ran to its end: the check was read once, there
-    assert len(calls) == network_calls("edm-sde", len(gk.trajectory(gk.Schedule.linear(1000), 5, "even")))
+    assert len(calls) == get_solver("edm-sde").network_calls(len(gk.trajectory(gk.Schedule.linear(1000), 5, "even")))

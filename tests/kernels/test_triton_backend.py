@@ -33,9 +33,9 @@ import pytest  # noqa: E402
 import gms_kernels as gk  # noqa: E402
 from gms_kernels.core import random as rng  # noqa: E402
 from gms_kernels.kernels import (MODE_ADAN, MODE_CLOSED, MODE_DDIM, MODE_DENOISE,  # noqa: E402
-                                 MODE_FIXED, MODE_GAUSSIAN, NonFiniteInput, make_config)
+                                 MODE_FIXED, MODE_GAUSSIAN, NonFiniteInput)
 from gms_kernels.core.schedule import DATA  # noqa: E402
-from gms_kernels.solvers import SOLVERS, resolve_options  # noqa: E402
+from gms_kernels.solvers import SOLVERS, fused_config, resolve_options  # noqa: E402
 
 if not tg.available():
     pytest.skip("triton is not installed", allow_module_level=True)
@@ -129,7 +129,7 @@ def run_kernel(x_t, out, t, s, solver, seed, data_range, first_index=0, **opts):
     o = resolve_options(SOLVERS[solver], opts)
     k = SCHEDULE.coefficients(t, s)
     n = x_t.shape[0]
-    cfg = make_config(solver, k, data_range, o, SCHEDULE.T, n, x_t[0].numel() if n else 0)
+    cfg = fused_config(solver, o, k, data_range, SCHEDULE.T, n, x_t[0].numel() if n else 0)
     heads = list(out.split(x_t.shape[1], dim=1))
     heads = heads + [None] * (3 - len(heads))
     src = rng.SampleNoise.create(seed, n, first_index)
@@ -161,7 +161,7 @@ def adan_sensitivity(cfg, info, opts, rel):
     spread = torch.zeros_like(m1)
     for factors in [(1, 1, 1), (1, 1 + rel, 1), (1 + rel, 1, 1), (1, 1, 1 - rel)]:
         mom = gk.TransitionMoments(m1 * factors[0], var * factors[1], m3 * factors[2])
-        q = gk.fit_adan(mom, o["weights"], o["fit_iters"], o["lr"], cfg.t, SCHEDULE.T, o["adan_mean"])
+        q = gk.fit_adan(mom, o.weights, o.fit_iters, o.lr, cfg.t, SCHEDULE.T, o.adan_mean)
         if factors == (1, 1, 1):
             base = q
             continue
@@ -230,7 +230,7 @@ def compare(cfg, x_t, x_s, p, ref, info, seed, first_index=0, opts=None):
         # where the two components are told apart by much more than the tolerance
         src = rng.SampleNoise.create(seed, n, first_index)
         u = src.uniform(rng.STREAM_COMPONENT, cfg.t, shape if cfg.per_pixel else ())
-        first_ref = gk.mixture.choose_first_component(u, cfg.w1, r_mu1)
+        first_ref = gk.core.mixture.choose_first_component(u, cfg.w1, r_mu1)
         noise = s2.clamp_min(0).sqrt() * z
         took_first = (xs - (mu1 + noise)).abs() < (xs - (mu2 + noise)).abs()
         apart = (mu1 - mu2).abs() > 100 * x_tol
@@ -491,7 +491,7 @@ def test_empty_batch_launches_nothing(monkeypatch):
 
     monkeypatch.setattr(tg, "_launch_interpreted", fail)
     monkeypatch.setattr(tg, "_launch_compiled", fail)
-    cfg = make_config("gms", SCHEDULE.coefficients(100, 50), (-1.0, 1.0), resolve_options(SOLVERS["gms"], {}),
+    cfg = fused_config("gms", resolve_options(SOLVERS["gms"], {}), SCHEDULE.coefficients(100, 50), (-1.0, 1.0),
                       SCHEDULE.T, 0, 105)
     for shape in [(0, 3, 5, 7), (2, 0, 5)]:
         x = torch.zeros(shape, device=DEVICE)
@@ -508,7 +508,7 @@ def test_per_sample_seeds_and_indices():
     x_t, out = x_t.float().to(DEVICE), out.float().to(DEVICE)
     seeds = [5, 2**62 + 3, 2**63 - 1]
     o = resolve_options(SOLVERS["gms"], {})
-    cfg = make_config("gms", SCHEDULE.coefficients(t, s), None, o, SCHEDULE.T, 3, 105)
+    cfg = fused_config("gms", o, SCHEDULE.coefficients(t, s), None, SCHEDULE.T, 3, 105)
     src = rng.SampleNoise.create(seeds, 3)
     x_s, p = tg.fused_step(x_t, *out.split(3, dim=1), src.seeds, src.indices, cfg, return_params=True)
     ref, info = reference_step(x_t, out, t, s, "gms", seeds, None)
@@ -520,7 +520,7 @@ def test_per_sample_seeds_and_indices():
 
 
 def test_missing_heads_and_bad_inputs():
-    cfg = make_config("gms", SCHEDULE.coefficients(100, 50), None, resolve_options(SOLVERS["gms"], {}),
+    cfg = fused_config("gms", resolve_options(SOLVERS["gms"], {}), SCHEDULE.coefficients(100, 50), None,
                       SCHEDULE.T, 2, 3)
     x = torch.zeros(2, 3, device=DEVICE)
     seeds = torch.zeros(2, dtype=torch.int64)
@@ -600,9 +600,9 @@ def test_cpu_tensors_run_whatever_the_import_order():
         "import os; os.environ.pop('TRITON_INTERPRET', None)\n"
         "import triton, torch\n"
         "import gms_kernels as gk\n"
-        "from gms_kernels.kernels import make_config, triton_gms as tg\n"
+        "from gms_kernels.kernels import triton_gms as tg\n"
         "from gms_kernels.core.random import SampleNoise\n"
-        "from gms_kernels.solvers import SOLVERS, resolve_options\n"
+        "from gms_kernels.solvers import SOLVERS, fused_config, resolve_options\n"
         "assert type(tg._gms_step_kernel).__name__ == 'JITFunction'\n"
         "z = torch.zeros(1, dtype=torch.int64)\n"
         "w = tg._draw_streams(z, z, 0, (1, 1), False)\n"
@@ -612,7 +612,7 @@ def test_cpu_tensors_run_whatever_the_import_order():
         "src = SampleNoise.create(0, 2)\n"
         "for opts, s in [({}, 10), ({'fit': 'adan', 'fit_iters': 3}, 10), ({}, 0), ({}, -1)]:\n"
         "    o = resolve_options(SOLVERS['gms'], opts)\n"
-        "    cfg = make_config('gms', sch.coefficients(50, s), (-1.0, 1.0), o, sch.T, 2, 9)\n"
+        "    cfg = fused_config('gms', o, sch.coefficients(50, s), (-1.0, 1.0), sch.T, 2, 9)\n"
         "    xs, p = tg.fused_step(x, e, e + 1, e, src.seeds, src.indices, cfg, return_params=True)\n"
         "    assert torch.isfinite(xs).all() and torch.isfinite(p.s2).all(), opts\n"
         "x[1, 0, 2, 2] = float('nan')\n"
@@ -694,7 +694,7 @@ def test_heads_a_mode_does_not_read_are_not_checked(monkeypatch):
     x_s = gk.step(x_t, out, t, DATA, SCHEDULE, "gms", generator=0, backend="triton")  # the denoised mean
     assert torch.isfinite(x_s).all()
     o = resolve_options(SOLVERS["sn-ddpm"], {})
-    cfg = make_config("sn-ddpm", SCHEDULE.coefficients(t, s), (-1.0, 1.0), o, SCHEDULE.T, 2, 105)
+    cfg = fused_config("sn-ddpm", o, SCHEDULE.coefficients(t, s), (-1.0, 1.0), SCHEDULE.T, 2, 105)
     src = rng.SampleNoise.create(0, 2)
     e1, e2, e3 = out.split(3, dim=1)
     x_s, _ = tg.fused_step(x_t, e1, e2, e3, src.seeds, src.indices, cfg)
@@ -776,7 +776,7 @@ def test_gk_step_sets_a_given_nonfinite_flag_instead_of_raising(monkeypatch):
     assert int(flag.item()) == 1
     with pytest.raises(ValueError, match="head e2"):
         gk.step(x_t, bad, t, s, SCHEDULE, "gms", generator=0, backend="triton")
-    if gk.backends.backend_available("cpp"):
+    if gk.kernels.dispatch.backend_available("cpp"):
         flag.zero_()
         with pytest.raises(ValueError, match="head e2"):
             gk.step(x_t.cpu(), bad.cpu(), t, s, SCHEDULE, "gms", generator=0, backend="cpp",
@@ -790,7 +790,7 @@ def test_device_tables_are_the_host_tables_each_on_a_16_byte_boundary(options):
     Triton's pointer specialisation expects (a misaligned slice would compile another variant)."""
     tg._device_tables.cache_clear()
     k = SCHEDULE.coefficients(500, 400)
-    cfg = make_config("gms", k, (-1.0, 1.0), resolve_options(SOLVERS["gms"], options), SCHEDULE.T, 2, 12)
+    cfg = fused_config("gms", resolve_options(SOLVERS["gms"], options), k, (-1.0, 1.0), SCHEDULE.T, 2, 12)
     scal, adan, bases = tg._device_tables(cfg, DEVICE)
     assert torch.equal(scal.cpu(), torch.tensor(tg._scalar_table(cfg), dtype=torch.float64))
     assert torch.equal(adan.cpu(), torch.tensor(tg._adan_table(cfg), dtype=torch.float64))

@@ -10,7 +10,7 @@ import gms_kernels as gk
 from gms_kernels.integrations import distributed
 from gms_kernels.models.embedded import DIGITS_MODEL, PATCHES_MODEL, SOLVER_DEFAULTS, default_model, file_tag, patches_model
 from gms_kernels.integrations.diffusers_export import export_diffusers
-from gms_kernels.solvers import PRESETS, get_solver, resolve_options, with_model_defaults
+from gms_kernels.solvers import get_solver, resolve_options, with_model_defaults
 
 from conftest import small_central_moment_net
 
@@ -35,10 +35,10 @@ def test_the_shipped_models_carry_the_options_chosen_for_their_files():
 
 def test_model_options_replace_the_library_defaults_and_yield_to_the_caller():
     model = Recommends({"gms": {"select": "pixel", "var_floor": 0.2}, "ddim": {"eta": 0.5}})
-    assert resolve_options(GMS, with_model_defaults(GMS, {}, model))["select"] == "pixel"
-    assert resolve_options(GMS, {})["select"] == "sample"  # (the library's own default differs)
+    assert resolve_options(GMS, with_model_defaults(GMS, {}, model)).as_dict()["select"] == "pixel"
+    assert resolve_options(GMS, {}).as_dict()["select"] == "sample"  # (the library's own default differs)
     o = resolve_options(GMS, with_model_defaults(GMS, {"select": "sample"}, model))
-    assert (o["select"], o["var_floor"]) == ("sample", 0.2)
+    assert (o.select, o.var_floor) == ("sample", 0.2)
     assert with_model_defaults(get_solver("ddim"), {}, model) == {"eta": 0.5}
     assert with_model_defaults(get_solver("sn-ddpm"), {"variance_scale": 2.0}, model) == {"variance_scale": 2.0}
     assert with_model_defaults(GMS, {"fit": "adan"}, torch.nn.Identity()) == {"fit": "adan"}
@@ -47,17 +47,17 @@ def test_model_options_replace_the_library_defaults_and_yield_to_the_caller():
 def test_a_named_preset_sets_its_options_over_the_models():
     model = Recommends({"gms": {"select": "pixel", "fit": "closed", "var_floor": 0.2}})
     o = resolve_options(GMS, with_model_defaults(GMS, {"preset": "official"}, model))
-    official = PRESETS["gms"]["official"]
-    assert all(o[k] == v for k, v in official.items())
-    assert o["select"] == "sample" and o["fit"] == "adan" and o["var_floor"] == 0.2  # (not in the preset: kept)
+    official = GMS.presets["official"]
+    assert all(getattr(o, k) == v for k, v in official.items())
+    assert o.select == "sample" and o.fit == "adan" and o.var_floor == 0.2  # (not in the preset: kept)
     o = resolve_options(GMS, with_model_defaults(GMS, {"preset": "official", "select": "pixel"}, model))
-    assert o["select"] == "pixel"  # (the caller's own option over the preset)
+    assert o.select == "pixel"  # (the caller's own option over the preset)
 
 
 def test_a_preset_the_caller_names_is_checked_as_usual_whatever_the_model_carries():
     model = Recommends({"gms": {"preset": "official", "select": "pixel"}, "sn-ddpm": {"variance_scale": 2.0}})
     o = resolve_options(GMS, with_model_defaults(GMS, {}, model))
-    assert (o["fit"], o["select"]) == ("adan", "pixel")  # (the model's preset under the model's own select)
+    assert (o.fit, o.select) == ("adan", "pixel")  # (the model's preset under the model's own select)
     with pytest.raises(ValueError, match="unknown preset 'nope'"):
         gk.sample(model, shape=(2, 1, 8, 8), steps=2, progress=False, preset="nope")
     with pytest.raises(ValueError, match="unknown option.* preset for solver 'sn-ddpm'"):

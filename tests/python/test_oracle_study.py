@@ -112,7 +112,8 @@ def test_the_oracles_own_defaults_are_chosen_on_validation_seeds_and_tested_on_t
     the first of them; the test's chosen-default row is the oracle sampled with its solver_defaults in force, and
     its table pairs every other row against it."""
     from studies import oracle_study as study
-    from gms_kernels.eval.tuning import GMS_CANDIDATES
+    from gms_kernels.solvers import get_solver
+    GMS_CANDIDATES = get_solver("gms").candidates
 
     n, steps = 64, (2,)
     oracle, choice = study.choose_oracle_defaults("8gauss", n, steps)

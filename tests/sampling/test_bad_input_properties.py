@@ -34,8 +34,8 @@ PROFILE = os.environ.get("GMS_HYPOTHESIS_PROFILE", "default")
 SCHEDULE = gk.Schedule.linear()
 T = SCHEDULE.T
 BACKENDS = ["torch"] + (["cpp"] if backend_available("cpp") else [])
-ONE_CALL = [name for name, spec in SOLVERS.items() if not spec.multi_call and name != "exact"]
-MULTI_CALL = [name for name, spec in SOLVERS.items() if spec.multi_call]
+ONE_CALL = [name for name, spec in SOLVERS.items() if spec.per_step and name != "exact"]
+MULTI_CALL = [name for name, spec in SOLVERS.items() if not spec.per_step]
 # the largest difference from the float64 reference, relative to 1 + |reference|, per output dtype: float32 and
 # below round the result; a float32 ADAN loop (up to 40 iterations, then the default is float64) adds a little
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}

@@ -13,10 +13,10 @@ import torch
 
 import gms_kernels as gk
 from gms_kernels.core.fit import DEFAULT_WEIGHTS, SKEW_KNEE, knee_delta2
-from gms_kernels.kernels import MODE_CLOSED, make_config
+from gms_kernels.kernels import MODE_CLOSED
 from gms_kernels.core.moments import transition_moments
 from gms_kernels.core.random import SampleNoise
-from gms_kernels.solvers import SOLVERS, resolve_options
+from gms_kernels.solvers import SOLVERS, fused_config, resolve_options
 
 SCHED = gk.Schedule.linear(1000)
 EPS32 = float(torch.finfo(torch.float32).eps)
@@ -92,7 +92,7 @@ def test_one_step_near_zero_skew_is_lipschitz_in_the_third_head(backend):
         if backend == "torch":
             return gk.step(x, out, t, s, SCHED, generator=5, backend="torch").double()
         o = resolve_options(SOLVERS["gms"], {})
-        cfg = make_config("gms", k, (-1.0, 1.0), o, SCHED.T, n, d)
+        cfg = fused_config("gms", o, k, (-1.0, 1.0), SCHED.T, n, d)
         assert cfg.mode == MODE_CLOSED
         src = SampleNoise.create(5, n)
         if backend == "cpp":

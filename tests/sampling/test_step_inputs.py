@@ -14,8 +14,8 @@ import torch
 import gms_kernels as gk
 from gms_kernels.kernels.dispatch import backend_available
 from gms_kernels.core.fit import MAX_FIT_ITERS
-from gms_kernels.kernels import ADAN_FP32_MAX_ITERS, make_config
-from gms_kernels.solvers import SOLVERS, resolve_options
+from gms_kernels.kernels import ADAN_FP32_MAX_ITERS
+from gms_kernels.solvers import SOLVERS, fused_config, resolve_options
 
 S = gk.Schedule.linear()
 BACKENDS = ["torch"] + (["cpp"] if backend_available("cpp") else [])
@@ -66,12 +66,12 @@ def test_long_adan_loops_default_to_float64_in_the_fused_kernels():
     gms = SOLVERS["gms"]
 
     def fp64(**opts):
-        return make_config("gms", k, (-1.0, 1.0), resolve_options(gms, dict(fit="adan", **opts)), S.T, 2, 48).adan_fp64
+        return fused_config("gms", resolve_options(gms, dict(fit="adan", **opts)), k, (-1.0, 1.0), S.T, 2, 48).adan_fp64
 
     assert fp64(fit_iters=ADAN_FP32_MAX_ITERS) is None  # (the backend's default: float32)
     assert fp64(fit_iters=ADAN_FP32_MAX_ITERS + 1) is True
     assert fp64(fit_iters=70, adan_precision="float32") is False
-    assert make_config("gms", k, (-1.0, 1.0), resolve_options(gms, {"preset": "official"}), S.T, 2, 48).adan_fp64
+    assert fused_config("gms", resolve_options(gms, {"preset": "official"}), k, (-1.0, 1.0), S.T, 2, 48).adan_fp64
 
 
 @pytest.mark.skipif("cpp" not in BACKENDS, reason="needs the C++ extension (CI=true makes its absence a failure)")
@@ -274,7 +274,7 @@ def test_every_one_step_solver_still_runs_on_good_input():
     out = out.transpose(2, 3)
     gamma = torch.full((S.T,), 0.5, dtype=torch.float64)
     for name, spec in SOLVERS.items():
-        if spec.multi_call or name == "exact":
+        if not spec.per_step or name == "exact":
             continue
         options = {"gamma": gamma} if name == "analytic-dpm" else {}
         y = gk.step(x, out, 500, 300, S, name, 3, **options)

@@ -14,7 +14,8 @@ from gms_kernels.core.random import (STREAM_ADAPTIVE, STREAM_SECOND_NOISE, STREA
                                 SampleNoise)
 from gms_kernels.integrations.scheduler import GMSScheduler
 from gms_kernels.core.schedule import _strictly_descending, karras_trajectory
-from gms_kernels.sde import SAMPLERS, BrownianTree, EpsFunction, network_calls
+from gms_kernels.solvers import EpsFunction, get_solver, resolve_options
+from gms_kernels.solvers.ggf import BrownianTree
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))  # the studies are not installed
@@ -124,7 +125,7 @@ def test_seeds_2_step_matches_the_formula(prediction):
                + sg[s] * (math.sqrt(math.exp(-2 * (h - h1)) - math.exp(-2 * h)) * z1
                           + math.sqrt(1 - math.exp(-2 * (h - h1))) * z2))
     assert torch.allclose(seen[0]["x"], ref, rtol=1e-10, atol=1e-12)
-    assert [c["nfe"] for c in seen] == [2, 3] == [2, network_calls("seeds-2", 2)]
+    assert [c["nfe"] for c in seen] == [2, 3] == [2, get_solver("seeds-2").network_calls(2)]
 
 
 def _quad(f, p: float, n: int = 4000) -> float:
@@ -178,7 +179,7 @@ def test_seeds_3_step_matches_the_solution_it_integrates(prediction):
     u2 = solution(ms[1], cuts[1], (pred(u1, ms[0]) - pred(x, t)) / cuts[0])
     ref = solution(s, h, (pred(u2, ms[1]) - pred(x, t)) / cuts[1])
     assert torch.allclose(seen[0]["x"], ref, rtol=1e-6, atol=1e-8)
-    assert [c["nfe"] for c in seen] == [3, 4] == [3, network_calls("seeds-3", 2)]
+    assert [c["nfe"] for c in seen] == [3, 4] == [3, get_solver("seeds-3").network_calls(2)]
 
 
 def test_edm_sde_step_matches_algorithm_2():
@@ -450,9 +451,9 @@ def test_a_nonfinite_network_output_is_reported_with_its_call(defer):
 
     e1 = EpsFunction(model, 1000, "index", "edm-sde", torch.float32, defer=defer)
     noise = SampleNoise.create(0, 2)
-    run = lambda: SAMPLERS["edm-sde"](e1, torch.ones(2, 3), [999, 600, 300, 100], SCHED, noise,  # noqa: E731
-                                      (-1.0, 1.0), {"s_churn": 0.0, "s_tmin": 0.0, "s_tmax": float("inf"),
-                                                    "s_noise": 1.0})
+    run = lambda: get_solver("edm-sde").loop(e1, torch.ones(2, 3), [999, 600, 300, 100], SCHED, noise,  # noqa: E731
+                                      (-1.0, 1.0), resolve_options("edm-sde", {"s_churn": 0.0, "s_tmin": 0.0,
+                                                                               "s_tmax": 1e3, "s_noise": 1.0}))
     message = r"model output at network call 2 \(t=600\) has non-finite values .* head e1"
     if defer:
         x, info = run()  # (runs to the end)
@@ -467,7 +468,7 @@ def test_a_nonfinite_network_output_is_reported_with_its_call(defer):
 
 def test_a_finite_run_passes_the_deferred_check():
     e1 = EpsFunction(lambda x, t: 0.1 * x, 1000, "index", "seeds-2", torch.float32, defer=True)
-    x, info = SAMPLERS["seeds-2"](e1, torch.ones(2, 3), [999, 500], SCHED, SampleNoise.create(0, 2), (-1.0, 1.0),
-                                  {"r": 0.5, "prediction": "noise"})
+    x, info = get_solver("seeds-2").loop(e1, torch.ones(2, 3), [999, 500], SCHED, SampleNoise.create(0, 2),
+                                         (-1.0, 1.0), resolve_options("seeds-2", {"r": 0.5, "prediction": "noise"}))
     e1.raise_if_nonfinite()
     assert e1.calls == info["nfe"] == 3 and torch.isfinite(x).all()
