@@ -68,7 +68,14 @@ def _stored() -> dict:
     return torch.load(STORED, weights_only=True)
 
 
-@pytest.mark.parametrize("model_name,solver,backend", cases())
+def stored_cases() -> list[tuple[str, str, str]]:
+    """The cases of the stored file: every solver there when it was stored (one added since has its own tests, and
+    no samples from before to keep)."""
+    keys = [key.split("/") for key in torch.load(STORED, weights_only=True) if key != "machine"]
+    return sorted((model, name, backend) for model, name, backend in keys)
+
+
+@pytest.mark.parametrize("model_name,solver,backend", stored_cases())
 def test_samples_equal_the_stored_ones_bit_for_bit(model_name, solver, backend):
     key = f"{model_name}/{solver}/{backend}"
     stored = _stored()
