@@ -17,6 +17,7 @@ from . import seeds  # noqa: F401
 from . import edm  # noqa: F401
 from . import ggf  # noqa: F401
 from . import dpmpp_2m_sde  # noqa: F401
+from . import euler_ancestral  # noqa: F401
 
 __all__ = ["SOLVERS", "EpsFunction", "LastStepOptions", "Solver", "SolverOptions", "StepRandomness",
            "denoise_coefficients", "denoised_and_eps", "fused_config", "get_solver", "register", "resolve_options",
