@@ -68,6 +68,7 @@ def good_options(solver: str, t: int) -> st.SearchStrategy[dict]:
         "ddim": dict(last, eta=st.floats(0.0, 1.0)),
         "analytic-dpm": dict(last),
         "seeds-1": {"prediction": st.sampled_from(["noise", "data"])},
+        "euler-ancestral": {"eta": st.floats(0.0, 1.0)},
         "gms": dict(last, fit=st.sampled_from(["closed", "adan"]), select=st.sampled_from(["sample", "pixel"]),
                     weights=st.sampled_from([(1 / 3, 2 / 3), (0.25, 0.75), (0.6, 0.4)]),
                     fit_iters=st.integers(0, 40), lr=st.sampled_from([0.06, 0.01, "paper"]),
