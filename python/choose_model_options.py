@@ -6,7 +6,7 @@ Run from the repository root after `pip install .`:
     OMP_NUM_THREADS=1 python python/choose_model_options.py --testbed digits
 
 The shipped models' options (gms_kernels.models.embedded.SOLVER_DEFAULTS) were chosen with the same rule from the cached
-runs of python/quality_benchmark.py (python/results/quality.md, section 7); this reruns the choice end to end
+runs of python/quality_benchmark.py (python/results/model_options.md); this reruns the choice end to end
 through the library.
 """
 import argparse

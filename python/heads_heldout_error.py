@@ -1,4 +1,4 @@
-"""Issue 20, section 5e: the held-out error of central e2/e3 heads, for models that share one backbone.
+"""The held-out error of central e2/e3 heads, for models that share one backbone.
 
     python python/heads_heldout_error.py --testbed digits gms_out/digits_central.pt gms_out/digits_central_long.pt
 

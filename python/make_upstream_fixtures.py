@@ -5,7 +5,7 @@ pytorch-ddpm / improved-diffusion code; ``fixtures/official_gms/iddpm``: the off
 network and its outputs) are 3-7 MB each. Their weights are ``torch.randn(shape, generator=g) * 0.05``
 for every tensor in state-dict order, one CPU generator seeded as below; this script checks that
 bit for bit and stores only the config, key names, shapes, seed, a SHA-256 of the weights and the
-original x, t, y (about 100 KB in all). tests/test_upstream_fixtures.py rebuilds the weights.
+original x, t, y (about 100 KB in all). tests/models/test_upstream_fixtures.py rebuilds the weights.
 
     python python/make_upstream_fixtures.py [--shared ../shared/fixtures]
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 TESTS = Path(__file__).resolve().parents[1] / "tests"
-sys.path.insert(0, str(TESTS))
+sys.path.insert(0, str(TESTS / "models"))
 from test_upstream_fixtures import weights_digest  # noqa: E402  (the hash the tests check, defined once)
 
 OUT = TESTS / "data" / "upstream"

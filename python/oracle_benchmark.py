@@ -1,4 +1,4 @@
-"""Oracle benchmark: every solver with exact heads on Gaussian-mixture data (foundation issue).
+"""Oracle benchmark: every solver with exact heads on Gaussian-mixture data.
 
 Run from the repository root after `pip install .`:
 
@@ -13,17 +13,18 @@ from pathlib import Path
 
 import torch
 
+from gms_kernels.eval import oracle_job as job
 from studies import oracle_study as study
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--samples", type=int, default=5000, help="samples per run (per solver, K and seed)")
-    p.add_argument("--steps", type=int, nargs="+", default=list(study.DEFAULT_STEPS))
+    p.add_argument("--steps", type=int, nargs="+", default=list(job.DEFAULT_STEPS))
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="the intervals are over these")
     p.add_argument("--ggf", choices=["full", "fast"], default="full",
                    help="GGF's grid: full (also eps_abs 1e-4) or fast (eps_abs 0.0078 only)")
-    p.add_argument("--datasets", nargs="+", default=list(study.DATASETS), choices=list(study.DATASETS))
+    p.add_argument("--datasets", nargs="+", default=list(job.DATASETS), choices=list(job.DATASETS))
     p.add_argument("--save", help="save the results (a .pt) instead of writing the report, e.g. one data set per run")
     p.add_argument("--merge", nargs="+", help="write the report from these saved results (one per data set)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
@@ -38,7 +39,7 @@ def main() -> None:
             res.ggf.update(part.ggf)
             res.samples.update(part.samples)
     else:
-        res = study.run_study(args.samples, args.steps, args.datasets, seeds=args.seeds, ggf_grid=grid)
+        res = job.run_oracle_job(args.samples, args.steps, args.datasets, seeds=args.seeds, ggf_settings=grid)
         if args.save:
             torch.save(res, args.save)
             print(f"saved {args.save}")
@@ -46,7 +47,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     extra = "" if res.n_samples == 5000 else f" --samples {res.n_samples}"
-    extra += "" if list(res.steps) == list(study.DEFAULT_STEPS) else f" --steps {' '.join(map(str, res.steps))}"
+    extra += "" if list(res.steps) == list(job.DEFAULT_STEPS) else f" --steps {' '.join(map(str, res.steps))}"
     extra += "" if list(res.seeds) == [0, 1, 2, 3, 4] else f" --seeds {' '.join(map(str, res.seeds))}"
     fast = all(entry[2] == 0.0078 for rows in res.ggf.values() for entry in rows)
     extra += " --ggf fast" if fast else ""
@@ -55,7 +56,7 @@ def main() -> None:
         command = (f"{command} --datasets 1d --save 1d.pt; {command} --datasets 8gauss --save 8gauss.pt; "
                    f"python python/oracle_benchmark.py --merge 1d.pt 8gauss.pt (one data set per process, in parallel)")
     (out / "oracle.md").write_text(study.report(res, command) + "\n")
-    study.plot_fig1(res, out / "oracle_fig1.png")
+    job.plot_fig1(res, out / "oracle_fig1.png")
     print(f"wrote {out / 'oracle.md'} and {out / 'oracle_fig1.png'}")
 
 

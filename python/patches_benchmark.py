@@ -7,7 +7,8 @@ Metrics against the test patches (gk.data.patches("test"): 10,000 8x8 patches of
 read those against, against 10,003 patches of the train photos at other positions than the training set's:
 sliced W1 in pixel space (256 random directions) and FD-|DCT| (gk.metrics.frechet_distance_dct). Each
 (solver, K, seed) cell is cached as it is measured (one JSON per solver in --cache-dir), so runs resume and
-several processes can share the cells. Writes python/results/patches.md.
+several processes can share the cells. Writes gms_out/patches_solvers.md (python/results/patches.md is the
+quality study's report on this model).
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def report(results: dict, floors: dict, args, training: dict | None, heads: dict
              f"Command: `{cmd.strip()}` (cells measured by the same command with `--labels ... --no-report` in "
              "parallel processes, then this command read them back from the cache)."
              + (f" {args.samples} samples per cell instead of the default 2000: the default would not have finished "
-                "in the session's time on the shared 2-core machine." if args.samples < 2000 else ""), "",
+                "in the time available on a shared 2-core machine." if args.samples < 2000 else ""), "",
              f"Machine: {cpu_description()}; torch {torch.__version__}, 1 torch thread per process; "
              f"{datetime.date.today()}.", "",
              "Data (`gk.data.patches`, split by photo): 8x8 grey patches of scikit-image's bundled photos, grey "
@@ -94,7 +95,7 @@ def report(results: dict, floors: dict, args, training: dict | None, heads: dict
               "transform equals the pixel one, so the magnitudes are what adds information: their means "
               "measure how sparse (heavy-tailed) each frequency is, their covariance how edge energy switches "
               "on jointly across frequencies. A Gaussian with the data's own pixel covariance scores near 0 "
-              "in pixel FD but clearly above the data floor here (tests/test_patches.py)."]
+              "in pixel FD but clearly above the data floor here (tests/core/test_patches.py)."]
     for key, name, digits in METRICS:
         summary = study.summarise(results, key, labels, steps, seeds)
         lines += ["", f"## {name}", "", "| solver | " + " | ".join(f"K={k}" for k in steps) + " |",
@@ -141,7 +142,7 @@ def main() -> None:
     p.add_argument("--cache-dir", default=None,
                    help="default: gms_out/patches_study-<model file hash>-rng<random-stream version>/")
     p.add_argument("--training-record", default="gms_out/patches_training/validation.json")
-    p.add_argument("--out", default=str(Path(__file__).parent / "results" / "patches.md"))
+    p.add_argument("--out", default="gms_out/patches_solvers.md")
     args = p.parse_args()
     if args.seeds < 2:
         p.error("--seeds must be at least 2 (a confidence interval)")

@@ -1,4 +1,4 @@
-"""Issue 20: baselines, variance controls and GMS variants on the digits and patches testbeds, chosen on
+"""Baselines, variance controls and GMS variants on the digits and patches testbeds, chosen on
 validation and reported on test (studies.quality_study).
 
     # measure cells (cached in gms_out/quality-<testbed>-<run>.json; runs resume; parallel runs take their own --run):
@@ -39,29 +39,29 @@ import torch
 
 from gms_kernels.core.devices import cpu_description
 from studies import quality_study as study
+from studies.controls import EXVAR_SOLVERS, exvar_factor_at, shrink_excess_variance
 from studies.digits_study import ResultCache
 from gms_kernels.eval.metrics import paired_difference, seed_interval
 from gms_kernels.model_io import time_indices
 from gms_kernels.models.moment_net import raw_from_central
-from gms_kernels.core.moments import TransitionMoments, central_third_moment, transition_moments
+from gms_kernels.core.moments import central_third_moment, transition_moments
 from gms_kernels.core.schedule import schedule_for
 from gms_kernels.eval.tuning import mean_ranks
 
 
-# -- a shrinkage of the heads' excess variance (issue 20; quality.md 5l) -----------------------------------------
+# -- a shrinkage of the heads' excess variance -----------------------------------------------------------
 # Two row modifiers, read here (not by quality_study.row_options), the rest of the label being an ordinary row;
 # each takes a number in [0, 100] or a table name ("lam" / "lamval": the regression factor lambda_var(t) of the
 # exact excess variance Var - lam2 on the heads', that ``shrinkage`` stores per K, :func:`exvar_tables`):
 # - ``exvar=f``: each step's transition moments, as the sampler forms them (clamps included), become
-#   (M1, lam2 + f (Var - lam2), M3') with kappa3 kept (:func:`shrink_excess_variance`), in solvers registered
-#   here (``sn-ddpm-exvar``, ``gms-exvar``: the library's sn-ddpm and gms steps, solvers.sn_ddpm_from_moments /
-#   gms_from_moments, on the changed moments; the float64 torch path, as every option without a fused kernel);
+#   (M1, lam2 + f (Var - lam2), M3') with kappa3 kept (controls.shrink_excess_variance), in the study solvers
+#   ``sn-ddpm-exvar`` and ``gms-exvar`` (studies.controls: the library's sn-ddpm and gms steps on the changed
+#   moments; the float64 torch path);
 # - ``exvarpre=f``: the network wrapped in :class:`ExcessVarianceShrink` (the heads' c2 = e2 - e1^2 times f before
 #   the sampler's clamps; where the clamp on Var[x0|x_t] binds, as it does at large t on the shipped models, the
 #   shrinkage is lost: ``exvar-check`` measures it).
 EXVAR_TABLES = ("lam", "lamval")
 EXVAR_KEYS = ("exvar", "exvarpre")
-EXVAR_SOLVERS = {"sn-ddpm": "sn-ddpm-exvar", "gms": "gms-exvar"}
 _EXVAR = re.compile(r" (?P<key>exvar|exvarpre)=(?P<value>[^ ]+)")
 
 
@@ -85,56 +85,6 @@ def split_exvar(label: str) -> tuple[str, str | None, float | str | None]:
     if not 0.0 <= value <= 100.0:
         raise ValueError(f"{key}={raw} in {label!r} is outside [0, 100]")
     return row, key, value
-
-
-def exvar_factor_at(factors: float | dict[int, float], t: int) -> float:
-    """``factors`` itself, or its entry for the time index t (a t with no entry is refused)."""
-    if not isinstance(factors, dict):
-        return float(factors)
-    if t not in factors:
-        raise ValueError(f"no exvar factor for t={t} (the table has t = {', '.join(map(str, sorted(factors)))})")
-    return factors[t]
-
-
-def shrink_excess_variance(mom: TransitionMoments, k, f: float) -> TransitionMoments:
-    """(M1, lam2 + f (Var - lam2), M3') whose central third moment, with Var clamped at 0 as the fits take it, is
-    the original one; f = 1 returns ``mom``."""
-    if f == 1.0 or mom.var is None:
-        return mom
-    var = k.lam2 + f * (mom.var - k.lam2)
-    m3 = None
-    if mom.m3 is not None:
-        kappa3 = central_third_moment(mom.m1, mom.var.clamp_min(0.0), mom.m3)
-        m3 = kappa3 + 3 * mom.m1 * var.clamp_min(0.0) + mom.m1**3
-    return TransitionMoments(mom.m1, var, m3)
-
-
-def sn_ddpm_exvar_step(x_t, heads, k, rand, o):
-    """The library's sn-ddpm step with the excess variance times ``exvar`` (a number or {t: factor})."""
-    from gms_kernels.solvers import sn_ddpm_from_moments
-
-    mom = transition_moments(x_t, heads[0], heads[1], None, k, o["data_range"])
-    return sn_ddpm_from_moments(shrink_excess_variance(mom, k, exvar_factor_at(o["exvar"], k.t)), k, rand, o)
-
-
-def gms_exvar_step(x_t, heads, k, rand, o):
-    """The library's gms step (every option) with the transition's excess variance times ``exvar`` (a number or
-    {t: factor}) and its kappa3 kept, before the variance scale, the Gaussian last step and the skew scale."""
-    from gms_kernels.solvers import gms_from_moments
-
-    mom = transition_moments(x_t, heads[0], heads[1], heads[2], k, o["data_range"])
-    return gms_from_moments(shrink_excess_variance(mom, k, exvar_factor_at(o["exvar"], k.t)), k, rand, o)
-
-
-def register_exvar_solvers() -> None:
-    """Adds 'sn-ddpm-exvar' and 'gms-exvar' (option ``exvar``, default 1.0) to the solver table, under names no
-    library solver has (as quality_study registers its rank-one control)."""
-    from gms_kernels.solvers import SOLVERS, Solver
-
-    for base, name in EXVAR_SOLVERS.items():
-        if name not in SOLVERS:
-            step = sn_ddpm_exvar_step if base == "sn-ddpm" else gms_exvar_step
-            SOLVERS[name] = Solver(name, SOLVERS[base].heads, step, dict(SOLVERS[base].options, exvar=1.0))
 
 
 class ExcessVarianceShrink(torch.nn.Module):
@@ -233,7 +183,6 @@ def draw_exvar(model, shape, label: str, steps: int, n: int, seed: int, tables: 
     solver = study.row_options(row)[0]
     if solver not in EXVAR_SOLVERS:
         raise ValueError(f"exvar= needs a row of {', '.join(EXVAR_SOLVERS)}, got {label!r}")
-    register_exvar_solvers()
     return study.draw(model, shape, row, steps, n, seed, batch, skew_tables, solver=EXVAR_SOLVERS[solver],
                       exvar=factors, **extra)
 
@@ -407,7 +356,7 @@ def table(results: dict, metric: str, args) -> list[str]:
 
 
 def acceptance(results: dict, metric: str, args) -> list[str]:
-    """Issue 20's acceptance cells: the default row against each named baseline and against the best of the
+    """The acceptance cells: the default row against each named baseline and against the best of the
     variance-scaled Gaussians (lowest mean among the baseline rows with c= or v=), per K: both 95% intervals, whether they are
     disjoint with the default below, and the paired difference."""
     seeds = list(range(args.seeds))

@@ -1,4 +1,4 @@
-"""Issue 20, section 5e: two models of one testbed side by side, from the quality benchmark's cached cells.
+"""Two models of one testbed side by side, from the quality benchmark's cached cells.
 
     python python/quality_paired_models.py --testbed digits --old gms_out/digits_central.pt \
         --new gms_out/digits_central_long.pt --metric validation/fd --seeds 3 \

@@ -1,4 +1,4 @@
-"""Issue 23: GMS against the SDE baselines (EDM-SDE, SEEDS-1/2, GGF) on the embedded digits model at equal
+"""GMS against the SDE baselines (EDM-SDE, SEEDS-1/2, GGF) on the embedded digits model at equal
 network calls, over seeds, with 95% intervals and paired tests. Writes python/results/digits_sde_baselines.md.
 
     nice -n 5 python python/sde_baselines_benchmark.py --part budgets     # NFE 10 and 20, every row
@@ -48,7 +48,7 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(1)
     model = default_model()
-    reference, _ = digits("all")
+    reference, _ = digits("test")
     # each run writes its own cache (--cache-name), and reads every cache of the study (runs side by side)
     others = sorted(Path(args.cache_dir).glob("sde_baselines-*.json"))
     caches = {part: ResultCache(Path(args.cache_dir) / f"sde_baselines-{args.cache_name or part}.json", others)
@@ -69,16 +69,16 @@ def main() -> None:
     if args.part != "report":
         return
     cmd = "python python/sde_baselines_benchmark.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    lines = ["# Digits: GMS against the SDE baselines at equal network calls (issue 23)", "",
+    lines = ["# Digits: GMS against the SDE baselines at equal network calls", "",
              "Commands: the cells were measured by `nice -n 5 python python/sde_baselines_benchmark.py --part budgets "
              "--budgets B --cache-name NAME [--rows ...] [--seeds ...]` runs side by side (B = 10 and 20, rows and "
              "seeds split between runs to fit the time; each cell is one (row, budget, seed) and does not depend on "
              "the split) and `nice -n 5 python python/sde_baselines_benchmark.py --part ggf --ggf-compare "
              f"--cache-name ggf`; then `{cmd.strip()}` wrote this file from the caches (gms_out/sde_baselines-*.json).",
              "",
-             f"Machine: {cpu_description()} (2 cores shared with other jobs), 1 torch thread, torch {torch.__version__}, "
+             f"Machine: {cpu_description()} 1 torch thread, torch {torch.__version__}, "
              f"{datetime.date.today()}. Model: the embedded digits MomentNet (linear schedule T=1000, even trajectory). "
-             f"FD-digits: Fréchet distance in the shipped digits classifier's features against all 1797 scikit-learn "
+             f"FD-digits: Fréchet distance in the shipped digits classifier's features against the 359 held-out test "
              f"digits (lower is better). {args.samples} samples per run; seeds {', '.join(map(str, args.seeds))} "
              f"({len(args.seeds)} runs per row, the same seeds for every row). Cells: mean ± half-width of the 95% "
              "Student-t interval over seeds (`gk.metrics.seed_interval`). Last column: the paired over-seeds "

@@ -26,7 +26,7 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4],
                    help="sampling seeds (the intervals are over these; the nets are trained once, with --seed)")
     p.add_argument("--steps", type=int, nargs="+", default=list(toy.DEFAULT_STEPS), help="the K to evaluate")
-    p.add_argument("--datasets", nargs="+", default=list(toy.study.DATASETS), choices=list(toy.study.DATASETS))
+    p.add_argument("--datasets", nargs="+", default=list(toy.job.DATASETS), choices=list(toy.job.DATASETS))
     p.add_argument("--backbone-steps", type=int, default=toy.ToyConfig.backbone_steps)
     p.add_argument("--heads-steps", type=int, default=toy.ToyConfig.heads_steps)
     p.add_argument("--seed", type=int, default=0)
@@ -54,7 +54,7 @@ def main() -> None:
         extra.append("--seeds " + " ".join(map(str, args.seeds)))
     if tuple(args.steps) != toy.DEFAULT_STEPS:
         extra.append("--steps " + " ".join(map(str, args.steps)))
-    if list(args.datasets) != list(toy.study.DATASETS):
+    if list(args.datasets) != list(toy.job.DATASETS):
         extra.append("--datasets " + " ".join(args.datasets))
     if args.skip_training:
         extra.append("--skip-training")

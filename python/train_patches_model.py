@@ -24,7 +24,7 @@ trains central-moment heads (MomentNet targets="central") with the same head rec
 the plain conv heads (``conv``, the default and the shipped models). ``--head-scale`` multiplies each head's output
 by its target's RMS at t (train_heads(output_scale=True), a per-t table saved in the model file; use it with
 ``--head-loss normalized``); the shipped models have no such table.
-The shipped model since issue 20: this command on the raw-heads model described above (the stage-1 command's output).
+The shipped model: this command on the raw-heads model described above (the stage-1 command's output).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The natural-image patches testbed (issue 20): held-out losses of the shipped patches model, and
+"""The natural-image patches testbed: held-out losses of the shipped patches model, and
 sample quality of every solver on the test split (sliced W1 in pixel space, Fréchet distance of the
 2-D DCT coefficients), over seeds, with mean, 95% interval and significance against the best baseline.
 
@@ -29,8 +29,8 @@ SOLVERS: list[tuple[str, str, dict]] = [
     ("gms (defaults)", "gms", {}),
     ("gms-adan-25 / pixel", "gms", {"fit": "adan", "fit_iters": 25, "select": "pixel"}),
     ("gms-closed / pixel", "gms", {"fit": "closed", "select": "pixel"}),
-    # the SDE baselines of issue 23 with two calls per step, run at the K + 1 network calls of the one-call rows
-    # (SEEDS in the noise prediction diverges at these step sizes, see digits_sde_baselines.md; GGF needs ~45 calls)
+    # the SDE baselines with two calls per step, run at the K + 1 network calls of the one-call rows
+    # (SEEDS in the noise prediction diverges at these step sizes; GGF needs ~45 calls)
     ("edm-sde", "edm-sde", {}),
     ("seeds-2 (data)", "seeds-2", {"prediction": "data"}),
     ("edm-sde (rho 7)", "edm-sde", {"trajectory": "karras"}),  # on EDM's own time grid (Eq. 5)
@@ -64,10 +64,10 @@ def eps_losses(net, data: torch.Tensor, seed: int = 0, batch_size: int = 1000,
 
 def resolved_options(label: str) -> dict:
     """The solver options a label runs with: the library's defaults at this moment, then the label's own."""
-    from gms_kernels.solvers import SOLVERS as LIBRARY_SOLVERS
+    from gms_kernels.solvers import get_solver
 
     solver, options = SOLVER_OPTIONS[label]
-    merged = {**LIBRARY_SOLVERS[solver].options, **options}
+    merged = {**get_solver(solver).options, **options}
     return {k: list(v) if isinstance(v, tuple) else v for k, v in merged.items()}
 
 
@@ -77,7 +77,7 @@ def solver_steps(solver: str, K: int) -> int:
     from gms_kernels.solvers import get_solver
     from .sde_baselines_study import steps_for_budget
 
-    return steps_for_budget(solver, K + 1)[0] if get_solver(solver).multi_call else K
+    return steps_for_budget(solver, K + 1)[0] if get_solver(solver).calls_per_step != 1 else K
 
 
 def draw(model, label: str, steps: int, n: int, seed: int, batch_size: int = 1000) -> torch.Tensor:

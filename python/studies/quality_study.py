@@ -1,4 +1,4 @@
-"""Issue 20: what makes GMS win, on two real testbeds, chosen on a validation split and reported on a test split.
+"""What makes GMS win, on two real testbeds, chosen on a validation split and reported on a test split.
 
 Testbeds (:func:`testbed`):
 - ``digits``: the embedded digits model (trained on ``gk.data.digits("train")``), FD-digits against the
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import math
 import re
 import time
 from dataclasses import dataclass
@@ -32,14 +31,15 @@ from gms_kernels.eval.metrics import fd_digits, frechet_distance_dct, paired_dif
 from gms_kernels.core.moments import central_third_moment, transition_moments
 from gms_kernels.sampling import sample
 from gms_kernels.core.schedule import Schedule
-from gms_kernels.solvers import get_solver
+from gms_kernels.solvers import Solver, get_solver
+from .controls import CONTROLS
 from .digits_study import ResultCache
 
 STEPS = (5, 10, 20)
 # the std of the blur around each image of the oracle testbeds (digit pixels are 17 levels 0.125 apart)
 ORACLE_BLUR = 0.05
 ORACLE_PATCHES = 5000  # train patches in the patches-oracle testbed (a seeded subset of the 49,000)
-# the baselines: every Gaussian row (the variance-scaled controls included) and the SDE solvers of issue 23
+# the baselines: every Gaussian row (the variance-scaled controls included) and the SDE solvers
 BASELINE_PREFIXES = ("ddpm", "sn-ddpm", "ddim", "edm-sde", "seeds-1", "seeds-2", "seeds-3")
 
 
@@ -113,42 +113,6 @@ def data_oracle(images: torch.Tensor) -> torch.nn.Module:
                                  torch.full((n,), ORACLE_BLUR, dtype=torch.float64))
 
 
-# -- a control for the per-image mixture draw --------------------------------------------------------------------
-def rank_one_control_step(x_t, heads, k, rand, o):
-    """The Gaussian with the mean and covariance of GMS's per-image draw (``select="sample"``), to tell its gain
-    from skewness apart from its gain in covariance: the per-image draw mu_c + s z with mu1 = M1 + w2 delta,
-    mu2 = M1 - w1 delta and one component per image has mean M1 and covariance diag(s2) + w1 w2 delta delta^T
-    (delta = mu1 - mu2), which this step samples as M1 + sqrt(w1 w2) delta xi + s z with one xi ~ N(0, 1) per
-    image, xi = Phi^-1(u) from the same per-image uniform the mixture draw would use."""
-    from gms_kernels.core.fit import fit_closed
-    from gms_kernels.core.moments import scale_spread, transition_moments
-    from gms_kernels.solvers import _learned_gaussian
-
-    mom = scale_spread(transition_moments(x_t, heads[0], heads[1], heads[2], k, o["data_range"]),
-                       o["variance_scale"])
-    if k.s == 0 and o["gaussian_last_step"]:
-        return _learned_gaussian(mom, k, rand, o)
-    w1, w2 = float(o["weights"][0]), float(o["weights"][1])
-    p = fit_closed(mom, o["weights"], o["var_floor"])
-    u = rand.uniform(False).to(torch.float64).clamp(1e-12, 1.0 - 1e-12)
-    xi = torch.special.ndtri(u).reshape(-1, *[1] * (x_t.dim() - 1))  # Phi^-1(u)
-    x_s = mom.m1 + math.sqrt(w1 * w2) * (p.mu1 - p.mu2) * xi + p.s2.clamp_min(0.0).sqrt() * rand.normal()
-    return x_s, {"m1": mom.m1, "mu1": p.mu1, "mu2": p.mu2, "s2": p.s2}
-
-
-RANK_ONE_CONTROL = "control-rank1"
-
-
-def _register_controls() -> None:
-    """Adds the control to the solver table (under a name no library solver has) when a row asks for it."""
-    from gms_kernels.solvers import SOLVERS, Solver
-
-    if RANK_ONE_CONTROL not in SOLVERS:
-        options = {key: v for key, v in SOLVERS["gms"].options.items()
-                   if key not in ("preset", "skew_threshold", "skew_scale")}
-        SOLVERS[RANK_ONE_CONTROL] = Solver(RANK_ONE_CONTROL, 3, rank_one_control_step, options)
-
-
 # -- rows ------------------------------------------------------------------------------------------------------
 _ROW = re.compile(r"^(?P<base>[a-z0-9-]+(?: [a-z0-9/-]+)?)(?P<mods>(?: [a-z_]+=[^ ]+)*)$")
 # short names of the GMS variants: fit and component selection
@@ -170,8 +134,9 @@ NUMBER_OR_NAME_MODIFIERS = ("lr", "skew")
 SKEW_TABLES = ("lam", "lamval")
 
 
-def row_options(label: str) -> tuple[str, dict]:
-    """(solver, options) of a row label: a solver name or a GMS base (:data:`GMS_BASES`), then ``key=value``
+def row_options(label: str) -> tuple[str | Solver, dict]:
+    """(solver, options) of a row label: a solver name (a library solver's, or a study control's from
+    :data:`studies.controls.CONTROLS`, returned as its Solver object) or a GMS base (:data:`GMS_BASES`), then ``key=value``
     modifiers (:data:`MODIFIERS`), e.g. ``"sn-ddpm c=0.5"``, ``"ddpm v=0.25"``, ``"gms adan/pixel iters=70 c=0.8"``,
     ``"gms closed/pixel glast=0"``, ``"gms preset=official"``, ``"gms adan/pixel lr=paper"`` (``lr``: a number
     or a name of ``gk.fit.PAPER_LR_TABLES``), ``"gms closed/sample skew=lam"`` (``skew``: skew_scale, a number or
@@ -181,9 +146,7 @@ def row_options(label: str) -> tuple[str, dict]:
     if m is None:
         raise ValueError(f"cannot read row label {label!r}")
     base = m["base"]
-    if base == RANK_ONE_CONTROL:
-        _register_controls()
-    solver, options = ("gms", dict(GMS_BASES[base])) if base in GMS_BASES else (base, {})
+    solver, options = ("gms", dict(GMS_BASES[base])) if base in GMS_BASES else (CONTROLS.get(base, base), {})
     for mod in m["mods"].split():
         key, value = mod.split("=", 1)
         if key not in MODIFIERS:
@@ -231,12 +194,12 @@ def is_variance_scaled(label: str) -> bool:
 
 # -- measuring -------------------------------------------------------------------------------------------------
 def draw(model, shape: Sequence[int], label: str, steps: int, n: int, seed: int, batch: int = 1000,
-         skew_tables: dict | None = None, solver: str | None = None, **extra) -> torch.Tensor:
+         skew_tables: dict | None = None, solver: Solver | None = None, **extra) -> torch.Tensor:
     """``n`` samples of a row in column K = ``steps``: K steps (K + 1 network calls); a solver with several calls
     per step (edm-sde, seeds-2, seeds-3) runs the most steps whose calls fit in those K + 1 (equal network calls).
     A row with a named skew table (``skew=lam``) takes its factors for K from ``skew_tables[name][K]`` ({t: factor}).
-    ``solver`` runs a variant of the row's solver registered in the solver table (an experiment's; its options
-    in ``extra``) with the row's options."""
+    ``solver`` runs a variant of the row's solver (a study control, :mod:`studies.controls`; its own options in
+    ``extra``) with the row's options."""
     row_solver, options = row_options(label)
     solver = solver or row_solver
     if isinstance(options.get("skew_scale"), str):
@@ -245,7 +208,7 @@ def draw(model, shape: Sequence[int], label: str, steps: int, n: int, seed: int,
             raise ValueError(f"row {label!r} needs the skew table {name!r} for K={steps} (python "
                              "python/quality_benchmark.py shrinkage --testbed ... writes it)")
         options["skew_scale"] = dict(skew_tables[name][steps])
-    if get_solver(solver).multi_call:
+    if get_solver(solver).calls_per_step != 1:
         from .sde_baselines_study import steps_for_budget
 
         steps = steps_for_budget(solver, steps + 1)[0]
@@ -371,7 +334,7 @@ def head_diagnostics(net, data: torch.Tensor, ts: Sequence[int], seed: int = 0,
     return out
 
 
-# -- the heads' noise in the skew: a per-step shrinkage factor (issue 20, "a fit that accounts for the heads' noise")
+# -- the heads' noise in the skew: a per-step shrinkage factor (a fit that accounts for the heads' noise)
 def skew_table_path(bed: Testbed) -> Path:
     return Path("gms_out") / f"skew-tables-{bed.name}-{bed.tag}.json"
 

@@ -1,8 +1,8 @@
-"""Issue 23 on the embedded digits model: GMS against the SDE baselines (EDM-SDE, SEEDS-1/2, GGF) and the
+"""On the embedded digits model: GMS against the SDE baselines (EDM-SDE, SEEDS-1/2, GGF) and the
 existing rows, at equal network calls (NFE), over several seeds, with 95% intervals and paired tests.
 
 A solver's steps K are chosen per NFE budget B on the even trajectory: the largest K whose network calls
-(:func:`gms_kernels.sde.network_calls`) fit in B, so one-call solvers get about twice the steps of the
+(the solver's ``network_calls``) fit in B, so one-call solvers get about twice the steps of the
 two-call ones (EDM-SDE's Heun correction, SEEDS-2's intermediate point). GGF's calls are adaptive and cannot
 be set: it runs at a tolerance and its mean NFE is reported (a separate block, against the one-call rows
 at a matching budget).
@@ -19,7 +19,7 @@ from gms_kernels.models.embedded import DIGITS_SHAPE
 from gms_kernels.eval.metrics import fd_digits, paired_difference, seed_interval
 from gms_kernels.sampling import sample
 from gms_kernels.core.schedule import Schedule, karras_trajectory, trajectory as make_trajectory
-from gms_kernels.sde import network_calls
+from gms_kernels.solvers import get_solver
 from .digits_study import ResultCache
 
 # (label, solver, options); 'gms' is the library default (closed fit, one component per image, Gaussian last step)
@@ -44,7 +44,7 @@ def steps_for_budget(solver: str, budget: int, T: int = 1000) -> tuple[int, int]
     """(K, NFE): the largest K of the even trajectory whose network calls fit in ``budget``."""
     best = None
     for K in range(1, budget + 1):
-        nfe = network_calls(solver, len(make_trajectory(T, K, "even")))
+        nfe = get_solver(solver).network_calls(len(make_trajectory(T, K, "even")))
         if nfe <= budget:
             best = (K, nfe)
     if best is None:

@@ -1,6 +1,6 @@
 """Toy data with LEARNED heads: small MLP noise networks trained on CPU, measured next to the oracle.
 
-The oracle study (:mod:`.oracle_study`) removes every network error by using exact heads. Here the
+The oracle job (``gms-kernels oracle``) removes every network error by using exact heads. Here the
 same two data sets are learned the paper's way (two stages): an eps-network first
 (:func:`gms_kernels.train.training.train_backbone`), then, with that network frozen, small heads for
 E[eps^2 | x_t] and E[eps^3 | x_t] on its last hidden features (:func:`gms_kernels.train.training.train_heads`).
@@ -26,7 +26,7 @@ from gms_kernels.eval.oracle import GaussianMixtureOracle
 from gms_kernels.sampling import sample
 from gms_kernels.core.schedule import Schedule
 from gms_kernels.train.training import train_backbone, train_heads
-from . import oracle_study as study
+from gms_kernels.eval import oracle_job as job
 
 DEFAULT_STEPS = (5, 10, 20, 40)  # the K of paper Tab. toyresult
 PLOT_K = 10
@@ -37,8 +37,8 @@ CACHE_FORMAT = "gms_kernels.toy_learned/1"
 # only differs from per-sample selection in more than one dimension
 LABELS = {"1d": ("ddpm", "sn-ddpm", "gms-adan-25", "gms-closed"),
           "8gauss": ("ddpm", "sn-ddpm", "gms-adan-25", "gms-closed", "gms-closed-pixel")}
-GRID = {label: (solver, options) for label, solver, options in study.SOLVER_GRID}
-TABLE_METRICS = {"kde": study.METRICS["kde"], "w1": study.METRICS["w1"]}
+GRID = {label: (solver, options) for label, solver, options in job.SOLVER_ROWS}
+TABLE_METRICS = {"kde": job.METRICS["kde"], "w1": job.METRICS["w1"]}
 FAR = 2.0  # a sample with a coordinate beyond +-FAR is far from both data sets (they lie within +-1)
 E23 = ("sn-ddpm", "gms-adan-25", "gms-closed", "gms-closed-pixel")  # the solvers that read e2 (and e3)
 
@@ -191,7 +191,7 @@ def train_toy(name: str, cfg: ToyConfig, schedule: Schedule | None = None, cache
     config matches; ``skip_training`` requires the cached net (no training).
     """
     schedule = schedule or Schedule.linear(1000)
-    oracle = study.DATASETS[name][1](schedule)
+    oracle = job.DATASETS[name][1](schedule)
     dim = oracle.data_shape[0]
     backbone = build_backbone(dim, cfg, schedule)
     path = Path(cache_dir) / f"{name}.pt" if cache_dir is not None else None
@@ -274,14 +274,14 @@ def evaluate(name: str, net: nn.Module, res: ToyResult, seed: int | None = None,
     """Every solver of LABELS[name] on learned and on exact heads, plus the exact sampler, once per seed of
     ``res.seeds`` (or ``seed`` alone): the sampler's seed and the fresh data's; fills ``res``."""
     schedule = net.schedule
-    oracle = study.DATASETS[name][1](schedule)
+    oracle = job.DATASETS[name][1](schedule)
     shape = (res.n_samples, *oracle.data_shape)
     seeds = res.seeds if seed is None else (seed,)
     rows = [("exact", "-", oracle)] + [(lab, h, m) for lab in LABELS[name]
                                        for h, m in (("learned", net), ("oracle", oracle))]
     runs: dict = {}
     for sd in seeds:
-        fresh = study.fresh_data(oracle, res.n_samples, sd)
+        fresh = job.fresh_data(oracle, res.n_samples, sd)
         for label, heads, model in rows:
             solver, options = GRID[label]
             if solver == "exact":
@@ -292,7 +292,7 @@ def evaluate(name: str, net: nn.Module, res: ToyResult, seed: int | None = None,
                            progress=False, data_range=None, dtype=torch.float64, backend="torch", **options)
                 seconds = time.perf_counter() - t0
                 far = x.abs().amax(dim=1)
-                row = {**study.score_samples(x, fresh, TABLE_METRICS), "seconds": seconds,
+                row = {**job.score_samples(x, fresh, TABLE_METRICS), "seconds": seconds,
                        "max_abs": float(far.max()), "n_far": int((far > FAR).sum())}
                 runs.setdefault((label, heads, K), []).append(row)
                 if K == PLOT_K and sd == seeds[0]:
@@ -305,14 +305,14 @@ def evaluate(name: str, net: nn.Module, res: ToyResult, seed: int | None = None,
     table = res.scores.setdefault(name, {})
     for label, heads, _ in rows:
         for K in res.steps:
-            row = study.mean_row(runs[(label, heads, K)])
+            row = job.mean_row(runs[(label, heads, K)])
             row["max_abs"] = max(row["per_seed"]["max_abs"])
             row["n_far"] = int(sum(row["per_seed"]["n_far"]))
             table.setdefault((label, heads), {})[K] = row
 
 
 def run(cfg: ToyConfig = ToyConfig(), steps: Sequence[int] = DEFAULT_STEPS, n_samples: int = 20000,
-        datasets: Sequence[str] = tuple(study.DATASETS), cache_dir: str | Path | None = None,
+        datasets: Sequence[str] = tuple(job.DATASETS), cache_dir: str | Path | None = None,
         skip_training: bool = False, head_points: int = 20000, progress: bool = True, log=print,
         seeds: Sequence[int] | None = None) -> ToyResult:
     """Train (or load) each data set's nets, check the heads, and sample every row once per sampling seed
@@ -323,7 +323,7 @@ def run(cfg: ToyConfig = ToyConfig(), steps: Sequence[int] = DEFAULT_STEPS, n_sa
         trained = train_toy(name, cfg, schedule, cache_dir, skip_training, progress, log)
         res.training[name] = trained.info
         t0 = time.perf_counter()
-        oracle = study.DATASETS[name][1](schedule)
+        oracle = job.DATASETS[name][1](schedule)
         res.heads[name] = heads_error(trained.net, oracle, n=head_points, seed=cfg.seed)
         evaluate(name, trained.net, res, progress=progress, log=log)
         res.eval_seconds += time.perf_counter() - t0
@@ -348,7 +348,7 @@ def findings(res: ToyResult) -> list[str]:
     """Statements computed from the numbers, so they stay true when the script is rerun."""
     out = []
     for name, t in res.scores.items():
-        tag = study.DATASETS[name][0].split(" ")[0]
+        tag = job.DATASETS[name][0].split(" ")[0]
         gms = _gms_label(name)
         for heads in ("learned", "oracle"):
             ks = _ks(res, name, "kde", (gms, heads), ("sn-ddpm", heads))
@@ -384,7 +384,7 @@ def reading(res: ToyResult) -> list[str]:
     """A few sentences on what the learned heads change, with their numbers computed from the tables."""
     out = []
     for name, t in res.scores.items():
-        tag = study.DATASETS[name][0].split(" ")[0]
+        tag = job.DATASETS[name][0].split(" ")[0]
         gms = _gms_label(name)
         e23 = [lab for lab in E23 if lab in LABELS[name]]
         gap = {K: max(t[(lab, "oracle")][K]["kde"] - t[(lab, "learned")][K]["kde"] for lab in e23) for K in res.steps}
@@ -443,11 +443,11 @@ def score_table(res: ToyResult, name: str, metric: str) -> str:
     for heads in ("learned", "oracle"):
         keys = [key for key in table if key[1] == heads or (heads == "oracle" and key[1] == "-")]
         for K in res.steps:
-            got = study.seed_summary({key: table[key][K]["per_seed"][metric] for key in keys},
+            got = job.seed_summary({key: table[key][K]["per_seed"][metric] for key in keys},
                                      [key for key in keys if key[0] in BASELINES], higher_is_better=metric == "kde")
             summary.update({(key, K): entry for key, entry in got.items()})
     for key, row in table.items():
-        cells = [study.interval_cell(summary[(key, K)]) for K in res.steps]
+        cells = [job.interval_cell(summary[(key, K)]) for K in res.steps]
         cells = [f"**{c}**" if key == best[K] else c for c, K in zip(cells, res.steps)]
         label = "exact sampler (ceiling)" if key[0] == "exact" else key[0]
         lines.append(f"| {label} | {key[1]} | " + " | ".join(cells) + " |")
@@ -516,7 +516,7 @@ def report(res: ToyResult, command: str, total_seconds: float | None = None) -> 
         "",
     ]
     for name in res.scores:
-        parts += [f"## {study.DATASETS[name][0]}\n"]
+        parts += [f"## {job.DATASETS[name][0]}\n"]
         for metric, desc in TABLE_METRICS.items():
             parts += [f"**{desc}**\n", score_table(res, name, metric), ""]
         parts += ["**Learned heads vs the oracle heads** (RMSE over x_t ~ q(x_t) for fresh data and noise, at "
@@ -542,7 +542,7 @@ def plot_fig1(res: ToyResult, path: str | Path) -> Path:
         rows += [("8gauss", "learned"), ("8gauss", "oracle")]
     fig, axes = plt.subplots(len(rows), len(cols), figsize=(2.8 * len(cols), 2.6 * len(rows)), squeeze=False)
     for i, (name, heads) in enumerate(rows):
-        oracle = study.DATASETS[name][1](schedule)
+        oracle = job.DATASETS[name][1](schedule)
         for j, col in enumerate(cols):
             ax = axes[i][j]
             label = _gms_label(name) if col == "gms" else col
@@ -550,7 +550,7 @@ def plot_fig1(res: ToyResult, path: str | Path) -> Path:
                 grid = torch.linspace(-1.0, 1.0, 400, dtype=torch.float64)
                 density = oracle.log_prob(grid[:, None]).exp()
                 x = res.samples.get((name, label, "-" if col == "data" else heads))
-                study.density_panel(ax, x, grid, density)
+                job.density_panel(ax, x, grid, density)
                 ref = res.samples.get((name, label, "oracle"))
                 if ref is not None:
                     ax.hist(ref.flatten().clamp(-1, 1).numpy(), bins=120, range=(-1, 1), density=True,

@@ -21,7 +21,7 @@ def _pytest_without_extension(tmp_path: Path, ci: str) -> subprocess.CompletedPr
     (tmp_path / "sitecustomize.py").write_text(BLOCK_EXTENSION)
     env = dict(os.environ, CI=ci, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
-                           "tests/test_cpp_backend.py", "-k", "philox"],
+                           "tests/kernels/test_cpp_backend.py", "-k", "philox"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 

@@ -1,5 +1,7 @@
 """The digits reproductions' building blocks, on tiny settings (the full runs are python/digits_benchmark.py)."""
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -7,10 +9,9 @@ import torch
 from gms_kernels.core.data import digits
 from gms_kernels.models.embedded import default_model
 from gms_kernels.core.schedule import trajectory
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))  # the studies are not installed
-from studies import digits_study as study
+from studies import digits_study as study  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -72,16 +73,3 @@ def test_sdedit_grid_reports_faithfulness_and_realism(model):
     # 0.3 against 0.5 is within the noise of 6 images, 0.2 against 0.5 about 0.7-1.5 apart over seeds)
     assert res[("ddim", 0.2, 2)]["l2"] < res[("ddim", 0.5, 2)]["l2"]
     assert edits[("ddim", 0.2)].shape == (6, 1, 8, 8)
-
-
-def test_main_job_reports_every_solver_with_intervals_and_writes_the_grid(tmp_path):
-    from studies.digits_job import JOB_ROWS, run_digits_job
-
-    report = run_digits_job(tmp_path, steps=2, n_samples=12, seeds=2, progress=False, log=lambda *_: None)
-    rows = [line for line in report.splitlines() if line.startswith("| ") and "FD-digits" not in line]
-    assert [r.split(" | ")[0][2:] for r in rows] == list(JOB_ROWS)
-    for r in rows:
-        mean, half = (float(v) for v in r.split(" | ")[1].split(" ± "))
-        assert math.isfinite(mean) and half > 0
-    assert rows[0].endswith("(this row) |") and all("[" in r for r in rows[1:])
-    assert (tmp_path / "digits_K2.png").stat().st_size > 0

@@ -1,4 +1,4 @@
-"""python/quality_benchmark.py's shrinkage of the heads' excess variance (issue 20, quality.md 5l): the transition
+"""python/quality_benchmark.py's shrinkage of the heads' excess variance: the transition
 moments' shrinkage and its solvers (row modifier exvar=), the network wrapper ExcessVarianceShrink (exvarpre=),
 the per-K tables."""
 import json
@@ -10,21 +10,14 @@ import torch
 
 import gms_kernels as gk
 from conftest import image_oracle, small_central_moment_net
-from studies import quality_study as q
 from gms_kernels.core.moments import central_third_moment, last_step_variance_cap, transition_moments, x0_moments
+from gms_kernels.core.random import SampleNoise
+from gms_kernels.solvers import StepRandomness, solver_step
 
-import quality_benchmark as qb  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))  # the studies are not installed
-
-
-@pytest.fixture(autouse=True)
-def _unregister_exvar_solvers():
-    """The solvers the module registers leave the library's table after each test (other tests list it)."""
-    yield
-    for name in qb.EXVAR_SOLVERS.values():
-        gk.solvers.SOLVERS.pop(name, None)
+from studies import quality_study as q  # noqa: E402
+import quality_benchmark as qb  # noqa: E402
+from studies import controls  # noqa: E402
 
 
 def _central(out, C):
@@ -89,7 +82,7 @@ def test_factors_are_looked_up_at_the_t_the_sampler_calls_with():
             seen.append(f)
             return f
 
-    ts = gk.schedule.trajectory(sched, 4)
+    ts = gk.trajectory(sched, 4)
     table = {t: 0.1 * (i + 1) for i, t in enumerate(ts)}
     gk.sample(Recording(oracle, table), (2, 3, 5, 7), steps=4, solver="sn-ddpm", generator=0, progress=False)
     assert seen == [table[t] for t in ts]
@@ -118,7 +111,7 @@ def test_shrunk_sn_ddpm_and_gms_first_steps_see_the_shrunk_moments():
         gk.sample(model, (6, 3, 5, 7), steps=5, solver=solver, generator=3, progress=False, backend="torch",
                   callback=infos.append, dtype=torch.float64, data_range=None, **opts)  # (float32: e2 - e1^2 cancels)
         return infos[0]
-    lam2 = sched.coefficients(*gk.schedule.trajectory(sched, 5)[:2]).lam2
+    lam2 = sched.coefficients(*gk.trajectory(sched, 5)[:2]).lam2
     a, b = first(oracle, "sn-ddpm"), first(qb.ExcessVarianceShrink(oracle, f), "sn-ddpm")
     torch.testing.assert_close(b["var"] - lam2, f * (a["var"] - lam2), rtol=1e-9, atol=1e-12)
     a, b = (first(m, "gms", fit="closed", select="sample") for m in (oracle, qb.ExcessVarianceShrink(oracle, f)))
@@ -135,8 +128,8 @@ def test_shrink_excess_variance_scales_var_minus_lam2_and_keeps_m1_and_kappa3():
     x_t = torch.randn(4, 3, 5, 7, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     k = sched.coefficients(300, 200)
     mom = transition_moments(x_t, *oracle(x_t, 300).chunk(3, dim=1), k, (-1.0, 1.0))
-    assert qb.shrink_excess_variance(mom, k, 1.0) is mom
-    out = qb.shrink_excess_variance(mom, k, 0.3)
+    assert controls.shrink_excess_variance(mom, k, 1.0) is mom
+    out = controls.shrink_excess_variance(mom, k, 0.3)
     assert torch.equal(out.m1, mom.m1)
     torch.testing.assert_close(out.var - k.lam2, 0.3 * (mom.var - k.lam2), rtol=1e-12, atol=0)
     k3 = central_third_moment(mom.m1, mom.var, mom.m3)
@@ -151,13 +144,12 @@ def test_shrink_excess_variance_scales_var_minus_lam2_and_keeps_m1_and_kappa3():
     ("gms", {"fit": "closed", "select": "sample", "skew_threshold": 0.05, "variance_scale": 0.8}),
     ("gms", {"fit": "closed", "select": "sample", "gaussian_last_step": False, "skew_scale": 0.5})])
 def test_exvar_solvers_with_factor_one_are_the_library_steps_bit_for_bit(solver, opts):
-    qb.register_exvar_solvers()
     oracle = image_oracle(gk.Schedule.linear())
     kw = dict(steps=4, generator=5, progress=False, backend="torch", **opts)
     want = gk.sample(oracle, (6, 3, 5, 7), solver=solver, **kw)
-    got = gk.sample(oracle, (6, 3, 5, 7), solver=qb.EXVAR_SOLVERS[solver], exvar=1.0, **kw)
+    got = gk.sample(oracle, (6, 3, 5, 7), solver=controls.EXVAR_SOLVERS[solver], exvar=1.0, **kw)
     assert torch.equal(got, want)
-    assert not torch.equal(gk.sample(oracle, (6, 3, 5, 7), solver=qb.EXVAR_SOLVERS[solver], exvar=0.3, **kw), want)
+    assert not torch.equal(gk.sample(oracle, (6, 3, 5, 7), solver=controls.EXVAR_SOLVERS[solver], exvar=0.3, **kw), want)
 
 
 def test_exvar_solvers_see_the_shrunk_moments_with_the_clamps_on_and_look_up_each_steps_t(monkeypatch):
@@ -165,12 +157,11 @@ def test_exvar_solvers_see_the_shrunk_moments_with_the_clamps_on_and_look_up_eac
     every step's Var' - lam2 = f(t) (Var - lam2) and kappa3 kept, with f looked up at each step's t."""
     sched = gk.Schedule.linear()
     oracle = image_oracle(sched)
-    qb.register_exvar_solvers()
-    ts = gk.schedule.trajectory(sched, 4)
+    ts = gk.trajectory(sched, 4)
     table = {t: 0.2 + 0.15 * i for i, t in enumerate(ts)}
     looked_up = []
-    real = qb.exvar_factor_at
-    monkeypatch.setattr(qb, "exvar_factor_at", lambda f, t: looked_up.append(t) or real(f, t))
+    real = controls.exvar_factor_at
+    monkeypatch.setattr(controls, "exvar_factor_at", lambda f, t: looked_up.append(t) or real(f, t))
     x_t = oracle.sample_data(5, torch.Generator().manual_seed(3)) * 0.6
     clamped = 0
     for i, t in enumerate(ts[:-1]):
@@ -182,10 +173,10 @@ def test_exvar_solvers_see_the_shrunk_moments_with_the_clamps_on_and_look_up_eac
         clamped += int((x0.m3.abs() > x0.mean.abs().clamp(max=1.0)).sum())  # E[x0^3] replaced by E[x0]
         mom = transition_moments(xt, *heads, k, (-1.0, 1.0))
         infos = {}
-        for name in ("gms", "gms-exvar"):
+        for name, solver in (("gms", "gms"), ("gms-exvar", controls.EXVAR_SOLVERS["gms"])):
             opts = {"fit": "closed", "select": "pixel", **({"exvar": table} if name == "gms-exvar" else {})}
-            rand = gk.sampling.StepRandomness(gk.random.SampleNoise.create(0, 5, 0), t, xt)
-            infos[name] = gk.solvers.solver_step(name, xt, heads, k, rand, (-1.0, 1.0), sched.T, opts)[1]
+            rand = StepRandomness(SampleNoise.create(0, 5, 0), t, xt)
+            infos[name] = solver_step(solver, xt, heads, k, rand, (-1.0, 1.0), sched.T, opts)[1]
         a, b = infos["gms"], infos["gms-exvar"]
         if s == 0:  # the Gaussian last step: N(M1, Var) with Var capped, no m3
             cap = last_step_variance_cap((-1.0, 1.0))
@@ -198,7 +189,7 @@ def test_exvar_solvers_see_the_shrunk_moments_with_the_clamps_on_and_look_up_eac
                                    central_third_moment(a["m1"], a["var"], a["m3"]), rtol=1e-8, atol=1e-13)
     assert looked_up == ts[:-1] and clamped > 0
     with pytest.raises(ValueError, match="no exvar factor for t="):
-        gk.sample(oracle, (2, 3, 5, 7), steps=3, solver="gms-exvar", exvar={999: 0.5}, generator=0, progress=False)
+        gk.sample(oracle, (2, 3, 5, 7), steps=3, solver=controls.EXVAR_SOLVERS["gms"], exvar={999: 0.5}, generator=0, progress=False)
 
 
 def test_exvar_labels_tables_and_rows(tmp_path, monkeypatch):
@@ -215,7 +206,7 @@ def test_exvar_labels_tables_and_rows(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match="shrinkage"):
         qb.exvar_tables(bed)
-    ts = gk.schedule.trajectory(sched, 3)  # 999, 665, 332, 0
+    ts = gk.trajectory(sched, 3)  # 999, 665, 332, 0
     rows = {"3": [{"t": t, "lam_var": v} for t, v in zip(ts[:-1], (0.3, -0.2, 0.7))]}
     q.skew_table_path(bed).parent.mkdir(parents=True)
     q.skew_table_path(bed).write_text(json.dumps({"tables": {}, "runs": {"lam": {"rows": rows}}}))
@@ -227,7 +218,7 @@ def test_exvar_labels_tables_and_rows(tmp_path, monkeypatch):
     assert sorted(cache.data) == ["toy|abc123|gms closed/pixel exvar=lam|3|1|4",
                                   "toy|abc123|sn-ddpm exvarpre=lam|3|1|4"]
     x = qb.draw_exvar(oracle, (3, 5, 7), "gms closed/pixel exvar=lam", 3, 4, 1, tables)
-    direct = gk.sample(oracle, (4, 3, 5, 7), steps=3, solver="gms-exvar", fit="closed", select="pixel", generator=1,
+    direct = gk.sample(oracle, (4, 3, 5, 7), steps=3, solver=controls.EXVAR_SOLVERS["gms"], fit="closed", select="pixel", generator=1,
                        progress=False, exvar=tables["lam"][3])
     torch.testing.assert_close(x, direct, rtol=0, atol=0)
     x = qb.draw_exvar(oracle, (3, 5, 7), "sn-ddpm exvarpre=0.5", 3, 4, 1, tables)

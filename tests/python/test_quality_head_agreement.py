@@ -1,4 +1,4 @@
-"""python/quality_benchmark.py's diagnostics of where the heads' moments come from (issue 20, quality.md 5n): the
+"""python/quality_benchmark.py's diagnostics of where the heads' moments come from: the
 mean of several networks' heads, the shrinkage regression against another network, and the backbone's mean error
 in the heads' central moments."""
 import sys
@@ -7,12 +7,10 @@ from pathlib import Path
 import torch
 
 from conftest import small_central_moment_net
-from studies import quality_study as q
 
-import quality_benchmark as qb  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))  # the studies are not installed
+from studies import quality_study as q  # noqa: E402
+import quality_benchmark as qb  # noqa: E402
 
 
 def test_heads_mean_averages_the_outputs_and_as_exact_heads_calls_in_float32():

@@ -2,15 +2,16 @@
 report has every table with finite numbers, and the figure is written."""
 import math
 import re
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 import gms_kernels as gk
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))  # the studies are not installed
-from studies import toy_learned as toy
+from studies import toy_learned as toy  # noqa: E402
 
 TINY = toy.ToyConfig(hidden=48, blocks=1, emb_dim=16, head_hidden=32, n_train=4000, backbone_steps=250,
                      heads_steps=150, batch_size=256, lr=3e-3, heads_lr=3e-3, ema_decay=0.99)
@@ -39,7 +40,7 @@ def test_moment_net_shapes_dtype_and_frozen_backbone():
 
 def test_short_training_learns_heads_close_to_the_oracle(trained_1d):
     trained, _ = trained_1d
-    oracle = toy.study.paper_1d(gk.Schedule.linear(1000))
+    oracle = toy.job.paper_1d(gk.Schedule.linear(1000))
     err = toy.heads_error(trained.net, oracle, times=(399, 999), n=2000)
     untrained = toy.heads_error(toy.add_heads(toy.build_backbone(1, TINY, oracle.schedule), TINY), oracle,
                                 times=(399, 999), n=2000)
@@ -66,7 +67,7 @@ def test_report_has_every_table_with_finite_numbers(trained_1d, tmp_path):
     trained, _ = trained_1d
     res = toy.ToyResult(TINY, n_samples=600, steps=(5, 10))
     res.training["1d"] = trained.info
-    oracle = toy.study.paper_1d(trained.net.schedule)
+    oracle = toy.job.paper_1d(trained.net.schedule)
     res.heads["1d"] = toy.heads_error(trained.net, oracle, times=(99, 999), n=500)
     toy.evaluate("1d", trained.net, res, progress=False)
     text = toy.report(res, "pytest")
