@@ -1,5 +1,5 @@
-"""The kernels' one source through another compiler and onto other ISAs (issue 21: "one vector code
-path ... that every compiler vectorises"), with Clang from the ``ziglang`` wheel (no system Clang or
+"""The kernels' one source through another compiler and onto other ISAs (one vector code path that
+every compiler vectorises), with Clang from the ``ziglang`` wheel (no system Clang or
 cross toolchain needed):
 
     pip install -e ".[test,cross]"        # ziglang, and the test dependencies for --test
@@ -101,8 +101,8 @@ def build_and_test(tests: list[str]) -> tuple[int, str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--test", action="store_true", help="also build the extension with Clang and run the C++ tests")
-    ap.add_argument("--tests", nargs="+", default=["tests/test_cpp_backend.py", "tests/test_cpu_targets.py",
-                                                   "tests/test_references.py", "tests/test_reproducibility.py"])
+    ap.add_argument("--tests", nargs="+", default=["tests/kernels/test_cpp_backend.py", "tests/kernels/test_cpu_targets.py",
+                                                   "tests/solvers/test_references.py", "tests/sampling/test_reproducibility.py"])
     args = ap.parse_args()
     version = subprocess.run(zig() + ["c++", "--version"], capture_output=True, text=True).stdout.splitlines()[0]
     print(f"Clang: {version} (ziglang); `python benchmarks/cross_compile.py{' --test' if args.test else ''}`\n")

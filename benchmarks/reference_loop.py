@@ -3,7 +3,7 @@
 The official code fits the mixture with autograd: parameters (mu1, mu2, beta) as leaf tensors,
 an ADAN optimizer object, a loss that is the mean over the whole batch of the squared raw-moment
 errors, ``fit_iters`` optimizer steps each costing about a dozen kernel launches, beta clamped after
-each step (reference-notes 2). Moments come from the shared torch code in the model's dtype
+each step (https://github.com/Guohanzhong/GMS). Moments come from the shared torch code in the model's dtype
 (float32), like the official code. This is only the speed baseline; gms_kernels' own fit is
 ``gms_kernels.core.fit.fit_adan`` (the same update written per element, no autograd).
 """

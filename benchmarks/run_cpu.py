@@ -46,13 +46,13 @@ FLOPS_MOMENTS = 64        # x^2 1, x0 mean 7 / var 3 / m2 10 / m3 14, clamps 9, 
 FLOPS_ADAN_ITER = 93      # residuals 22, gradients 18, three ADAN updates 51, beta clamp 2 (float)
 FLOPS_ADAN_SETUP = 18     # kappa3 6, float32 range check 4, initial state 5, the mixture's parameters 3
 FLOPS_CLOSED = 52         # var clamp 1, kappa3 6, kappa3 / denom 5, knee line 2, cube root 24, knee choice 2,
-#                           s2 and its floor 5, sqrt 1, delta and sd 2, mu1 mu2 4 (double; recounted 2026-11-29,
-#                           seventeenth session: 67 before the knee's division and the regular cube root)
+#                           s2 and its floor 5, sqrt 1, delta and sd 2, mu1 mu2 4 (double; recounted 2026-11-29:
+#                           67 before the knee's division and the regular cube root)
 FLOPS_SAMPLING = 31       # per normal: uniforms 2, log 9, cos / sin 14, radius 2; the draw 4 (uniform, compare, sd z, add)
 
 
-# What was learnt about the ADAN loop on each machine this ran on (the VM's processor changes from
-# session to session). Throw-away variants of benchmarks/cpp/adan_loop_bench.cpp, not kept; one
+# What was learnt about the ADAN loop on each machine it was measured on (the VM's processor differs
+# from one machine to the next). Throw-away variants of benchmarks/cpp/adan_loop_bench.cpp, not kept; one
 # thread, each against the unchanged loop in the same minute (single runs vary by about 5%).
 ROOFLINE_NOTES = {
     "Intel Xeon @ 2.80GHz (AVX-512 on two 512-bit FMA units), 2026-11-25/26": (
@@ -115,10 +115,10 @@ ROOFLINE_NOTES = {
         "the closed step 8% faster on avx2 (one thread). Not faster: 2 M1 and 3 M1 formed in the loop instead of read from "
         "their arrays (bit-identical; 11.4-14.5 against 11.0-11.6 ms, the ADAN loop alone, one thread), the closed fit's double square root as a float32 "
         "square root and reciprocal plus one Newton step in double (0.98-1.00 against 0.94-0.95 ms for the fit alone). "
-        "Not faster either (2026-11-29, fifteenth session): the three stages run across iterations as one pipeline "
+        "Not faster either (2026-11-29): the three stages run across iterations as one pipeline "
         "(the last two vectors of iteration k finished in the first passes of k + 1, so it never drains; bit-identical, "
         "11.03-11.26 against 11.06-11.30 ms, three alternating runs): the out-of-order core already overlaps the drain. "
-        "What did pay (2026-11-29, sixteenth session): the compiled avx2 loop spilled 39 of its 128 instructions' "
+        "What did pay (2026-11-29): the compiled avx2 loop spilled 39 of its 128 instructions' "
         "operands to the stack, 18 of them because GCC's predictive commoning kept the parameters loaded in the first "
         "stage in registers (rotated through stack slots) until the third instead of loading them again; built with "
         "-fno-predictive-commoning (setup.py) the loop has 21 stack operands and ADAN-25 is 3-4% faster on avx2 and "
@@ -427,7 +427,7 @@ TARGET_VARIANTS = {  # name: (solver, options)
     "ddpm": ("ddpm", {}),
     "ddim": ("ddim", {}),
 }
-# The rows of issue 21's first table: whole `gk.step` calls (checks, dispatch, the chosen target) as a
+# The rows of the per-call table: whole `gk.step` calls (checks, dispatch, the chosen target) as a
 # user makes them. label: (backend, solver, options)
 API_STEPS = {
     "`gk.step` gms, closed form, cpp": ("cpp", "gms", FITS["closed"]),
@@ -535,7 +535,7 @@ def targets_report(schedule: gk.Schedule, rounds: int) -> tuple[list[str], list[
             f"{100 * flops_adan25 * n / st[(t, 'adan-25')][i] / 1e9 / roofs[t][0]:.0f}%" if t in roofs else "-"
             for t in targets for i in (0,)) + " |")
         lines += ["", "FMA rooflines (fp32 GFLOP/s: lanes x flops per instruction x the FMA instruction rate of that "
-                  "width measured by benchmarks/cpp/vector_ceilings.cpp in this run, which is FMA units x clock; the "
+                  "width measured by benchmarks/cpp/vector_ceilings.cpp in the same run, which is FMA units x clock; the "
                   f"clock quoted is the kernel's nominal one, {ghz:.2f} GHz from /proc/cpuinfo, so the units column is "
                   "what the measured rate implies at that clock; on a shared VM the measured rate falls when other "
                   "work runs):", ""]
@@ -559,7 +559,7 @@ def targets_report(schedule: gk.Schedule, rounds: int) -> tuple[list[str], list[
         avx2 += [f"| {name} | {st[(t, name)][0] * 1e3:.2f} ms | {st[(t, name)][1] * 1e3:.2f} ms |" for name in TARGET_VARIANTS]
         avx2 += [f"| (i) reference loop, 25 iterations | {rf[25][0] * 1e3:.1f} ms | {rf[25][1] * 1e3:.1f} ms |",
                  f"| (i) reference loop, 70 iterations | {rf[70][0] * 1e3:.1f} ms | {rf[70][1] * 1e3:.1f} ms |", "",
-                 "| acceptance (issue 21) | fastest call | median call | target |", "|---|---|---|---|"]
+                 "| acceptance | fastest call | median call | target |", "|---|---|---|---|"]
         checks = [("adan-25 vs (i)", ratio_rows["adan-25 vs (i) (speed-up)"], ">= 100x", lambda v: v >= 100),
                   ("closed vs adan-25", ratio_rows["closed vs adan-25 (speed-up)"], ">= 5x", lambda v: v >= 5)]
         checks += [(f"{s} / closed", ratio_rows[f"{s} / closed (cost)"], "<= 1.5x", lambda v: v <= 1.5)
@@ -575,7 +575,7 @@ def targets_report(schedule: gk.Schedule, rounds: int) -> tuple[list[str], list[
             avx2 += ["", f"Roofline: {roofs[t][1]}."]
         if info["best"] == t:
             avx2 += ["", "Whole `gk.step` calls on this machine (the chosen target, with the API's checks and "
-                     "dispatch; issue 21's first table, same run):", "",
+                     "dispatch; same run):", "",
                      "| step | fastest call | median call |", "|---|---|---|"]
             avx2 += [f"| {label} | " + " | ".join(f"{v * 1e3:.2f} ms" for v in st[("gk.step", label)]) + " |"
                      for label in API_STEPS]

@@ -1,6 +1,6 @@
 """Where a sampling call synchronises with the GPU: the Python stack of every synchronising CUDA call
 (torch's sync debug mode) in one gk.sample and one gk.step, after a warm-up. A diagnostic for
-tests/test_triton_backend.py::test_triton_paths_do_not_sync_the_host_but_for_the_finite_check.
+tests/kernels/test_triton_backend.py::test_triton_paths_do_not_sync_the_host_but_for_the_finite_check.
     python benchmarks/gpu/find_syncs.py          (on a machine with CUDA)"""
 import traceback
 import warnings

@@ -25,16 +25,16 @@ workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8" || echo "")
 start=$SECONDS
 # the Triton kernel and dispatch; every solver, SDEdit and estimate_gamma on a CUDA model against the CPU
 # reference; the default-device tests under a CUDA default; the Philox streams on the GPU; the scheduler
-timeout 240 python3 -m pytest -q -rs -p no:cacheprovider $workers tests/test_triton_backend.py tests/test_backends.py \
-  tests/test_cuda.py tests/test_random.py "tests/test_default_device.py" -k "not cpp" \
+timeout 240 python3 -m pytest -q -rs -p no:cacheprovider $workers tests/kernels/test_triton_backend.py tests/kernels/test_backends.py \
+  tests/kernels/test_cuda.py tests/core/test_random.py "tests/sampling/test_default_device.py" -k "not cpp" \
   > "$out/gpu-tests.txt" 2>&1
 echo "tests: exit $? after $((SECONDS - start)) s"; tail -30 "$out/gpu-tests.txt"
 start=$SECONDS
-timeout 60 python3 -m pytest -q -s -p no:cacheprovider tests/test_cuda.py -k "samples or ggf" > "$out/gpu-cuda-apart.txt" 2>&1
+timeout 60 python3 -m pytest -q -s -p no:cacheprovider tests/kernels/test_cuda.py -k "samples or ggf" > "$out/gpu-cuda-apart.txt" 2>&1
 grep "apart" "$out/gpu-cuda-apart.txt"
 timeout 60 python3 benchmarks/gpu/find_syncs.py > "$out/gpu-syncs.txt" 2>&1  # where gk.sample still waits, if anywhere
 grep "==" "$out/gpu-syncs.txt"
-timeout 60 python3 -m pytest -q -rs -p no:cacheprovider tests/test_scheduler.py \
+timeout 60 python3 -m pytest -q -rs -p no:cacheprovider tests/integrations/test_scheduler.py \
   -k "triton" > "$out/gpu-tests-scheduler.txt" 2>&1
 echo "scheduler tests: exit $? after $((SECONDS - start)) s"; tail -5 "$out/gpu-tests-scheduler.txt"
 start=$SECONDS

@@ -1,5 +1,5 @@
 """The scheduler survivors that only a GPU tells apart (benchmarks/results/mutation.md: scheduler `step` 13, 15,
-22, 25), applied by hand one at a time to a copy of the source tree, each run against tests/test_cuda.py's
+22, 25), applied by hand one at a time to a copy of the source tree, each run against tests/kernels/test_cuda.py's
 scheduler tests: every one must fail them. On a machine with CUDA and diffusers:
     python benchmarks/mutation/gpu_survivors.py"""
 import os
@@ -26,12 +26,12 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             copy = Path(tmp) / "repo"
             shutil.copytree(REPO, copy, ignore=shutil.ignore_patterns(".git", ".venv", "*.so", "__pycache__"))
-            source = copy / "gms_kernels" / "scheduler.py"
+            source = copy / "gms_kernels" / "integrations" / "scheduler.py"
             text = source.read_text()
             assert text.count(original) == 1, f"mutant {number}: the line to mutate is gone"
             source.write_text(text.replace(original, mutated))
             path = os.pathsep.join([str(copy), os.environ.get("PYTHONPATH", "")])  # (the copy's package first)
-            run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cuda.py",
+            run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/kernels/test_cuda.py",
                                   "-k", "scheduler"], cwd=copy, capture_output=True, text=True,
                                  env={**os.environ, "PYTHONPATH": path})
             killed = run.returncode == 1 and " failed" in run.stdout

@@ -2,7 +2,7 @@
 stats collection: mutmut's trampolines pick the mutant named by MUTANT_UNDER_TEST.
 
 Run from the folder that holds mutants/ (after copying the new test files into mutants/tests/):
-    python benchmarks/mutation/recheck.py [--mutants LIST] tests/test_mutation_survivors.py [more test files]
+    python benchmarks/mutation/recheck.py [--mutants LIST] tests/core/test_fit.py [more test files]
 Prints one line per survivor: killed or still surviving. With ``--mutants LIST`` (a file of mutant names,
 one a line) only those are rerun, whatever their status (e.g. to recheck a timeout, or only the survivors
 not yet rechecked). A test file argument may carry a node id or be followed by pytest options (``-k ...``).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Mutation testing of the core modules with mutmut (issue 25 item 7). Not part of the default test run.
+# Mutation testing of the core modules with mutmut. Not part of the default test run.
 #
 #   pip install -e ".[test,mutation]"      # mutmut==3.8.1
 #   [PYTHON=mutmut-venv/bin/python BUILD_PYTHON=.venv/bin/python] benchmarks/mutation/run.sh [MUTANT_PATTERN ...]   # e.g. "gms_kernels.core.schedule.*"; none: every core module

@@ -1,4 +1,4 @@
-"""Choose a seeded, stratified random sample of mutants (issue 25 item 7): the same fraction of every
+"""Choose a seeded, stratified random sample of mutants: the same fraction of every
 source file's mutants, drawn with random.Random(seed) from the names in mutmut's .meta files.
 
 Run from the folder that holds mutants/ (after `mutmut run` has generated the mutants, e.g. with a
