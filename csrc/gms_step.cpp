@@ -241,13 +241,14 @@ void check_sizes(int64_t N, int64_t D) {
 
 // StepArgs without its buffers and noise, from the step's configuration (checked); the ADAN
 // iteration constants go to `iters`, which must outlive the step.
-StepArgs step_config(int64_t N, int64_t D, int mode, int64_t t, double a_t, double sigma_t, double c1, double c2,
-                     double lam2, bool has_range, double center, double half, double var_cap, double w1,
-                     double var_floor, const std::vector<double>& lrs, double grad_scale, bool per_pixel,
-                     bool adan_fp64, double fixed_var, double ddim_a_s, double ddim_eps_scale,
+StepArgs step_config(int64_t N, int64_t D, int mode, int64_t t, const std::vector<double>& scalars, bool has_range,
+                     double var_cap, double w1, double var_floor, const std::vector<double>& lrs, double grad_scale,
+                     bool per_pixel, bool adan_fp64, double fixed_var, double ddim_a_s, double ddim_eps_scale,
                      std::vector<AdanIterCoefs>& iters) {
     check_sizes(N, D);
     if (mode < kGaussian || mode > kDdim) throw std::invalid_argument("unknown mode " + std::to_string(mode));
+    const Coefs coefs = coefs_from_scalars(scalars, has_range);
+    const double half = coefs.half, sigma_t = coefs.sigma_t;
     if (has_range && !(half > 0.0)) throw std::invalid_argument("half must be positive with a data range");
     if ((mode == kFixed || mode == kDdim) && !(fixed_var >= 0.0 && fixed_var < HUGE_VAL))
         throw std::invalid_argument("fixed_var must be a finite variance >= 0");
@@ -257,7 +258,7 @@ StepArgs step_config(int64_t N, int64_t D, int mode, int64_t t, double a_t, doub
     StepArgs A{};
     A.noise = NoiseSource{nullptr, nullptr, D, 0, per_pixel};
     A.mode = mode;
-    A.coefs = make_coefs(a_t, sigma_t, c1, c2, lam2, has_range, center, half);
+    A.coefs = coefs;
     A.var_cap = var_cap;
     A.w1 = w1;
     A.var_floor = var_floor;
@@ -279,15 +280,14 @@ bool run_step(const StepArgs& A, int64_t total, int num_threads) {
 
 bool fused_step_py(py::object x_t, py::object e1, py::object e2, py::object e3, py::object seeds, py::object indices,
                    py::object out, py::object mu1, py::object mu2, py::object s2, int64_t N, int64_t D, int mode,
-                   int64_t t, double a_t, double sigma_t, double c1, double c2, double lam2, bool has_range,
-                   double center, double half, double var_cap, double w1, double var_floor, std::vector<double> lrs,
-                   double grad_scale, bool per_pixel, int num_threads, bool adan_fp64, int64_t x_stride,
+                   int64_t t, std::vector<double> scalars, bool has_range, double var_cap, double w1,
+                   double var_floor, std::vector<double> lrs, double grad_scale, bool per_pixel, int num_threads,
+                   bool adan_fp64, int64_t x_stride,
                    int64_t e1_stride, int64_t e2_stride, int64_t e3_stride, double fixed_var, double ddim_a_s,
                    double ddim_eps_scale) {
     std::vector<AdanIterCoefs> iters;
-    StepArgs A = step_config(N, D, mode, t, a_t, sigma_t, c1, c2, lam2, has_range, center, half, var_cap, w1,
-                             var_floor, lrs, grad_scale, per_pixel, adan_fp64, fixed_var, ddim_a_s, ddim_eps_scale,
-                             iters);
+    StepArgs A = step_config(N, D, mode, t, scalars, has_range, var_cap, w1, var_floor, lrs, grad_scale, per_pixel,
+                             adan_fp64, fixed_var, ddim_a_s, ddim_eps_scale, iters);
     const int64_t total = N * D;
     std::vector<py::object> keep;
     A.x = sample_input(x_t, N, D, x_stride, "x_t", keep, true);
@@ -308,14 +308,12 @@ bool fused_step_py(py::object x_t, py::object e1, py::object e2, py::object e3, 
 bool fused_step_at_py(uintptr_t x_t, int64_t x_stride, uintptr_t e1, int64_t e1_stride, uintptr_t e2,
                       int64_t e2_stride, uintptr_t e3, int64_t e3_stride, uintptr_t seeds, uintptr_t indices,
                       uintptr_t out, uintptr_t mu1, uintptr_t mu2, uintptr_t s2, int64_t N, int64_t D, int mode,
-                      int64_t t, double a_t, double sigma_t, double c1, double c2, double lam2, bool has_range,
-                      double center, double half, double var_cap, double w1, double var_floor,
-                      std::vector<double> lrs, double grad_scale, bool per_pixel, int num_threads, bool adan_fp64,
-                      double fixed_var, double ddim_a_s, double ddim_eps_scale) {
+                      int64_t t, std::vector<double> scalars, bool has_range, double var_cap, double w1,
+                      double var_floor, std::vector<double> lrs, double grad_scale, bool per_pixel, int num_threads,
+                      bool adan_fp64, double fixed_var, double ddim_a_s, double ddim_eps_scale) {
     std::vector<AdanIterCoefs> iters;
-    StepArgs A = step_config(N, D, mode, t, a_t, sigma_t, c1, c2, lam2, has_range, center, half, var_cap, w1,
-                             var_floor, lrs, grad_scale, per_pixel, adan_fp64, fixed_var, ddim_a_s, ddim_eps_scale,
-                             iters);
+    StepArgs A = step_config(N, D, mode, t, scalars, has_range, var_cap, w1, var_floor, lrs, grad_scale, per_pixel,
+                             adan_fp64, fixed_var, ddim_a_s, ddim_eps_scale, iters);
     const int64_t total = N * D;
     const bool need_e2 = mode == kGaussian || mode == kClosed || mode == kAdan, need_e3 = mode == kClosed || mode == kAdan;
     if (total > 0 && (!x_t || !e1 || !out || !seeds || !indices || (need_e2 && !e2) || (need_e3 && !e3)))
@@ -419,8 +417,8 @@ py::array_t<float> draw_py(py::object seeds, py::object offsets) {
     return result;
 }
 
-py::tuple moments_py(py::object x_t, py::object e1, py::object e2, py::object e3, double a_t, double sigma_t,
-                     double c1, double c2, double lam2, bool has_range, double center, double half) {
+py::tuple moments_py(py::object x_t, py::object e1, py::object e2, py::object e3, std::vector<double> scalars,
+                     bool has_range) {
     std::vector<py::object> keep;
     FloatIn xa = FloatIn::ensure(x_t);
     if (!xa) throw std::invalid_argument("x_t must be convertible to a float32 array");
@@ -429,7 +427,7 @@ py::tuple moments_py(py::object x_t, py::object e1, py::object e2, py::object e3
     const float* h1 = float_input(e1, total, "e1", keep, true);
     const float* h2 = float_input(e2, total, "e2", keep, false);
     const float* h3 = h2 ? float_input(e3, total, "e3", keep, false) : nullptr;
-    const Coefs k = make_coefs(a_t, sigma_t, c1, c2, lam2, has_range, center, half);
+    const Coefs k = coefs_from_scalars(scalars, has_range);
     py::array_t<double> m1(total), var(total), m3(total);
     ops().moments(k, total, x, h1, h2, h3, m1.mutable_data(), var.mutable_data(), m3.mutable_data());
     return py::make_tuple(m1, h2 ? py::object(var) : py::none(), h3 ? py::object(m3) : py::none());
@@ -465,6 +463,10 @@ PYBIND11_MODULE(_C, m) {
     m.attr("MODE_FIXED") = static_cast<int>(gms::kFixed);
     m.attr("MODE_DDIM") = static_cast<int>(gms::kDdim);
     m.attr("CLOSED_SKEW_KNEE") = gms::ops().skew_knee;  // fit.SKEW_KNEE (checked by the tests)
+    // the entries of the step's scalar table (gms_kernels/kernels/scalars.py) that `scalars` holds, in order
+    py::tuple names(gms::kNumCoefScalars);
+    for (size_t i = 0; i < gms::kNumCoefScalars; ++i) names[i] = gms::kCoefScalars[i];
+    m.attr("STEP_SCALARS") = names;
     m.def("fused_step", &gms::fused_step_py,
           "One fused GMS step over flattened float32 [N*D] buffers (see gms_kernels.kernels). "
           "e2/e3 may be None where the mode does not read them; mu1/mu2/s2 None skips writing them. "
@@ -473,8 +475,8 @@ PYBIND11_MODULE(_C, m) {
           "passed as the 1-D span from its first element); out/mu1/mu2/s2 are always flat [N*D]. "
           "Returns False when an input it read held a NaN or inf (the outputs are then incomplete).",
           "x_t"_a, "e1"_a, "e2"_a, "e3"_a, "seeds"_a, "indices"_a, "out"_a, "mu1"_a, "mu2"_a, "s2"_a, "N"_a,
-          "D"_a, "mode"_a, "t"_a, "a_t"_a, "sigma_t"_a, "c1"_a, "c2"_a, "lam2"_a, "has_range"_a, "center"_a,
-          "half"_a, "var_cap"_a, "w1"_a, "var_floor"_a, "lrs"_a, "grad_scale"_a, "per_pixel"_a,
+          "D"_a, "mode"_a, "t"_a, "scalars"_a, "has_range"_a, "var_cap"_a, "w1"_a, "var_floor"_a, "lrs"_a,
+          "grad_scale"_a, "per_pixel"_a,
           "num_threads"_a = 0, "adan_fp64"_a = false, "x_stride"_a = -1, "e1_stride"_a = -1, "e2_stride"_a = -1,
           "e3_stride"_a = -1, "fixed_var"_a = 0.0, "ddim_a_s"_a = 0.0, "ddim_eps_scale"_a = 0.0);
     m.def("fused_step_at", &gms::fused_step_at_py,
@@ -482,9 +484,8 @@ PYBIND11_MODULE(_C, m) {
           "fast path. Inputs are N samples of D float32, `stride` elements apart; outputs flat [N*D] float32; "
           "seeds and indices int64 [N].",
           "x_t"_a, "x_stride"_a, "e1"_a, "e1_stride"_a, "e2"_a, "e2_stride"_a, "e3"_a, "e3_stride"_a, "seeds"_a,
-          "indices"_a, "out"_a, "mu1"_a, "mu2"_a, "s2"_a, "N"_a, "D"_a, "mode"_a, "t"_a, "a_t"_a, "sigma_t"_a,
-          "c1"_a, "c2"_a, "lam2"_a, "has_range"_a, "center"_a, "half"_a, "var_cap"_a, "w1"_a, "var_floor"_a,
-          "lrs"_a, "grad_scale"_a, "per_pixel"_a, "num_threads"_a, "adan_fp64"_a, "fixed_var"_a = 0.0, "ddim_a_s"_a = 0.0,
+          "indices"_a, "out"_a, "mu1"_a, "mu2"_a, "s2"_a, "N"_a, "D"_a, "mode"_a, "t"_a, "scalars"_a,
+          "has_range"_a, "var_cap"_a, "w1"_a, "var_floor"_a, "lrs"_a, "grad_scale"_a, "per_pixel"_a, "num_threads"_a, "adan_fp64"_a, "fixed_var"_a = 0.0, "ddim_a_s"_a = 0.0,
           "ddim_eps_scale"_a = 0.0);
     m.def("sample_mixture", &gms::sample_mixture_py,
           "out = (u < w1 ? mu1 : mu2) + sqrt(max(s2, 0)) z with the Philox streams of step t.", "mu1"_a, "mu2"_a,
@@ -503,7 +504,7 @@ PYBIND11_MODULE(_C, m) {
           "offsets"_a);
     m.def("transition_moments", &gms::moments_py,
           "(M1, Var, M3) in float64 as the fused step computes them (Var/M3 None without e2/e3).", "x_t"_a, "e1"_a,
-          "e2"_a, "e3"_a, "a_t"_a, "sigma_t"_a, "c1"_a, "c2"_a, "lam2"_a, "has_range"_a, "center"_a, "half"_a);
+          "e2"_a, "e3"_a, "scalars"_a, "has_range"_a);
     m.def("build_info", &gms::build_info, "How this extension was built (OpenMP, target in use, block size).");
     m.def("cpu_info", &gms::cpu_info,
           "The kernels' target in use, the best one this CPU runs, and those compiled and supported.");

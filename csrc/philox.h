@@ -1,7 +1,7 @@
-// Counter-based random numbers of gms_kernels (reference-notes 5), torch-free and header-only.
+// Counter-based random numbers of gms_kernels, torch-free and header-only.
 //
 // Philox4x32-10 in the round order Triton uses, so that the C++ extension, the torch reference
-// (gms_kernels/random.py) and the Triton kernel draw bit-identical integers and uniforms:
+// (gms_kernels/core/random.py) and the Triton kernel draw bit-identical integers and uniforms:
 //   key     = (seed & 0xffffffff, seed >> 32)            (the seed read as uint64)
 //   counter = (offset & 0xffffffff, offset >> 32, 0, 0)  (the offset read as uint64)
 //   round   : pB = 0xCD9E8D57 * c2, pA = 0xD2511F53 * c0 (64-bit products)

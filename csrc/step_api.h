@@ -11,14 +11,27 @@ namespace gms {
 // The fused step's modes (gms_kernels/kernels/__init__.py: MODE_*).
 enum Mode : int { kGaussian = 0, kClosed = 1, kAdan = 2, kDenoise = 3, kFixed = 4, kDdim = 5 };
 
+// The fit's numbers, shared with the Python reference and defined here once for C++
+// (tests/core/test_fit.py reads these lines and checks them against gms_kernels/core/fit.py).
+// ADAN (fit.fit_adan): the betas and eps of the optimizer, the initial beta, the gap between the
+// initial means mu1 = M1 and mu2 = M1 - gap, and the interval beta is kept in.
+constexpr double kAdanBeta1 = 0.9, kAdanBeta2 = 0.92, kAdanBeta3 = 0.92, kAdanEps = 1e-8;
+constexpr double kAdanInitBeta = 0.998, kAdanInitGap = 1e-3;
+constexpr double kAdanBetaLo = 0.1, kAdanBetaHi = 1.2;
+// fit.SKEW_KNEE: below this standardized skewness |kappa3| / Var^1.5 the closed fit's delta is the
+// straight line through 0 that meets the cube root there (see fit.fit_closed)
+constexpr double kSkewKnee = 1e-2;
+// gms_kernels.kernels.ADAN_FP32_LIMITS: where the float32 ADAN loop is used (elsewhere float64)
+constexpr double kAdanFp32M1Max = 0x1p10, kAdanFp32VarMin = 0x1p-60, kAdanFp32VarMax = 0x1p20, kAdanFp32K3Max = 0x1p30;
+
 #ifndef GMS_BLOCK
 #define GMS_BLOCK 256
 #endif
 constexpr int kBlock = GMS_BLOCK;  // elements per block: the ADAN state (21 arrays) is 22 KiB in float32
 
 // Step coefficients, with every Python-side scalar product precomputed the way the reference
-// forms it (e.g. `3 * sigma_t**2 * x` multiplies x by the Python float 3 * sigma_t**2); filled by
-// make_coefs (csrc/gms_step.cpp).
+// forms it (e.g. `3 * sigma_t**2 * x` multiplies x by the Python float 3 * sigma_t**2); filled from the
+// table of gms_kernels/kernels/scalars.py by coefs_from_scalars (csrc/step_config.h).
 struct Coefs {
     double a_t, sigma_t, c1, c2, lam2;
     bool has_range;

@@ -6,56 +6,42 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "step_api.h"
 
 namespace gms {
 
-constexpr double kAdanBeta1 = 0.9, kAdanBeta2 = 0.92, kAdanBeta3 = 0.92, kAdanEps = 1e-8;
-
 // ------------------------------------------------------------------------------------------
-// Step coefficients (step_api.h: Coefs), formed like the reference forms them.
-inline Coefs make_coefs(double a, double s, double c1, double c2, double lam2, bool rng, double c, double h) {
+// Step coefficients (step_api.h: Coefs) from the step's scalar table, which gms_kernels/kernels/scalars.py
+// forms on the host like the reference forms each product (step_scalars). The entries read, in the order
+// they are passed: (name in the table, field of Coefs).
+#define GMS_COEF_SCALARS(X)                                                                                    \
+    X(a_t, a_t) X(sigma_t, sigma_t) X(c1, c1) X(c2, c2) X(lam2, lam2) X(c, center) X(h, half) X(rr, r_sq)       \
+    X(two_sigma, two_sigma) X(sigma_sq, sigma_sq) X(a_sq, a_sq) X(three_sigma, three_sigma)                      \
+    X(three_sigma_sq, three_sigma_sq) X(sigma_cu, sigma_cube) X(a_cu, a_cube) X(h_sq, h_sq) X(h_cu, h_cube)      \
+    X(cc, c_c) X(two_c, two_c) X(three_c, three_c) X(three_c_c, three_c_c) X(c_cu, c_cube) X(two_c_h, two_c_h)   \
+    X(hh, h_h) X(three_c_c_h, three_c_c_h) X(three_c_h_h, three_c_h_h) X(c2_sq, c2_sq) X(c2_cu, c2_cube)         \
+    X(three_lam2, three_lam2) X(inv_a, inv_a) X(inv_a_sq, inv_a_sq) X(inv_a_cu, inv_a_cube) X(inv_h, inv_half)   \
+    X(inv_h_sq, inv_h_sq) X(inv_h_cu, inv_h_cube)
+
+#define GMS_SCALAR_NAME(name, field) #name,
+constexpr const char* kCoefScalars[] = {GMS_COEF_SCALARS(GMS_SCALAR_NAME)};
+#undef GMS_SCALAR_NAME
+constexpr size_t kNumCoefScalars = sizeof(kCoefScalars) / sizeof(kCoefScalars[0]);
+
+inline Coefs coefs_from_scalars(const std::vector<double>& scalars, bool has_range) {
+    if (scalars.size() != kNumCoefScalars)
+        throw std::invalid_argument("the step's scalar table has " + std::to_string(scalars.size()) +
+                                    " entries, expected " + std::to_string(kNumCoefScalars) + " (STEP_SCALARS)");
     Coefs k{};
-    k.a_t = a;
-    k.sigma_t = s;
-    k.c1 = c1;
-    k.c2 = c2;
-    k.lam2 = lam2;
-    k.has_range = rng;
-    k.center = c;
-    k.half = h;
-    k.unit_range = rng && c == 0.0 && h == 1.0;
-    const double r = s / a;
-    k.r_sq = r * r;
-    k.two_sigma = 2 * s;
-    k.sigma_sq = std::pow(s, 2.0);
-    k.a_sq = std::pow(a, 2.0);
-    k.three_sigma = 3 * s;
-    k.three_sigma_sq = 3 * k.sigma_sq;
-    k.sigma_cube = std::pow(s, 3.0);
-    k.a_cube = std::pow(a, 3.0);
-    k.h_sq = std::pow(h, 2.0);
-    k.h_cube = std::pow(h, 3.0);
-    k.c_c = c * c;
-    k.two_c = 2 * c;
-    k.three_c = 3 * c;
-    k.three_c_c = k.three_c * c;
-    k.c_cube = std::pow(c, 3.0);
-    k.two_c_h = k.two_c * h;
-    k.h_h = h * h;
-    k.three_c_c_h = k.three_c_c * h;
-    k.three_c_h_h = k.three_c * h * h;
-    k.c2_sq = std::pow(c2, 2.0);
-    k.c2_cube = std::pow(c2, 3.0);
-    k.three_lam2 = 3 * lam2;
-    k.inv_a = 1.0 / a;
-    k.inv_a_sq = 1.0 / k.a_sq;
-    k.inv_a_cube = 1.0 / k.a_cube;
-    k.inv_half = 1.0 / h;
-    k.inv_h_sq = 1.0 / k.h_sq;
-    k.inv_h_cube = 1.0 / k.h_cube;
+    size_t i = 0;
+#define GMS_SCALAR_READ(name, field) k.field = scalars[i++];
+    GMS_COEF_SCALARS(GMS_SCALAR_READ)
+#undef GMS_SCALAR_READ
+    k.has_range = has_range;
+    k.unit_range = has_range && k.center == 0.0 && k.half == 1.0;
     return k;
 }
 

@@ -3,9 +3,9 @@
 // GMS_TARGET_NS; `baseline` elsewhere); csrc/gms_step.cpp picks one at import by the CPU's features.
 //
 // One pass over memory per block of elements: moments (double) -> fit (closed form in double, or
-// ADAN in float32) -> mixture sampling with the Philox streams of gms_kernels/random.py. The
-// meaning of every number is defined by the torch reference (gms_kernels/solvers.py, moments.py,
-// fit.py, mixture.py); see the contract in gms_kernels/kernels/__init__.py.
+// ADAN in float32) -> mixture sampling with the Philox streams of gms_kernels/core/random.py. The
+// meaning of every number is defined by the torch reference (gms_kernels/solvers/ and
+// gms_kernels/core/: moments.py, fit.py, mixture.py); see the contract in gms_kernels/kernels/__init__.py.
 //
 // Work is split into blocks of kBlock consecutive elements of the flattened [N * D] arrays; blocks
 // are independent (OpenMP parallel for when available) and each keeps its working set (a few
@@ -54,13 +54,6 @@
 
 namespace gms {
 namespace GMS_TARGET_NS {
-
-constexpr double kAdanBeta1 = 0.9, kAdanBeta2 = 0.92, kAdanBeta3 = 0.92;
-constexpr double kAdanInitBeta = 0.998, kAdanInitGap = 1e-3;
-constexpr double kAdanBetaLo = 0.1, kAdanBetaHi = 1.2;
-// fit.SKEW_KNEE: below this standardized skewness |kappa3| / Var^1.5 the closed fit's delta is the
-// straight line through 0 that meets the cube root there (see fit.fit_closed)
-constexpr double kSkewKnee = 1e-2;
 
 static_assert(kBlock % 16 == 0, "blocks hold whole vectors of every target");
 
@@ -408,7 +401,7 @@ GMS_NO_FMA_FN inline void closed_fit_mix(const ClosedConsts& cs, int n, const do
 //   g_mu1 = scale w1 P(mu1), g_mu2 = scale w2 P(mu2),  P(mu) = (r1 + s2 t3) + mu (2 r2 + mu t3)
 //   g_beta = scale Var (r2 + (M1 + r1) t3).
 //
-// ADAN (reference-notes 2) is run on rescaled state, exactly equivalent in real arithmetic and
+// ADAN (Xie et al. 2022, as the official GMS code runs it) is run on rescaled state, exactly equivalent in real arithmetic and
 // cheaper: for a parameter with gradient g = c P (c = scale w1, scale w2 for mu1, mu2; c = 1 and
 // P = g for beta) the loop keeps m' = m/((1-b1) c), v' = v/((1-b2) c), n' = n/((1-b3) c^2):
 //   m' <- b1 m' + P,  v' <- b2 v' + dP,  n' <- b3 n' + (P + b2 dP)^2
@@ -711,9 +704,7 @@ GMS_NO_FMA_FN inline void kappa3_block(int n, const double* __restrict M1, const
 // with S the largest of |M1|, sqrt|Var|, cbrt|kappa3|), whose cubic terms (~Var^1.5) would fall
 // below float32's normal numbers (tiny variances), or that are not finite, are fitted in double.
 // The choice is made per element, so that an element's result never depends on its neighbours.
-// The bounds are gms_kernels.kernels.ADAN_FP32_LIMITS (the Triton kernel uses the same).
-constexpr double kAdanFp32M1Max = 1024.0, kAdanFp32VarMin = 0x1p-60, kAdanFp32VarMax = 1048576.0,
-                 kAdanFp32K3Max = 1073741824.0;
+// The bounds are gms_kernels.kernels.ADAN_FP32_LIMITS (step_api.h; the Triton kernel uses the same).
 inline bool adan_needs_double(double m1, double var, double k3) {
     const double av = std::fabs(var);
     const bool in_range = (std::fabs(m1) <= kAdanFp32M1Max) & (av >= kAdanFp32VarMin) & (av <= kAdanFp32VarMax) &

@@ -60,21 +60,22 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def _oracle(args: argparse.Namespace) -> int:
-    from studies import oracle_study as study
+    from .eval import oracle_job as job
 
     _check_output(args.out, "--out", folder=True)
     _check_counts(args, "samples", "steps")
     _check_seed(args)
     command = "gms-kernels " + " ".join(args.argv) if args.argv else "gms-kernels"
     print(f"Oracle study: {args.samples} samples, K in {args.steps}, datasets {args.datasets}")
-    res = study.run_study(args.samples, args.steps, args.datasets, seed=args.seed, progress=not args.quiet)
-    text = study.report(res, command)
+    res = job.run_oracle_job(args.samples, args.steps, args.datasets, seeds=(args.seed,),
+                             log=None if args.quiet else print)
+    text = job.report(res, command)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "oracle.md").write_text(text + "\n")
     print(text)
     if "1d" in args.datasets:
-        png = study.plot_fig1(res, out / "oracle_fig1.png")
+        png = job.plot_fig1(res, out / "oracle_fig1.png")
         print(f"\nwrote {out / 'oracle.md'} and {png}")
     return 0
 
@@ -193,13 +194,13 @@ def _sdedit(args: argparse.Namespace) -> int:
 
 
 def _digits(args: argparse.Namespace) -> int:
-    from studies.digits_job import run_digits_job
+    from .eval.digits_job import run_digits_job
 
     _check_output(args.out, "--out", folder=True)
     _check_counts(args, "steps", "samples", "seeds")
     _check_seed(args)
     report = run_digits_job(args.out, steps=args.steps, n_samples=args.samples, seeds=args.seeds,
-                            first_seed=args.seed, progress=not args.quiet)
+                            first_seed=args.seed, log=None if args.quiet else print)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / f"digits_K{args.steps}.md").write_text(report + "\n")
     print()
@@ -741,7 +742,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .models.moment_net import TRAINABLE_HEAD_KINDS
     from .train.training import HEAD_LOSS_WEIGHTINGS
 
-    th = command("train-heads", "train the e2/e3 heads on a frozen backbone (paper Alg. learning)" + ddp
+    th = command("train-heads", "train the e2/e3 heads on a frozen backbone (the GMS paper's Algorithm 1)" + ddp
                  + "train-heads ...", _train_heads)
     _add_training_args(th, "gms_out/moment_net.pt", "adan")
     th.add_argument("--model", required=True, help="the backbone checkpoint (gk.models.load)")
@@ -752,11 +753,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="raw: heads learn E[eps^n|x_t] (the paper); central: E[(eps - e1)^n|x_t] (less noisy targets)")
     th.add_argument("--head-loss", choices=list(HEAD_LOSS_WEIGHTINGS), default="uniform",
                     help="uniform: the paper's MSE; normalized / rms: the error divided by the target's mean square "
-                         "/ RMS at each t (gk.train_heads' loss_weighting; on the shipped models neither helped: "
-                         "python/results/quality.md, section 5f)")
+                         "/ RMS at each t (gk.train_heads' loss_weighting)")
     th.add_argument("--head-scale", action="store_true",
                     help="scale each head's output by its target's RMS at t (gk.train_heads(output_scale=True): a "
-                         "per-t table saved with the model; use with --head-loss normalized; section 5j)")
+                         "per-t table saved with the model; use with --head-loss normalized)")
 
     o = command("oracle", "solver study with exact heads on Gaussian-mixture data", _oracle)
     o.add_argument("--samples", type=int, default=20000, help="samples per solver and K")

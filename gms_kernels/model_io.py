@@ -4,11 +4,12 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
-import sys
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 import torch
+
+from .core.moments import central_moments, raw_moments
 
 TIME_INPUTS = ("index", "index+1", "scaled")
 HEAD_NAMES = ("e1 = E[eps]", "e2 = E[eps^2]", "e3 = E[eps^3]")
@@ -49,40 +50,42 @@ def time_tensor(t: int, batch: int, T: int, time_input: str = "index",
     return time_values(torch.full((batch,), int(t), dtype=torch.long, device=device), T, time_input)
 
 
-def adapt_model(model: Any) -> Any:
-    """A diffusers model passed as is, made a gms_kernels model: a ``UNet2DModel`` is wrapped in
-    :class:`gms_kernels.models.DiffusersUNet` (reads ``.sample`` of its ``UNet2DOutput``; time input: the
-    0-based index, as diffusers' pipelines pass it), with the training schedule and ``variance_type`` of
-    its pipeline's ``scheduler/scheduler_config.json`` when it was loaded from a pipeline directory; a
-    ``GMSDiffusersModel`` gives its gms_kernels network. A class-conditional ``UNet2DModel`` (a class
-    embedding) or a ``UNet2DConditionModel`` is wrapped in
-    :class:`gms_kernels.models.diffusers_conditional.DiffusersConditionalUNet` instead, which takes the
-    condition as keyword arguments (``gk.sample(..., model_kwargs=...)``). Anything else is returned unchanged."""
-    lib = sys.modules.get("diffusers")  # (never imports diffusers: a diffusers model means it is loaded)
-    if lib is None or not isinstance(model, lib.ModelMixin):
-        return model
-    from .models.diffusers_conditional import DiffusersConditionalUNet, is_conditional_unet
-    from .models.diffusers_unet import DiffusersUNet, diffusers_schedule, is_diffusers_unet, pipeline_scheduler_config
+# Adapters of other libraries' models, installed by the package (gms_kernels.models adapts diffusers' models):
+# this module, below the networks, names none of them
+_adapters: list[Callable[[Any], Any]] = []
 
-    conditional = is_conditional_unet(model)  # (it takes gk.sample's model_kwargs)
-    if conditional or is_diffusers_unet(model):
-        config, where = pipeline_scheduler_config(model)
-        wrap = DiffusersConditionalUNet if conditional else DiffusersUNet
-        unet = wrap(model, variance_type=(config or {}).get("variance_type"), source=where)
-        if config is None:
-            unet.schedule_note = (f"no scheduler/scheduler_config.json next to {where}" if where else
-                                  "it was not loaded from a directory (its config has no _name_or_path to look in)")
-            return unet
-        try:
-            unet.schedule = diffusers_schedule(config)
-        except (TypeError, ValueError) as exc:  # (only a warning unless the schedule is needed: schedule= may be given)
-            unet.schedule_note = f"its pipeline's scheduler config (next to {where}) gives no schedule: {exc}"
-        return unet
-    if type(model).__name__ == "GMSDiffusersModel":
-        return model.net
-    raise TypeError(f"a diffusers {type(model).__name__} cannot be sampled directly: gms_kernels reads UNet2DModel, "
-                    "UNet2DConditionModel and gk.models.GMSDiffusersModel; wrap it so that forward(x_t, t) returns "
-                    "one tensor holding the heads [e1, e2, e3] along dim 1")
+
+def register_adapter(adapter: Callable[[Any], Any]) -> None:
+    """Add ``adapter`` to those :func:`adapt_model` tries, in order: it returns the gms_kernels model for a model
+    it knows how to call, else None."""
+    if adapter not in _adapters:
+        _adapters.append(adapter)
+
+
+def adapt_model(model: Any) -> Any:
+    """``model`` as a gms_kernels model (``model(x_t, t)`` returns the heads): what the first registered adapter
+    that knows it makes of it (the package registers :func:`gms_kernels.models.diffusers_unet.adapt_diffusers`,
+    which wraps diffusers' UNet2DModel and UNet2DConditionModel); anything else is returned unchanged."""
+    for adapter in _adapters:
+        adapted = adapter(model)
+        if adapted is not None:
+            return adapted
+    return model
+
+
+def learned_variance_note(channels: int, variance_type: str | None = None) -> str:
+    """Why the channels after eps of a [eps, ...] output of 2C channels are not read as E[eps^2]."""
+    what = (f"a learned variance (variance_type={variance_type!r})" if variance_type else
+            "(out_channels = 2 * in_channels) what diffusers' DDPM layout takes for a learned variance")
+    return f"it predicts eps and, in its other {channels} channels, {what}, which gms_kernels never reads as E[eps^2]"
+
+
+def add_heads_hint(source: str | None) -> str:
+    """How to give an eps network the heads GMS and SN-DDPM read (``source``: its checkpoint, if known)."""
+    where = source or "DIR"
+    return (f"Add the E[eps^2], E[eps^3] heads on its frozen backbone with `gms-kernels train-heads --model "
+            f"{where}` (--orders 2 for sn-ddpm alone; Python: gk.train_heads(gk.models.MomentNet(model), data)), "
+            "then sample the saved network; or use solver ddpm, ddpm-large or ddim, which read eps alone")
 
 
 def check_model_heads(model: Any, n_heads: int, solver: str) -> None:
@@ -247,14 +250,10 @@ def guided_heads(cond: torch.Tensor, uncond: torch.Tensor, w: float, n_heads: in
     c = [h.to(torch.float64) for h in cond.tensor_split(n_heads, dim=1)]
     e1_u = uncond[:, :c[0].shape[1]].to(torch.float64)
     e1 = e1_u + w * (c[0] - e1_u)
-    heads = [e1]
-    if n_heads > 1:
-        c2 = c[1] - c[0] * c[0]
-        heads.append(c2 + e1 * e1)
-    if n_heads > 2:
-        c3 = c[2] - 3.0 * c[0] * c[1] + 2.0 * c[0] ** 3
-        heads.append(c3 + 3.0 * e1 * c2 + e1 ** 3)
-    return torch.cat(heads, dim=1).to(dtype)
+    if n_heads == 1:
+        return e1.to(dtype)
+    c2, c3 = central_moments(c[0], c[1], c[2] if n_heads > 2 else None)
+    return torch.cat([e1, *(h for h in raw_moments(e1, c2, c3) if h is not None)], dim=1).to(dtype)
 
 
 def _per_sample(value: torch.Tensor, batch: int) -> bool:

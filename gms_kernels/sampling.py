@@ -11,13 +11,13 @@ import torch
 from .model_io import (Conditioning, adapt_model, call_model, check_inputs_finite, check_model_heads,
                        check_model_signature, check_positive_ints, check_state_tensor, check_time_input,
                        make_conditioning, split_heads)
-from .core.moments import DataRange, check_data_range, transition_moments
+from .core.moments import DataRange, check_data_range, clamped_x0_mean
 from .core.progress import progress_bar
 from .core.random import STREAM_INITIAL, GeneratorLike, SampleNoise, check_first_index
 from .core.schedule import DATA, Schedule, StepCoefficients, check_schedule, schedule_for, trajectory as make_trajectory
 from .kernels.dispatch import resolve_backend
 from .core.devices import check_device, generator_device, module_device
-from .solvers import (EpsFunction, Solver, SolverOptions, StepRandomness, denoise_coefficients, get_solver,
+from .solvers import (EpsFunction, Solver, SolverOptions, StepRandomness, get_solver,
                       solver_step, with_model_defaults)
 
 Model = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -237,8 +237,7 @@ def callback_info(i: int, k: StepCoefficients, x: torch.Tensor, x_t: torch.Tenso
     """The keys every solver's callback gets, as in k-diffusion: step (also ``i``), t, s, ``sigma``
     (the step's noise level sigma_t / a_t in k-diffusion's variance-exploding scale), x (the new
     state x_s), and ``denoised``: E[x0|x_t] from e1, clamped to ``data_range`` as the solvers use it."""
-    denoised = transition_moments(x_t.to(torch.float64), e1.to(torch.float64), None, None,
-                                  denoise_coefficients(k), data_range).m1
+    denoised = clamped_x0_mean(x_t.to(torch.float64), e1.to(torch.float64), k.a_t, k.sigma_t, data_range)
     return {"step": i, "i": i, "t": k.t, "s": k.s, "sigma": k.sigma_t / k.a_t, "x": x, "denoised": denoised.to(x.dtype)}
 
 

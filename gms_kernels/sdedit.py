@@ -88,7 +88,7 @@ def noise_guide(guide: torch.Tensor, t0: int | float, schedule: Schedule, genera
     t = resolve_t0(t0, schedule.T)
     src = SampleNoise.create(generator, guide.shape[0], first_index)
     eps = src.normal(STREAM_SDEDIT, t, guide.shape[1:]).to(device=guide.device, dtype=torch.float64)
-    x = schedule.alpha(t) * guide.to(torch.float64) + schedule.sigma(t) * eps
+    x = schedule.add_noise(guide.to(torch.float64), eps, t)
     return x.to(guide.dtype)
 
 

@@ -1,5 +1,5 @@
 """Data sets the project can use offline, scaled to [-1, 1]: scikit-learn's 8x8 digits, grey patches of
-the photos bundled in scikit-image's wheel (split by photo; needs scikit-image: ``pip install 'gms_kernels[patches]'``),
+the photos bundled in scikit-image's wheel (split by photo). Both need the ``data`` extra: ``pip install "gms_kernels[data]"``,
 and :class:`ImageFolder`, a folder of PNG / JPEG files read one image at a time.
 
 Patch photos, their splits and licences (from the ``skimage.data`` docstrings): see :data:`PATCH_PHOTOS`.
@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.utils.data import Dataset
+
+from .extras import require
 
 SPLITS = ("all", "train", "validation", "test")
 
@@ -32,9 +34,7 @@ def digits(split: str = "all", test_fraction: float = 0.2, seed: int = 0) -> tup
         raise ValueError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
     if not 0.0 < test_fraction < 0.5:
         raise ValueError(f"test_fraction must be in (0, 0.5) (test and validation take one each), got {test_fraction!r}")
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
+    d = require("sklearn.datasets", "gk.data.digits").load_digits()
     x = torch.as_tensor(d.images, dtype=torch.float32, device="cpu").unsqueeze(1) / 8.0 - 1.0
     y = torch.as_tensor(d.target, dtype=torch.long, device="cpu")
     if split == "all":
@@ -81,12 +81,7 @@ def photo_grey(name: str) -> torch.Tensor:
     through the BT.709 luma weights). Nothing is downloaded: these files ship inside the wheel."""
     if name not in PATCH_PHOTOS:
         raise ValueError(f"unknown patch photo {name!r}; valid: {', '.join(PATCH_PHOTOS)}")
-    try:
-        import skimage.data
-    except ImportError as exc:
-        raise ImportError("the natural-image patches need scikit-image: pip install 'gms_kernels[patches]' "
-                          "(or pip install scikit-image)") from exc
-    img = torch.as_tensor(getattr(skimage.data, name)(), device="cpu")
+    img = torch.as_tensor(getattr(require("skimage.data", "gk.data.patches"), name)(), device="cpu")
     if img.dtype != torch.uint8:
         raise ValueError(f"skimage.data.{name} is {img.dtype}, expected uint8")
     img = img.to(torch.float64) / 255.0

@@ -3,7 +3,7 @@
 The tensors the package makes for itself (schedules, Philox seeds and counters, the kernels' tables,
 the samplers' and the trainer's bookkeeping, the shipped models, data sets and metrics) are placed
 explicitly: on the CPU or where the data are, never on torch's default device, so that a user's
-``torch.set_default_device(...)`` changes no result (tests/test_default_device.py). Networks a user
+``torch.set_default_device(...)`` changes no result (tests/sampling/test_default_device.py). Networks a user
 loads or builds go where torch's default device says, as torch's own modules do.
 
 A copy from ordinary (pageable) host memory to a CUDA device waits until everything queued on

@@ -1,9 +1,11 @@
 """Fitting the two-component mixture p(x_s|x_t) = w1 N(mu1, s2) + w2 N(mu2, s2) to (M1, Var, M3)
-(step 3 of the pipeline; paper Eq. final_transition with the objective of Eq. final_obj).
+(step 3 of the pipeline; Eq. (9) of the GMS paper, https://arxiv.org/abs/2311.00941, with the objective
+of its Eq. (31)).
 
 Two fits:
-- :func:`fit_closed`: the exact moment match of reference-notes 3, with a variance floor.
-- :func:`fit_adan`: the paper's optimiser in the official code's parameterisation
+- :func:`fit_closed`: the exact moment match (not in the paper or its code), with a variance floor.
+- :func:`fit_adan`: the paper's optimiser as the official code (https://github.com/Guohanzhong/GMS) runs it,
+  in its parameterisation
   (mu1, mu2, beta) with s2 = beta * Var, init (M1, M1 - 1e-3, 0.998), beta clamped to
   [0.1, 1.2], ADAN betas (0.9, 0.92, 0.92), eps 1e-8; the gradient is written out per element.
 """
@@ -33,7 +35,7 @@ ADAN_MEANS = ("sample", "batch")
 # The learning rates accepted, by every backend alike: far beyond the paper's 0.04-0.16 either way,
 # and within what the float32 fit of the fused kernels follows (it is far off at lr 1e4, NaN at 1e10)
 LR_RANGE = (1e-10, 100.0)
-# paper Tab. optimizer: (lr high, lr low, min lr, warm-up iterations)
+# the paper's Table 7: (lr high, lr low, min lr, warm-up iterations)
 PAPER_LR_TABLES = {"paper": (0.16, 0.12, 0.1, 18), "paper-imagenet64": (0.1, 0.06, 0.04, 18)}
 
 
@@ -79,7 +81,7 @@ def check_fit_iters(iters: int) -> int:
 
 
 def mixture_raw_moments(p: MixtureParams, weights: Sequence[float]) -> tuple[torch.Tensor, ...]:
-    """First three raw moments of w1 N(mu1, s2) + w2 N(mu2, s2) (the model side of Eq. final_obj)."""
+    """First three raw moments of w1 N(mu1, s2) + w2 N(mu2, s2) (the model side of Eq. (31))."""
     w1, w2 = weights
     g1 = w1 * p.mu1 + w2 * p.mu2
     g2 = w1 * p.mu1**2 + w2 * p.mu2**2 + p.s2
@@ -88,14 +90,14 @@ def mixture_raw_moments(p: MixtureParams, weights: Sequence[float]) -> tuple[tor
 
 
 def moment_residuals(p: MixtureParams, mom: TransitionMoments, weights: Sequence[float]) -> tuple[torch.Tensor, ...]:
-    """Raw-moment errors (g1 - M1, g2 - (M1^2 + Var), g3 - M3) of Eq. final_obj with W = I."""
+    """Raw-moment errors (g1 - M1, g2 - (M1^2 + Var), g3 - M3) of Eq. (31) with W = I."""
     g1, g2, g3 = mixture_raw_moments(p, weights)
     return g1 - mom.m1, g2 - (mom.m1**2 + mom.var), g3 - mom.m3
 
 
 def fit_closed(mom: TransitionMoments, weights: Sequence[float] = DEFAULT_WEIGHTS,
                var_floor: float = 0.1) -> MixtureParams:
-    """Moment match of (M1, Var, M3) (reference-notes 3), Lipschitz in the moments near zero skew.
+    """Exact moment match of (M1, Var, M3) in closed form, Lipschitz in the moments near zero skew.
 
     With delta = mu1 - mu2 and kappa3 = M3 - 3 M1 Var - M1^3 (central third moment):
     kappa3 = w1 w2 (w2 - w1) delta^3, Var = s2 + w1 w2 delta^2, M1 = w1 mu1 + w2 mu2.
@@ -156,7 +158,7 @@ def adan_learning_rates(iters: int, lr: float | str = 0.06, t: int | None = None
     """Learning rate of each ADAN iteration.
 
     A number in ``LR_RANGE`` is used as a constant (the official code: 0.06). ``"paper"`` / ``"paper-imagenet64"``
-    give the paper's Tab. optimizer: base = max(high - iota_t*high, low) with
+    give the paper's Table 7: base = max(high - iota_t*high, low) with
     iota_t = ((T - t)/T)^2, a linear warm-up over 18 iterations, then cosine decay to min lr.
     """
     if isinstance(lr, str):
@@ -184,7 +186,7 @@ def adan_learning_rates(iters: int, lr: float | str = 0.06, t: int | None = None
 def fit_adan(mom: TransitionMoments, weights: Sequence[float] = DEFAULT_WEIGHTS, iters: int = 25,
              lr: float | str = 0.06, t: int | None = None, T: int | None = None,
              mean_over: str = "sample") -> MixtureParams:
-    """The paper's ADAN fit of Eq. final_obj, as the official code runs it (reference-notes 2).
+    """The paper's ADAN fit of Eq. (31), as the official code runs it.
 
     The official loss is the mean of the squared raw-moment errors over the whole batch, so the
     gradient of each element is scaled by 1/(N*D); through ADAN's eps that makes the fit depend on

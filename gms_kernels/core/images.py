@@ -1,4 +1,4 @@
-"""Image grids for the CLI and experiments (Pillow)."""
+"""Image grids and figures for the command line's jobs (Pillow; figures: matplotlib)."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,7 +1,8 @@
-"""Drawing x_s from the fitted two-component kernel (step 4 of the pipeline, paper Eq. gmmm).
+"""Drawing x_s from the fitted two-component kernel (step 4 of the pipeline, Eq. (7) of the GMS paper,
+https://arxiv.org/abs/2311.00941).
 
 ``select="sample"`` draws one component per sample, shared by all its elements: the joint
-mixture of Eq. gmmm, as in the official code. ``select="pixel"`` draws one per element. Both give
+mixture of Eq. (7), as in the official code. ``select="pixel"`` draws one per element. Both give
 every element the same marginal distribution.
 """
 from __future__ import annotations

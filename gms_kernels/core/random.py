@@ -1,7 +1,7 @@
-"""Counter-based random numbers shared by every backend (reference-notes 5).
+"""Counter-based random numbers shared by every backend.
 
-Philox4x32-10 exactly as Triton implements it, written with int64 torch ops, so that the torch
-reference, the C++ extension and the Triton kernel draw bit-identical integers and uniforms.
+Philox4x32-10 exactly as Triton implements it (triton/language/random.py), written with int64 torch ops, so
+that the torch reference, the C++ extension and the Triton kernel draw bit-identical integers and uniforms.
 
 Every random number of a sampling run is addressed by (seed, stream, t, index):
 ``offset = stream << 56 | t << 40 | index`` is the 64-bit Philox counter of a uniform and the

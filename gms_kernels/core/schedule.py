@@ -1,6 +1,7 @@
 """Noise schedules and sampling trajectories (step 1 of the pipeline).
 
-Forward process (paper Eq. forward): q(x_t | x_0) = N(a_t x_0, sigma_t^2 I) with
+Forward process (Eq. (1) of the GMS paper, https://arxiv.org/abs/2311.00941):
+q(x_t | x_0) = N(a_t x_0, sigma_t^2 I) with
 a_t = sqrt(abar_t), sigma_t = sqrt(1 - abar_t), abar_t = prod_{i<=t} (1 - beta_i).
 Time indices are 0-based, t in [0, T-1]; the pseudo-index ``DATA = -1`` stands for clean data
 (a = 1, sigma = 0), so the final "denoise" step is the ordinary step t -> DATA.
@@ -35,7 +36,7 @@ def time_index(value: object, name: str = "time index") -> int:
 
 @dataclass(frozen=True)
 class StepCoefficients:
-    """Exact fp64 scalars of one reverse step t -> s (reference-notes 1).
+    """Exact fp64 scalars of one reverse step t -> s.
 
     q(x_s | x_t, x_0) = N(c1 x_t + c2 x_0, lam2), with a_{t|s} = a_t / a_s and
     beta_{t|s} = sigma_t^2 - a_{t|s}^2 sigma_s^2.
@@ -77,6 +78,9 @@ class Schedule:
         # a_t and sigma_t as Python floats: a step reads four of them (tensor indexing costs ~us each)
         self._a = self.alphas_cumprod.sqrt().tolist()
         self._sigma = (1.0 - self.alphas_cumprod).sqrt().tolist()
+        # the same values as tensors, with DATA's (1, 0) last, so that index -1 reads them
+        self._a_table = torch.tensor(self._a + [1.0], dtype=torch.float64, device="cpu")
+        self._sigma_table = torch.tensor(self._sigma + [0.0], dtype=torch.float64, device="cpu")
         # ve_sigmas computed here, not in its property: mutation testing skips decorated functions
         self._ve_sigmas = ((1.0 - self.alphas_cumprod) / self.alphas_cumprod).sqrt()
         self._coefficients: dict[tuple[int, int], StepCoefficients] = {}  # (frozen values, so shareable)
@@ -123,7 +127,7 @@ class Schedule:
         return 0.0 if t == DATA else self._sigma[t]
 
     def coefficients(self, t: int, s: int) -> StepCoefficients:
-        """Step quantities of t -> s (s < t) from reference-notes 1 / paper appendix Eq. first."""
+        """Step quantities of t -> s (s < t), as in the paper's appendix B (Eq. (26))."""
         t, s = time_index(t, "t"), time_index(s, "s")
         cached = self._coefficients.get((t, s))
         if cached is not None:
@@ -198,12 +202,73 @@ class Schedule:
         log_abar = self.log_alpha_bar_at(u)
         return self.index_of_ve_sigma(torch.expm1(-log_abar).clamp_min(0.0).sqrt())
 
-    def add_noise(self, x0: torch.Tensor, noise: torch.Tensor, t: int) -> torch.Tensor:
-        """x_t = a_t x_0 + sigma_t eps (paper Eq. forward)."""
-        return self.alpha(t) * x0 + self.sigma(t) * noise
+    def alpha_sigma(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(a_t, sigma_t) of a tensor of integer time indices, element by element: float64 tensors of t's shape
+        on t's device, the values of :meth:`alpha` and :meth:`sigma` (a = 1, sigma = 0 at DATA)."""
+        if not torch.is_tensor(t) or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+            raise TypeError(f"time indices must be an integer tensor (e.g. torch.long), got "
+                            f"{t.dtype if torch.is_tensor(t) else type(t).__name__}")
+        if t.numel() and not (DATA <= int(t.min()) and int(t.max()) < self.T):
+            raise ValueError(f"time indices must lie in [0, T = {self.T}) (or be -1 for data), got "
+                             f"{int(t.min())} .. {int(t.max())}")
+        index = t.long().cpu()
+        return self._a_table[index].to(t.device), self._sigma_table[index].to(t.device)
+
+    def add_noise(self, x0: torch.Tensor, noise: torch.Tensor, t: int | torch.Tensor) -> torch.Tensor:
+        """x_t = a_t x_0 + sigma_t eps (Eq. (1)). ``t``: one time index for the whole batch, or an integer tensor
+        [N] of one index per sample (x0: [N, ...]); either way a_t and sigma_t are the float64 values of
+        :meth:`alpha` and :meth:`sigma`, applied in the dtype of x0 and noise."""
+        if not torch.is_tensor(t) or t.dim() == 0:
+            return self.alpha(t) * x0 + self.sigma(t) * noise
+        if t.dim() != 1 or t.shape[0] != x0.shape[0]:
+            raise ValueError(f"t must be one time index or a tensor [N] of one per sample, N = {x0.shape[0]} (the "
+                             f"first dimension of x0 {tuple(x0.shape)}), got shape {tuple(t.shape)}")
+        a, sigma = (v.to(device=x0.device, dtype=torch.promote_types(x0.dtype, noise.dtype))
+                    .reshape(-1, *[1] * (x0.dim() - 1)) for v in self.alpha_sigma(t))
+        return a * x0 + sigma * noise
 
     def __repr__(self) -> str:
         return f"Schedule(T={self.T}, beta[0]={float(self.betas[0]):.3g}, beta[-1]={float(self.betas[-1]):.3g})"
+
+
+BETA_SCHEDULES = ("linear", "scaled_linear", "cosine", "squaredcos_cap_v2", "sigmoid")
+
+
+def make_betas(num_train_timesteps: int, beta_start: float, beta_end: float, beta_schedule: str,
+               trained_betas: Sequence[float] | None = None) -> torch.Tensor:
+    """float64 betas for a diffusers-style schedule name.
+
+    ``linear`` (DDPM), ``scaled_linear`` (linear in sqrt(beta), latent diffusion), ``cosine`` =
+    ``squaredcos_cap_v2`` (improved-diffusion's cosine, beta capped at 0.999; beta_start/end unused),
+    ``sigmoid`` (GeoDiff). ``trained_betas`` overrides all of them.
+    """
+    if trained_betas is not None:
+        return torch.tensor(list(trained_betas), dtype=torch.float64, device="cpu")
+    T = int(num_train_timesteps)
+    if T < 1:
+        raise ValueError(f"num_train_timesteps must be >= 1, got {num_train_timesteps}")
+    if beta_schedule == "linear":
+        return Schedule.linear(T, beta_start, beta_end).betas
+    if beta_schedule == "scaled_linear":
+        return torch.linspace(beta_start**0.5, beta_end**0.5, T, dtype=torch.float64, device="cpu") ** 2
+    if beta_schedule in ("cosine", "squaredcos_cap_v2"):
+        return Schedule.cosine(T).betas
+    if beta_schedule == "sigmoid":
+        return torch.sigmoid(torch.linspace(-6.0, 6.0, T, dtype=torch.float64, device="cpu")) * (beta_end - beta_start) + beta_start
+    raise ValueError(f"unknown beta_schedule {beta_schedule!r}; valid: {', '.join(BETA_SCHEDULES)} "
+                     "(or pass trained_betas)")
+
+
+def diffusers_schedule(config: Mapping) -> Schedule:
+    """The training schedule of a diffusers scheduler config (DDPMScheduler, DDIMScheduler, GMSScheduler, ...):
+    its ``trained_betas``, else ``beta_schedule`` on ``num_train_timesteps`` as diffusers computes it (float64)."""
+    if config.get("rescale_betas_zero_snr"):
+        raise ValueError("the diffusers scheduler config has rescale_betas_zero_snr=True: a zero terminal SNR "
+                         "(a_T = 0) leaves E[x0 | x_T] undefined, so gms_kernels cannot sample with it; use its config "
+                         "with rescale_betas_zero_snr=False, or pass a gk.Schedule")
+    return Schedule(make_betas(config.get("num_train_timesteps", 1000), config.get("beta_start", 1e-4),
+                               config.get("beta_end", 0.02), config.get("beta_schedule", "linear"),
+                               config.get("trained_betas")))
 
 
 def schedule_for(model: object, schedule: object = None) -> Schedule:
@@ -238,8 +303,6 @@ def check_schedule(schedule: object) -> Schedule:
         return own
     config = getattr(schedule, "config", schedule)
     if isinstance(config, Mapping) and "beta_schedule" in config and "num_train_timesteps" in config:
-        from ..models.diffusers_unet import diffusers_schedule
-
         return diffusers_schedule(config)
     raise TypeError(f"schedule must be a gk.Schedule, a diffusers scheduler (e.g. DDPMScheduler.from_pretrained(DIR, "
                     f"subfolder='scheduler')) or its config, got {type(schedule).__name__} {schedule!r:.60}: or build "

@@ -23,7 +23,7 @@ torch's bilinear interpolation (half-pixel centres) and maps [0, 1] to 2x - 1, a
 ``"torch-fidelity"`` resizes like TensorFlow 1.x's resize_bilinear (no half-pixel centres, float32
 source coordinates) and maps [0, 255] to (x - 128) / 128, as torch-fidelity does (which documents
 that as matching the original TensorFlow FID graph). Both were checked against those packages on
-random weights (python/make_inception_fixture.py, tests/test_inception.py).
+random weights (python/make_inception_fixture.py, tests/eval/test_inception.py).
 """
 from __future__ import annotations
 

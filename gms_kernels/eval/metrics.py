@@ -10,6 +10,8 @@ from typing import Sequence
 
 import torch
 
+from ..core.extras import require
+
 
 def _flat2d(x: torch.Tensor) -> torch.Tensor:
     return x.detach().to(torch.float64).reshape(x.shape[0], -1).cpu()
@@ -46,7 +48,7 @@ def sliced_wasserstein1(x: torch.Tensor, y: torch.Tensor, n_projections: int = 1
 
 
 def kde_bandwidth(data: torch.Tensor, n_samples: int) -> float:
-    """The paper's bandwidth 1.05 * std(data) * L^-0.25 (appendix toy experiments)."""
+    """The GMS paper's bandwidth 1.05 * std(data) * L^-0.25 (its appendix D.1, https://arxiv.org/abs/2311.00941)."""
     return 1.05 * float(_flat2d(data).std()) * n_samples ** -0.25
 
 
@@ -96,6 +98,16 @@ def gaussian_stats(features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return f.mean(0), torch.cov(f.T).reshape(f.shape[1], f.shape[1])
 
 
+def _frechet(mu1: torch.Tensor, factor1: torch.Tensor, trace1: torch.Tensor, mu2: torch.Tensor,
+             s2: torch.Tensor) -> float:
+    """||mu1 - mu2||^2 + tr S1 + tr S2 - 2 tr (S1 S2)^1/2 for S1 = F F^T (F = ``factor1`` [d, k], float64).
+    The eigenvalues of S1 S2 are those of S1^1/2 S2 S1^1/2, and their nonzero ones those of the symmetric PSD
+    k x k matrix F^T S2 F, so tr (S1 S2)^1/2 = sum sqrt(eig(F^T S2 F))."""
+    m = factor1.T @ ((s2 + s2.T) / 2) @ factor1
+    tr_sqrt = torch.linalg.eigvalsh((m + m.T) / 2).clamp_min(0).sqrt().sum()
+    return float((mu1 - mu2).pow(2).sum() + trace1 + torch.trace(s2) - 2 * tr_sqrt)
+
+
 def frechet_distance(mu1: torch.Tensor, sigma1: torch.Tensor, mu2: torch.Tensor, sigma2: torch.Tensor) -> float:
     """||mu1 - mu2||^2 + tr(S1 + S2 - 2 (S1 S2)^1/2), with tr (S1 S2)^1/2 computed stably as
     sum sqrt(eig(S1^1/2 S2 S1^1/2)) on symmetric PSD matrices (float64)."""
@@ -105,10 +117,27 @@ def frechet_distance(mu1: torch.Tensor, sigma1: torch.Tensor, mu2: torch.Tensor,
         raise ValueError(f"mismatched statistics: mu {tuple(mu1.shape)} / {tuple(mu2.shape)}, "
                          f"sigma {tuple(s1.shape)} / {tuple(s2.shape)}")
     vals, vecs = torch.linalg.eigh((s1 + s1.T) / 2)
-    root1 = (vecs * vals.clamp_min(0).sqrt()) @ vecs.T
-    middle = root1 @ ((s2 + s2.T) / 2) @ root1
-    tr_sqrt = torch.linalg.eigvalsh((middle + middle.T) / 2).clamp_min(0).sqrt().sum()
-    return float((mu1 - mu2).pow(2).sum() + torch.trace(s1) + torch.trace(s2) - 2 * tr_sqrt)
+    keep = vals > 0  # (S1 = F F^T with F = V diag(sqrt vals); the directions with vals <= 0 add nothing)
+    return _frechet(mu1, vecs[:, keep] * vals[keep].sqrt(), torch.trace(s1), mu2, s2)
+
+
+def frechet_distance_features(features: torch.Tensor, mu: torch.Tensor, sigma: torch.Tensor) -> float:
+    """``frechet_distance(*gaussian_stats(features), mu, sigma)`` for features [n, d], computed from the
+    features themselves when n <= d (a few samples in the 2048-d Inception space): with X the centred
+    features, S1 = X^T X / (n - 1), so tr S1 = ||X||^2 / (n - 1) and tr (S1 S2)^1/2 comes from the n x n
+    matrix X S2 X^T / (n - 1), with no d x d eigendecomposition."""
+    f = _flat2d(features)
+    n, d = f.shape
+    if n > d:
+        return frechet_distance(*gaussian_stats(f), mu, sigma)
+    if n < 2:
+        raise ValueError("need at least two feature vectors for a covariance")
+    mu1, mu2, s2 = f.mean(0), mu.double().flatten().cpu(), sigma.double().cpu()
+    if mu2.shape != (d,) or s2.shape != (d, d):
+        raise ValueError(f"mismatched statistics: features of dimension {d}, mu {tuple(mu2.shape)}, "
+                         f"sigma {tuple(s2.shape)}")
+    x = (f - mu1) / math.sqrt(n - 1)
+    return _frechet(mu1, x.T, x.pow(2).sum(), mu2, s2)
 
 
 def dct_matrix(n: int) -> torch.Tensor:
@@ -156,7 +185,7 @@ def fd_digits(samples: torch.Tensor, reference: torch.Tensor) -> float:
 @torch.no_grad()
 def moment_discrepancy(model, x_t: torch.Tensor, t: int, s: int, schedule, data_range=(-1.0, 1.0),
                        time_input: str | None = None) -> torch.Tensor:
-    """Paper Fig. 2: per sample, the l2 norm of M3 - M3^(G), the gap between the third moment of
+    """The GMS paper's Figure 2: per sample, the l2 norm of M3 - M3^(G), the gap between the third moment of
     q(x_s|x_t) from the heads and the one a Gaussian with the same M1 and Var would have
     (M1^3 + 3 M1 Var), i.e. the norm of the central third moment. Returns float64 [N]."""
     from ..model_io import adapt_model, call_model, split_heads
@@ -204,7 +233,7 @@ def fid(samples: torch.Tensor, reference: torch.Tensor | str | os.PathLike | Non
     negative: for (nearly) identical sets the rounding of the matrix square root can leave it a little
     below 0, which is clamped to 0.
     """
-    from .inception import load_fid_inception, WEIGHTS_FILE, WEIGHTS_URL
+    from .inception import inception_features, load_fid_inception, WEIGHTS_FILE, WEIGHTS_URL
 
     if inception is None and weights_path is None:
         raise ValueError(f"FID needs InceptionV3 weights and nothing is downloaded: pass weights_path= the local "
@@ -220,7 +249,7 @@ def fid(samples: torch.Tensor, reference: torch.Tensor | str | os.PathLike | Non
         ref = load_stats(reference)
     else:
         ref = reference if given else fid_statistics(reference, net, data_range, batch_size)
-    return max(0.0, frechet_distance(*fid_statistics(samples, net, data_range, batch_size), *ref))
+    return max(0.0, frechet_distance_features(inception_features(samples, net, data_range, batch_size), *ref))
 
 
 def fid_statistics(images: torch.Tensor, inception: torch.nn.Module, data_range: tuple[float, float] = (-1.0, 1.0),
@@ -253,7 +282,7 @@ class SeedInterval:
 def seed_interval(values: Sequence[float], level: float = 0.95) -> SeedInterval:
     """Mean of ``values`` (one per seed) with its ``level`` Student-t interval, mean ± t_{n-1} sd / sqrt(n).
     Needs at least two values."""
-    from scipy.stats import t as student_t
+    student_t = require("scipy.stats", "gk.metrics.seed_interval").t
 
     v = torch.tensor([float(x) for x in values], dtype=torch.float64, device="cpu")
     if v.numel() < 2 or not torch.isfinite(v).all():

@@ -1,4 +1,4 @@
-"""Exact noise heads and the exact reverse sampler for Gaussian-mixture data (reference-notes 4).
+"""Exact noise heads and the exact reverse sampler for Gaussian-mixture data.
 
 For x_0 ~ sum_k pi_k N(m_k, diag(s_k^2)) everything a solver needs is available in closed form,
 so solvers can be measured without any network error, against a sampler with no
@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..core.devices import as_tensor_on, generator_device
+from ..core.moments import raw_moments
 from ..core.schedule import Schedule, StepCoefficients
 
 
@@ -102,17 +103,17 @@ class GaussianMixtureOracle(nn.Module):
         r = log_r.exp().reshape(*log_r.shape, *([1] * (mu.dim() - 2)))
         mean = (x_t.to(torch.float64).unsqueeze(1) - a * mu) / sig  # eps | x_t, k
         var = a * a * v / (sig * sig)
+        m2, m3 = raw_moments(mean, var, 0.0)  # (eps given x_t and k is Gaussian)
         e1 = (r * mean).sum(1)
-        e2 = (r * (mean**2 + var)).sum(1)
-        e3 = (r * (mean**3 + 3 * mean * var)).sum(1)
+        e2 = (r * m2).sum(1)
+        e3 = (r * m3).sum(1)
         return torch.cat([e1, e2, e3], dim=1)
 
     def _a_sigma(self, t: int | torch.Tensor, x_t: torch.Tensor):
         """a_t, sigma_t: floats for one index, [N, 1, 1, ...] tensors (against [N, K, *shape]) for one per sample."""
         if not torch.is_tensor(t):
             return self.schedule.alpha(t), self.schedule.sigma(t)
-        abar = self.schedule.alphas_cumprod[t.cpu().long()].to(x_t.device).reshape(-1, *([1] * x_t.dim()))
-        return abar.sqrt(), (1.0 - abar).sqrt()
+        return tuple(v.to(x_t.device).reshape(-1, *([1] * x_t.dim())) for v in self.schedule.alpha_sigma(t.long()))
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor | int) -> torch.Tensor:
         t = as_tensor_on(t).reshape(-1)

@@ -7,7 +7,7 @@ spread over the processes), then measures FID against the dataset's statistics (
 with ``mu``, ``sigma``) with the FID InceptionV3 read from a local weights file, or with any feature
 extractor passed in its place. Each run's FID is kept next to its shards (``fid.json``, with the
 hashes of the statistics and of the extractor), so a rerun skips finished shards and finished FIDs.
-The result is a Markdown table laid out like the paper's Tab. fid (rows: solvers, columns: K), headed
+The result is a Markdown table laid out like the GMS paper's Table 1 (rows: solvers, columns: K), headed
 by the command line, the machine and the sha256 of every checkpoint file.
 """
 from __future__ import annotations

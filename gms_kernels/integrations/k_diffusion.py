@@ -7,7 +7,7 @@ x_t = a_t x0 + sigma_t eps) sits in that scale at sigma = sigma_t / a_t (:meth:`
 x = x_t / a_t = x_t sqrt(1 + sigma^2); at sigma = 0 the two scales coincide.
 
 Noise levels between the trained ones. The network only knows the T trained levels, and a GMS step
-(the paper's sampling algorithm) is defined between two of them, so every nonzero sigma is rounded to the nearest
+(Algorithm 2 of the paper) is defined between two of them, so every nonzero sigma is rounded to the nearest
 trained level in log-sigma (ties to the lower level), as k-diffusion's ``DiscreteSchedule.sigma_to_t``
 does with ``quantize=True``, and the samplers then step between those levels' exact sigmas:
 
@@ -176,7 +176,7 @@ def sample_sn_ddpm(model: GMSDenoiser | Callable[..., torch.Tensor], x: torch.Te
                    callback: Callback | None = None, disable: bool | None = None, *, generator: GeneratorLike = None,
                    first_index: int = 0, data_range: DataRange = (-1.0, 1.0), backend: str = "auto",
                    **options: Any) -> torch.Tensor:
-    """SN-DDPM (the Gaussian with the e2 head's variance, paper appendix) as :func:`sample_gms` runs GMS."""
+    """SN-DDPM (the Gaussian with the e2 head's variance, the GMS paper's Eq. (27)) as :func:`sample_gms` runs GMS."""
     return _sample("sn-ddpm", model, x, sigmas, extra_args, callback, disable, generator, first_index, data_range,
                    backend, options)
 

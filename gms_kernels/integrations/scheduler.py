@@ -6,7 +6,7 @@ concatenated along dim 1) drives it inside any diffusers pipeline that calls
 ``ddpm``/``ddpm-large``/``ddim`` read the first C. Everything numeric is delegated to
 :func:`gms_kernels.step`, which runs in float64 (torch) or in the fused kernels.
 
-Conventions (reference-notes 9):
+Conventions (those of diffusers' schedulers):
 
 - ``timesteps`` are 0-based training indices in descending order, built by
   :func:`gms_kernels.trajectory`; ``set_timesteps(N)`` gives exactly N of them, so a pipeline makes
@@ -83,7 +83,7 @@ from diffusers.utils import BaseOutput
 from ..kernels.dispatch import BACKENDS, resolve_backend
 from ..core.devices import as_tensor_on, check_device
 from ..core.files import json_ready
-from ..core.moments import check_data_range, clamp_x0_moments, x0_moments
+from ..core.moments import check_data_range, clamped_x0_mean
 from ..model_io import check_state_tensor, split_heads
 from ..core.random import fixed_seeds
 from ..sampling import DeferredFiniteCheck, step as gk_step
@@ -722,8 +722,7 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
         if needed != 2 or self.config.model_heads is not None or model_output.dim() < 2 \
                 or model_output.shape[1] != 2 * c:
             return
-        from ..model_io import HEAD_NAMES
-        from ..models.diffusers_unet import add_heads_hint, learned_variance_note
+        from ..model_io import HEAD_NAMES, add_heads_hint, learned_variance_note
 
         raise ValueError(f"solver {self.config.solver!r} needs {needed} heads ({', '.join(HEAD_NAMES[:needed])}) but "
                          f"model_output has {2 * c} channels for {c}-channel samples: {learned_variance_note(c)}. "
@@ -734,8 +733,7 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
         """The clamped E[x0|x_t] from the e1 head (what the solvers use as the x0 estimate)."""
         c = x_t.shape[1]
         e1 = model_output[:, :c].to(torch.float64)
-        m = x0_moments(x_t.to(torch.float64), e1, None, None, self.schedule.alpha(t), self.schedule.sigma(t))
-        return clamp_x0_moments(m, self._data_range).mean
+        return clamped_x0_mean(x_t.to(torch.float64), e1, self.schedule.alpha(t), self.schedule.sigma(t), self._data_range)
 
     def add_noise(self, original_samples: torch.Tensor, noise: torch.Tensor,
                   timesteps: int | torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,8 @@ import torch
 
 from ..core.devices import as_tensor_on
 from ..core.fit import MixtureParams
-from . import FusedStepConfig, NonFiniteInput
+from .config import FusedStepConfig, NonFiniteInput
+from .scalars import step_scalars
 
 CPU_TARGET_ENV = "GMS_KERNELS_CPU_TARGET"
 
@@ -38,7 +39,7 @@ def _load():
     global _ext, _import_error
     if _ext is None and _import_error is None:
         try:
-            ext = importlib.import_module("gms_kernels._C")
+            ext = importlib.import_module("gms_kernels._C")  # (compiled: no Python module for the import graph)
         except ImportError as exc:  # not built (no compiler at install time) or broken build
             _import_error = exc
             return None
@@ -86,6 +87,15 @@ def _ext_or_raise():
         raise RuntimeError(f"the C++ extension gms_kernels._C is not available ({_import_error}); reinstall "
                            "with a working C++ compiler: pip install --force-reinstall .")
     return ext
+
+
+@functools.lru_cache(maxsize=1024)
+def coef_scalars(cfg: FusedStepConfig) -> tuple[float, ...]:
+    """The entries of the step's scalar table (:func:`~gms_kernels.kernels.scalars.step_scalars`) that the
+    extension reads, in its order (``gms_kernels._C.STEP_SCALARS``). One entry per step of a 1000-step
+    trajectory, as the Triton launcher keeps its tables."""
+    table = step_scalars(cfg)
+    return tuple(table[name] for name in _ext_or_raise().STEP_SCALARS)
 
 
 def _check_float_cpu(t, name: str) -> None:
@@ -241,8 +251,7 @@ def fused_step(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | None, e3:
     finite = ext.fused_step_at(
         address(x), x_stride, address(h1), stride1, address(h2), stride2, address(h3), stride3, seeds.data_ptr(),
         indices.data_ptr(), x_s.data_ptr(), *((0, 0, 0) if params is None else (p.data_ptr() for p in params)),
-        n, d, int(cfg.mode), int(cfg.t), float(cfg.a_t), float(cfg.sigma_t), float(cfg.c1), float(cfg.c2),
-        float(cfg.lam2), bool(cfg.has_range), float(cfg.center), float(cfg.half), float(cfg.var_cap),
+        n, d, int(cfg.mode), int(cfg.t), coef_scalars(cfg), bool(cfg.has_range), float(cfg.var_cap),
         float(cfg.w1), float(cfg.var_floor), cfg.lrs, float(cfg.grad_scale),
         bool(cfg.per_pixel), _threads(), bool(cfg.adan_fp64 if adan_fp64 is None else adan_fp64),
         float(cfg.fixed_var), float(cfg.ddim_a_s), float(cfg.ddim_eps_scale))

@@ -7,8 +7,6 @@ variable ``GMS_KERNELS_BACKEND`` overrides the argument (e.g. to force ``torch``
 """
 from __future__ import annotations
 
-import functools
-import importlib
 import os
 import warnings
 
@@ -23,9 +21,16 @@ _FIXES = {
 _warned: set[str] = set()
 
 
-@functools.lru_cache(maxsize=None)
 def _module(name: str):
-    return importlib.import_module(f"gms_kernels.kernels.{'cpp' if name == 'cpp' else 'triton_gms'}")
+    """The kernel module of backend ``name`` ('cpp' or 'triton'), imported on first use: importing triton takes
+    seconds, which a process that never runs the kernel should not pay."""
+    if name == "cpp":
+        from . import cpp
+
+        return cpp
+    from . import triton_gms
+
+    return triton_gms
 
 
 def backend_available(name: str) -> bool:

@@ -36,11 +36,12 @@ import types
 
 import torch
 
-from ..core.fit import ADAN_BETA_BOUNDS, ADAN_BETAS, ADAN_EPS, ADAN_INIT_BETA, ADAN_INIT_GAP, MixtureParams, knee_delta2
+from ..core.fit import ADAN_BETA_BOUNDS, ADAN_BETAS, ADAN_EPS, ADAN_INIT_BETA, ADAN_INIT_GAP, MixtureParams
 from ..core.devices import as_tensor_on, to_device_async
 from ..core.random import STREAM_COMPONENT, STREAM_STEP_NOISE, check_counter_range, counter
-from . import (ADAN_FP32_LIMITS, MODE_ADAN, MODE_CLOSED, MODE_DDIM, MODE_DENOISE, MODE_FIXED, MODE_GAUSSIAN,
+from .config import (ADAN_FP32_LIMITS, MODE_ADAN, MODE_CLOSED, MODE_DDIM, MODE_DENOISE, MODE_FIXED, MODE_GAUSSIAN,
                FusedStepConfig, NonFiniteInput)
+from .scalars import STEP_SCALARS, step_scalars
 
 try:
     import triton
@@ -75,61 +76,19 @@ FP_FUSION = False
 # kernel (elements outside ADAN_FP32_LIMITS are refitted in fp64). fit_adan is ill-conditioned, and
 # from about 40 iterations on the fp32 trajectory parts from the fp64 reference's: at 70 the median
 # element's mixture mean is off M1 by ~1e-3 sd instead of ~1e-4 sd, the worst equally in both
-# (benchmarks/results/adan-precision.md). fp64 follows the reference to its own sensitivity and is
-# 2.1-2.3x slower on an H100 and an H200 (benchmarks/results/gpu-*.md).
+# (benchmarks/adan_precision.py measures it). fp64 follows the reference to its own sensitivity and is
+# 2.1-2.3x slower on an H100 and an H200 (benchmarks/gpu/bench_gpu.py).
 ADAN_FP64 = False
 
-# Slots of the fp64 scalar table. Every product of Python floats is formed on the host exactly as
-# the reference forms it, so the device sees the same fp64 constants. (Globals a kernel reads must
-# be tl.constexpr; the host reads the same objects through _slot.)
+# Slots of the fp64 scalar table (scalars.py): S_<NAME> for each name of STEP_SCALARS, its position in the
+# table (globals a kernel reads must be tl.constexpr)
 _cx = tl.constexpr if triton is not None else (lambda v: v)
-(S_A_T, S_SIGMA_T, S_RR, S_TWO_SIGMA, S_SIGMA_SQ, S_A_SQ, S_THREE_SIGMA, S_THREE_SIGMA_SQ, S_SIGMA_CU, S_A_CU,
- S_C, S_H, S_H_SQ, S_TWO_C, S_CC, S_THREE_C, S_THREE_C_C, S_C_CU, S_H_CU, S_TWO_C_H, S_HH, S_THREE_C_C_H,
- S_THREE_C_H_H, S_C1, S_C2, S_LAM2, S_C2_SQ, S_C2_CU, S_THREE_LAM2, S_VAR_CAP,
- S_W1, S_W2, S_W1W2, S_INV_SKEW, S_VAR_FLOOR, S_GRAD_SCALE, S_KNEE2,
- S_FIXED_VAR, S_FIXED_SD, S_DDIM_A_S, S_DDIM_EPS_SCALE) = (_cx(i) for i in range(41))
-_N_SCALARS = 41
-
-
-def _slot(c) -> int:
-    return int(getattr(c, "value", c))
+globals().update({f"S_{name.upper()}": _cx(i) for i, name in enumerate(STEP_SCALARS)})
 
 
 def available() -> bool:
     """True when triton can be imported: CUDA tensors then run compiled, CPU tensors in the interpreter."""
     return triton is not None
-
-
-def _scalar_table(cfg: FusedStepConfig) -> list[float]:
-    """The fp64 scalars of one step, each formed like the corresponding expression in moments.py."""
-    s, a = cfg.sigma_t, cfg.a_t
-    r = s / a
-    c, h = (cfg.center, cfg.half) if cfg.has_range else (0.0, 1.0)
-    c1, c2, lam2 = cfg.c1, cfg.c2, cfg.lam2
-    w1 = cfg.w1
-    w2 = 1.0 - w1
-    slots = [
-        # x0_moments
-        (S_A_T, a), (S_SIGMA_T, s), (S_RR, r * r), (S_TWO_SIGMA, 2 * s), (S_SIGMA_SQ, s**2), (S_A_SQ, a**2),
-        (S_THREE_SIGMA, 3 * s), (S_THREE_SIGMA_SQ, 3 * s**2), (S_SIGMA_CU, s**3), (S_A_CU, a**3),
-        # clamp_x0_moments
-        (S_C, c), (S_H, h), (S_H_SQ, h**2), (S_TWO_C, 2 * c), (S_CC, c * c), (S_THREE_C, 3 * c),
-        (S_THREE_C_C, 3 * c * c), (S_C_CU, c**3), (S_H_CU, h**3), (S_TWO_C_H, 2 * c * h), (S_HH, h * h),
-        (S_THREE_C_C_H, 3 * c * c * h), (S_THREE_C_H_H, 3 * c * h * h),
-        # transition moments, last-step cap
-        (S_C1, c1), (S_C2, c2), (S_LAM2, lam2), (S_C2_SQ, c2**2), (S_C2_CU, c2**3), (S_THREE_LAM2, 3 * lam2),
-        (S_VAR_CAP, cfg.var_cap),
-        # fits
-        (S_W1, w1), (S_W2, w2), (S_W1W2, w1 * w2), (S_INV_SKEW, 1.0 / (w1 * w2 * (w2 - w1)) if w1 != w2 else 0.0),
-        (S_VAR_FLOOR, cfg.var_floor), (S_GRAD_SCALE, cfg.grad_scale), (S_KNEE2, knee_delta2(w1)),
-        # one variance for every element (FIXED, DDIM) and DDIM's coefficients
-        (S_FIXED_VAR, cfg.fixed_var), (S_FIXED_SD, math.sqrt(cfg.fixed_var) if cfg.fixed_var > 0 else 0.0),
-        (S_DDIM_A_S, cfg.ddim_a_s), (S_DDIM_EPS_SCALE, cfg.ddim_eps_scale),
-    ]
-    table = [0.0] * _N_SCALARS
-    for slot, value in slots:
-        table[_slot(slot)] = float(value)
-    return table
 
 
 def _adan_table(cfg: FusedStepConfig) -> list[float]:
@@ -152,7 +111,7 @@ def _device_tables(cfg: FusedStepConfig, device: str) -> tuple[torch.Tensor, tor
     """(scalars, ADAN table, counter bases) on ``device``: one int64 buffer, copied without waiting
     for the device's queue and sliced into the three (the float64 tables travel as their bits).
     Each slice starts on a 16-byte boundary, as Triton's pointer specialisation expects."""
-    parts = [torch.tensor(_scalar_table(cfg), dtype=torch.float64, device="cpu").view(torch.int64),
+    parts = [torch.tensor(list(step_scalars(cfg).values()), dtype=torch.float64, device="cpu").view(torch.int64),
              torch.tensor(_adan_table(cfg), dtype=torch.float64, device="cpu").view(torch.int64),
              torch.tensor([counter(STREAM_STEP_NOISE, cfg.t, 0), counter(STREAM_COMPONENT, cfg.t, 0)],
                           dtype=torch.int64, device="cpu")]

@@ -23,7 +23,7 @@ __all__ = ["PytorchDDPMUNet", "IDDPMUNet", "DDIMModel", "DiffusersUNet", "Moment
 def __getattr__(name: str):
     """The diffusers export loads diffusers, so it is imported on first use."""
     if name in ("export_diffusers", "GMSDiffusersModel"):
-        from ..integrations import diffusers_export
+        from . import diffusers_export
 
         return getattr(diffusers_export, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

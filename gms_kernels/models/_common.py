@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..core.extras import require
+
 PathLike = str | os.PathLike
 
 
@@ -166,10 +168,7 @@ def read_weights_file(path: PathLike, map_location: Any = "cpu") -> Any:
     if path.endswith(".safetensors"):
         if not os.path.exists(path):
             raise FileNotFoundError(f"{path}: no such file")
-        try:
-            from safetensors.torch import load_file
-        except ImportError as e:  # pragma: no cover - safetensors ships with the test env
-            raise ValueError(f"{path}: reading .safetensors needs the 'safetensors' package") from e
+        load_file = require("safetensors.torch", f"{path}: reading .safetensors").load_file
         device = str(map_location) if map_location is not None else "cpu"
         check_cuda_present(path, map_location)  # (else "corrupted", below)
         try:

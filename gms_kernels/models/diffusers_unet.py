@@ -10,7 +10,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..core.schedule import Schedule
+from ..core.schedule import Schedule, diffusers_schedule
+from ..model_io import add_heads_hint, learned_variance_note
+from .diffusers_conditional import DiffusersConditionalUNet, is_conditional_unet
 
 
 LEARNED_VARIANCE = ("learned", "learned_range")
@@ -41,33 +43,37 @@ def pipeline_scheduler_config(unet: Any) -> tuple[dict | None, str | None]:
     return scheduler_config_near(path, None if unet_folder else "unet"), path
 
 
-def diffusers_schedule(config: Mapping[str, Any]) -> Schedule:
-    """The training schedule of a diffusers scheduler config (DDPMScheduler, DDIMScheduler, GMSScheduler, ...):
-    its ``trained_betas``, else ``beta_schedule`` on ``num_train_timesteps`` as diffusers computes it (float64)."""
-    from ..integrations.scheduler import make_betas
-
-    if config.get("rescale_betas_zero_snr"):
-        raise ValueError("the diffusers scheduler config has rescale_betas_zero_snr=True: a zero terminal SNR "
-                         "(a_T = 0) leaves E[x0 | x_T] undefined, so gms_kernels cannot sample with it; use its config "
-                         "with rescale_betas_zero_snr=False, or pass a gk.Schedule")
-    return Schedule(make_betas(config.get("num_train_timesteps", 1000), config.get("beta_start", 1e-4),
-                               config.get("beta_end", 0.02), config.get("beta_schedule", "linear"),
-                               config.get("trained_betas")))
-
-
-def learned_variance_note(channels: int, variance_type: str | None = None) -> str:
-    """Why the channels after eps of a [eps, ...] output of 2C channels are not read as E[eps^2]."""
-    what = (f"a learned variance (variance_type={variance_type!r})" if variance_type else
-            "(out_channels = 2 * in_channels) what diffusers' DDPM layout takes for a learned variance")
-    return f"it predicts eps and, in its other {channels} channels, {what}, which gms_kernels never reads as E[eps^2]"
-
-
-def add_heads_hint(source: str | None) -> str:
-    """How to give an eps network the heads GMS and SN-DDPM read."""
-    where = source or "DIR"
-    return (f"Add the E[eps^2], E[eps^3] heads on its frozen backbone with `gms-kernels train-heads --model "
-            f"{where}` (--orders 2 for sn-ddpm alone; Python: gk.train_heads(gk.models.MomentNet(model), data)), "
-            "then sample the saved network; or use solver ddpm, ddpm-large or ddim, which read eps alone")
+def adapt_diffusers(model: Any) -> nn.Module | None:
+    """A diffusers model passed as is, made a gms_kernels model (registered with
+    :func:`gms_kernels.model_io.register_adapter`): a ``UNet2DModel`` is wrapped in :class:`DiffusersUNet` (reads
+    ``.sample`` of its ``UNet2DOutput``; time input: the 0-based index, as diffusers' pipelines pass it), with the
+    training schedule and ``variance_type`` of its pipeline's ``scheduler/scheduler_config.json`` when it was loaded
+    from a pipeline directory; a ``GMSDiffusersModel`` gives its gms_kernels network. A class-conditional
+    ``UNet2DModel`` (a class embedding) or a ``UNet2DConditionModel`` is wrapped in
+    :class:`~gms_kernels.models.diffusers_conditional.DiffusersConditionalUNet` instead, which takes the condition
+    as keyword arguments (``gk.sample(..., model_kwargs=...)``). None for anything that is not a diffusers model."""
+    lib = sys.modules.get("diffusers")  # (never imports diffusers: a diffusers model means it is loaded)
+    if lib is None or not isinstance(model, lib.ModelMixin):
+        return None
+    conditional = is_conditional_unet(model)  # (it takes gk.sample's model_kwargs)
+    if conditional or is_diffusers_unet(model):
+        config, where = pipeline_scheduler_config(model)
+        wrap = DiffusersConditionalUNet if conditional else DiffusersUNet
+        unet = wrap(model, variance_type=(config or {}).get("variance_type"), source=where)
+        if config is None:
+            unet.schedule_note = (f"no scheduler/scheduler_config.json next to {where}" if where else
+                                  "it was not loaded from a directory (its config has no _name_or_path to look in)")
+            return unet
+        try:
+            unet.schedule = diffusers_schedule(config)
+        except (TypeError, ValueError) as exc:  # (only a warning unless the schedule is needed: schedule= may be given)
+            unet.schedule_note = f"its pipeline's scheduler config (next to {where}) gives no schedule: {exc}"
+        return unet
+    if type(model).__name__ == "GMSDiffusersModel":
+        return model.net
+    raise TypeError(f"a diffusers {type(model).__name__} cannot be sampled directly: gms_kernels reads UNet2DModel, "
+                    "UNet2DConditionModel and gk.models.GMSDiffusersModel; wrap it so that forward(x_t, t) returns "
+                    "one tensor holding the heads [e1, e2, e3] along dim 1")
 
 
 def is_diffusers_unet(module: Any) -> bool:

@@ -6,7 +6,7 @@
 - :func:`patches_model`: a smaller UNet on 8x8 grey natural-image patches (``gk.data.patches``, train
   split) with central-moment e2/e3 heads (python/train_patches_model.py).
 
-Both ship central heads because they won the issue-20 choice on validation (python/results/quality.md).
+Both ship central heads, which sampled better than raw eps^n heads on their validation splits.
 Each carries the GMS options chosen on its own validation split (``solver_defaults``, :data:`SOLVER_DEFAULTS`),
 which ``gk.sample`` uses in place of the library's defaults.
 """
@@ -16,6 +16,9 @@ import hashlib
 from pathlib import Path
 
 import torch
+
+from .moment_net import MomentNet
+from .pytorch_ddpm import PytorchDDPMUNet
 
 ASSETS = Path(__file__).parent.parent / "assets"
 DIGITS_MODEL = ASSETS / "digits_gms.pt"
@@ -29,7 +32,7 @@ _cache: dict[str, torch.nn.Module] = {}
 
 # The solver options each shipped model samples with unless the caller names others (the model's
 # ``solver_defaults``, read by gk.sample), keyed by the first 12 hex digits of its file's SHA-256: they were chosen
-# for those weights on their own validation split (python/results/quality.md, section 7), so a retrained file
+# for those weights on their own validation split, so a retrained file
 # gets none until they are chosen again. Digits: one component per pixel (the library's per-image default is the
 # worst GMS variant on digits); patches: the library's defaults, which won there.
 SOLVER_DEFAULTS = {
@@ -39,14 +42,10 @@ SOLVER_DEFAULTS = {
 
 
 def build_digits_backbone() -> torch.nn.Module:
-    from . import PytorchDDPMUNet
-
     return PytorchDDPMUNet(**DIGITS_CONFIG)
 
 
 def build_patches_backbone() -> torch.nn.Module:
-    from . import PytorchDDPMUNet
-
     return PytorchDDPMUNet(**PATCHES_CONFIG)
 
 
@@ -66,8 +65,6 @@ def save_embedded(net: torch.nn.Module, path: str | Path = DIGITS_MODEL, config:
 def _load_embedded(path: str | Path, build, what: str, script: str) -> torch.nn.Module:
     key = str(path)
     if key not in _cache:
-        from . import MomentNet
-
         path = Path(path)
         if not path.exists():
             raise ValueError(f"the embedded {what} model is missing ({path}): run {script} or pass a model")

@@ -189,7 +189,7 @@ class IDDPMUNet(nn.Module):
         nn.init.zeros_(self.out[-1].bias)
         self.feature_channels, self.temb_channels, self.eps_channels = width, emb_ch, int(in_channels)
 
-    # -- convenience configurations (reference-notes 8) ---------------------------------------------
+    # -- convenience configurations (improved-diffusion's published flags) -------------------------
     @classmethod
     def cifar10_cosine(cls, **overrides: Any) -> "IDDPMUNet":
         """improved-diffusion's CIFAR10 model with the cosine schedule (L_hybrid, learned sigma)."""

@@ -1,8 +1,9 @@
 """MomentNet: a frozen eps-network plus heads for E[eps^2] and E[eps^3] that share its single pass.
 
-The paper's assembled network (Eq. finalnoise, Tab. nn2): the heads read the backbone's last decoder
-feature h (the tensor entering the backbone's final GroupNorm/SiLU/conv block) and return per-pixel
-E[eps^n | x_t]. ``forward(x, t)`` returns cat([e1, e2, e3], dim=1), e1 being the backbone's own eps.
+The assembled network of the GMS paper (https://arxiv.org/abs/2311.00941, Eq. (13) and Table 6): the heads
+read the backbone's last decoder feature h (the tensor entering the backbone's final GroupNorm/SiLU/conv
+block) and return per-pixel E[eps^n | x_t]. ``forward(x, t)`` returns cat([e1, e2, e3], dim=1), e1 being the
+backbone's own eps.
 """
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..core.extras import require
 from ..core.files import json_ready
 from ..model_io import time_indices
+from ..core.moments import raw_moments
 from ..core.schedule import Schedule
 from ._common import (GroupNorm32, check_map_location, check_state_dict, format_call, group_count, materialize,
                       read_location, read_torch_file)
@@ -107,13 +110,10 @@ HEAD_TARGETS = ("raw", "central")
 
 
 def raw_from_central(e1: torch.Tensor, central: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """[e2, e3] (or [e2]) from e1 and the residual's central moments [c2, c3]: e2 = e1^2 + c2,
-    e3 = e1^3 + 3 e1 c2 + c3 (the binomial expansion of (e1 + r)^n with E[r] = 0)."""
-    c2 = central[0]
-    raw = [e1 * e1 + c2]
-    if len(central) > 1:
-        raw.append(e1**3 + 3 * e1 * c2 + central[1])
-    return raw
+    """[e2, e3] (or [e2]) from e1 and the residual's central moments [c2, c3] (or [c2]):
+    :func:`~gms_kernels.core.moments.raw_moments`, e2 = e1^2 + c2 and e3 = e1^3 + 3 e1 c2 + c3."""
+    e2, e3 = raw_moments(e1, central[0], central[1] if len(central) > 1 else None)
+    return [e2] if e3 is None else [e2, e3]
 
 
 class MomentNet(nn.Module):
@@ -127,7 +127,7 @@ class MomentNet(nn.Module):
       conditioned on the backbone's time embedding, then the conv head); one head per order. The official
       GMS heads (``"iddpm-simple"``, ``"iddpm-complex"``, ``"iddpm-complex2"``, ``"ddim-simple"``,
       ``"ddim-complex"``, see :mod:`.official_heads`) are kinds too; a sequence gives one kind per order.
-    - ``targets``: what the heads learn. ``"raw"`` (the paper's Alg. learning): head n predicts E[eps^n | x_t].
+    - ``targets``: what the heads learn. ``"raw"`` (the paper's Algorithm 1): head n predicts E[eps^n | x_t].
       ``"central"``: head n predicts E[r^n | x_t] of the backbone's residual r = eps - e1(x_t), the noise
       prediction residual that SN-DDPM's NPR variant regresses (Bao et al. 2022, "Estimating the optimal
       covariance with imperfect mean"), taken to the third order here. ``forward`` still returns raw moments,
@@ -358,13 +358,6 @@ class MomentNet(nn.Module):
         torch.save({"format": NET_FORMAT, "version": FORMAT_VERSION, "backbone": backbone, "heads": self.head_config,
                     "state_dict": {k: v.detach().cpu() for k, v in self.state_dict().items()}, **extra}, path)
 
-    def save_pretrained(self, directory: str | os.PathLike, **kwargs: Any) -> Any:
-        """A ``DDPMPipeline`` directory with this network and a GMSScheduler: see
-        :func:`gms_kernels.models.export_diffusers` (same arguments, e.g. ``sample_size``)."""
-        from ..integrations.diffusers_export import export_diffusers
-
-        return export_diffusers(self, directory, **kwargs)
-
     @property
     def output_heads(self) -> int:
         """How many heads [e1, e2, e3] forward returns (read by gk.sample's checks)."""
@@ -436,7 +429,7 @@ def _build_ddim(spec: dict) -> tuple[nn.Module, bool]:
 
 
 def _build_diffusers(spec: dict) -> tuple[nn.Module, bool]:
-    from diffusers import UNet2DModel
+    UNet2DModel = require("diffusers", "a MomentNet with a diffusers backbone").UNet2DModel
 
     config = spec["config"]
     config = json.loads(config) if isinstance(config, str) else dict(config)
@@ -444,7 +437,7 @@ def _build_diffusers(spec: dict) -> tuple[nn.Module, bool]:
 
 
 def _build_diffusers_condition(spec: dict) -> tuple[nn.Module, bool]:
-    from diffusers import UNet2DConditionModel
+    UNet2DConditionModel = require("diffusers", "a MomentNet with a diffusers backbone").UNet2DConditionModel
 
     from .diffusers_conditional import DiffusersConditionalUNet
 

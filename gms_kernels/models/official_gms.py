@@ -5,11 +5,11 @@ eps^2 and eps^3 networks are the eps network's backbone, frozen, plus one head (
 improved-diffusion's UNetModel, ``norm_out2``/``conv_out2`` with an optional ``before_out`` for the
 DDIM repository's Model). When the backbones agree, :func:`load_official` returns a :class:`MomentNet`
 on the eps network's backbone with the two official heads: ``forward(x, t) = cat([e1, e2, e3], 1)`` from
-one backbone pass (the paper's Eq. finalnoise). ``shared_backbone=False`` runs the networks as they are
-(:class:`SeparateNets`, one backbone pass per file).
+one backbone pass (Eq. (13) of the GMS paper, https://arxiv.org/abs/2311.00941). ``shared_backbone=False`` runs
+the networks as they are (:class:`SeparateNets`, one backbone pass per file).
 
 Each file is ``{'net_model', 'ema_model', 'optim', 'step'}`` (``ema_model`` is read, as the official
-sample.py does) or a raw state dict. Schedule: linear betas 1e-4..0.02 over T = 1000 (reference-notes 12).
+sample.py does) or a raw state dict. Schedule: linear betas 1e-4..0.02 over T = 1000, as the official code trains them.
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ from ..model_io import check_time_input, time_values
 from ..core.schedule import Schedule
 from ._common import check_state_dict, meta_model, materialize, read_torch_file, strip_prefix
 from .iddpm import IDDPMUNet
-from .loading import _DDIM_ARGS as DDIM_ARGS, _IDDPM_ARGS, _IDDPM_DEFAULTS, _build_checked, _is_state_dict, \
-    _set_schedule, build_ddim, check_holds_weights, warn_head_count
+from ._checkpoints import (DDIM_ARGS, IDDPM_ARGS, IDDPM_DEFAULTS, build_checked, build_ddim, check_holds_weights,
+                           is_state_dict, set_schedule, warn_head_count)
 from .moment_net import MomentNet
 from .official_heads import DDIM_MODES, IDDPM_MODES, build_official_head
 
@@ -64,12 +64,12 @@ def read_state(path: PathLike, data: Any = None, use_ema: bool = True, map_locat
             raise ValueError(f"{path}: the checkpoint has no {key!r} (found {list(data)[:8]}); pass "
                              f"use_ema={not use_ema} to load {other!r}")
         state, where = data[key], f"{path} [{key}]"
-    elif isinstance(data, (list, tuple)) and data and _is_state_dict(data[0]):
-        use_last = use_ema and len(data) > 1 and _is_state_dict(data[-1])
+    elif isinstance(data, (list, tuple)) and data and is_state_dict(data[0]):
+        use_last = use_ema and len(data) > 1 and is_state_dict(data[-1])
         state, where = (data[-1], f"{path} [EMA, last entry]") if use_last else (data[0], f"{path} [model, entry 0]")
     else:
         state = data
-    if not _is_state_dict(state):
+    if not is_state_dict(state):
         raise ValueError(f"{where}: expected an official GMS checkpoint ({{'ema_model': state_dict, 'net_model': ...}}) "
                          f"or a raw state dict of tensors, found {type(state).__name__}")
     return strip_prefix(state), where
@@ -99,14 +99,14 @@ def build_backbone(family: str, state: Mapping[str, Any], where: str, config: Ma
     """The backbone of ``state`` (head entries removed), its shape read from the weights and the rest
     from ``config`` (the official constructor's arguments), checked key by key."""
     if family == "improved-diffusion":
-        args = {k: v for k, v in config.items() if k in _IDDPM_ARGS}
+        args = {k: v for k, v in config.items() if k in IDDPM_ARGS}
         if config.get("dims", 2) != 2:
             raise ValueError(f"dims={config['dims']!r}: only 2-D improved-diffusion networks (images) are supported")
         if config.get("num_classes") is not None:
             raise ValueError(f"num_classes={config['num_classes']!r}: class-conditional networks are not supported")
         inferred = IDDPMUNet.infer_config(state)
-        cfg = {**_IDDPM_DEFAULTS, **(inferred or {}), **args}
-        model = _build_checked(IDDPMUNet, cfg, state, where, "gms-official", inferred, device)
+        cfg = {**IDDPM_DEFAULTS, **(inferred or {}), **args}
+        model = build_checked(IDDPMUNet, cfg, state, where, "gms-official", inferred, device)
         model.eps_only = True  # (UNetModel3OutChannels keeps eps of a learned-sigma output)
         return model
     return build_ddim(state, {k: v for k, v in config.items() if k in DDIM_ARGS}, where, "gms-official", device)
@@ -251,7 +251,7 @@ def load_official(paths: PathLike | Sequence[PathLike], *, shared_backbone: bool
 def _check_options(files: list[str], config: Mapping[str, Any], backbone_rtol: Any) -> None:
     if not 1 <= len(files) <= 3:
         raise ValueError(f"kind='gms-official' takes 1 to 3 files [eps, eps^2, eps^3], got {len(files)}")
-    known = tuple(dict.fromkeys(_IDDPM_ARGS + IDDPM_IGNORED + DDIM_ARGS + HEAD_ARGS))
+    known = tuple(dict.fromkeys(IDDPM_ARGS + IDDPM_IGNORED + DDIM_ARGS + HEAD_ARGS))
     bad = [k for k in config if k not in known]
     if bad:
         raise ValueError(f"unknown option(s) for kind 'gms-official': {', '.join(bad)}; valid: the official "
@@ -262,7 +262,7 @@ def _check_options(files: list[str], config: Mapping[str, Any], backbone_rtol: A
 
 def _check_family_options(family: str, config: Mapping[str, Any], where: str) -> None:
     """Refuse the other family's constructor arguments (they would be ignored)."""
-    own = (_IDDPM_ARGS + IDDPM_IGNORED if family == "improved-diffusion" else DDIM_ARGS) + HEAD_ARGS
+    own = (IDDPM_ARGS + IDDPM_IGNORED if family == "improved-diffusion" else DDIM_ARGS) + HEAD_ARGS
     foreign = [k for k in config if k not in own]
     if foreign:
         article, other = ("an", "DDIM Model") if family == "improved-diffusion" else ("a", "improved-diffusion UNetModel")
@@ -373,7 +373,7 @@ def _head_net(backbone: nn.Module, heads: list[tuple[dict, str]], family: str, c
 
 
 def _with_schedule(model: nn.Module, schedule: Schedule | None, time_input: str | None) -> nn.Module:
-    _set_schedule(model, schedule or gms_schedule())
+    set_schedule(model, schedule or gms_schedule())
     if time_input is not None:
         model.time_input = check_time_input(time_input)
     return model

@@ -38,11 +38,10 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import torch
 
-from ..core.moments import DataRange, TransitionMoments, clamp_x0_moments, last_step_variance_cap, transition_moments, \
-    x0_moments
+from ..core.moments import DataRange, TransitionMoments, clamped_x0_mean, last_step_variance_cap, transition_moments
 from ..core.random import STREAM_COMPONENT, STREAM_STEP_NOISE, SampleNoise
 from ..core.schedule import DATA, Schedule, StepCoefficients
-from ..kernels import MODE_CLOSED, MODE_ADAN, MODE_DENOISE, FusedStepConfig, NonFiniteInput, step_scalars
+from ..kernels import MODE_CLOSED, MODE_ADAN, MODE_DENOISE, FusedStepConfig, NonFiniteInput, config_fields
 from ..kernels.dispatch import fused_step
 from ..model_io import Conditioning, call_model, check_inputs_finite, nonfinite_output_error, split_heads
 
@@ -188,7 +187,7 @@ class Solver:
 
     def fused_config(self, k: StepCoefficients, data_range: DataRange, o: SolverOptions, T: int, batch: int,
                      per_sample: int, scalars: dict[str, Any]) -> FusedStepConfig | None:
-        """The fused kernels' config of the step t -> s (``scalars``: :func:`gms_kernels.kernels.step_scalars`);
+        """The fused kernels' config of the step t -> s (``scalars``: :func:`gms_kernels.kernels.config_fields`);
         None where the kernels do not do it."""
         return None
 
@@ -338,7 +337,7 @@ def denoised_and_eps(x_t: torch.Tensor, e1: torch.Tensor, a_t: float | torch.Ten
     sigma-space samplers (SEEDS, EDM, GGF) use. With ``data_range=None`` eps is e1 itself; with a range, eps is
     recomputed from the clamped x0, as DDIM does here, so every solver sees the same clamped x0 estimate.
     ``a_t``/``sigma_t`` may be tensors broadcasting against x_t (per-sample times)."""
-    x0 = clamp_x0_moments(x0_moments(x_t, e1, None, None, a_t, sigma_t), data_range).mean
+    x0 = clamped_x0_mean(x_t, e1, a_t, sigma_t, data_range)
     return x0, (e1 if data_range is None else (x_t - a_t * x0) / sigma_t)
 
 
@@ -393,7 +392,7 @@ def _memo_fused_config(key: tuple, options: _Unhashed) -> FusedStepConfig | None
     o = options.options
     if not spec.fusable or o.sets_torch_only_option():
         return None
-    scalars = step_scalars(k, data_range)
+    scalars = config_fields(k, data_range)
     if k.s == DATA and getattr(o, "denoise_final", False):
         return FusedStepConfig(mode=MODE_DENOISE, **scalars)
     return spec.fused_config(k, data_range, o, T, batch, per_sample, scalars)

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.moments import DataRange, transition_moments
+from ..core.moments import DataRange, clamped_x0_mean
 from ..core.schedule import StepCoefficients
 from ..kernels import MODE_DDIM, FusedStepConfig
-from .base import LastStepOptions, Solver, StepRandomness, denoise_coefficients, real, register
+from .base import LastStepOptions, Solver, StepRandomness, real, register
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class DDIM(Solver):
 
     def step(self, x_t: torch.Tensor, heads: list[torch.Tensor], k: StepCoefficients, rand: StepRandomness,
              o: DDIMOptions, data_range: DataRange, T: int) -> tuple[torch.Tensor, dict]:
-        x0 = transition_moments(x_t, heads[0], None, None, denoise_coefficients(k), data_range).m1  # clamped E[x0|x_t]
+        x0 = clamped_x0_mean(x_t, heads[0], k.a_t, k.sigma_t, data_range)
         eps = (x_t - k.a_t * x0) / k.sigma_t
         eps_scale, eta2_lam2 = ddim_scales(k, o.eta)
         x_s = k.a_s * x0 + eps_scale * eps

@@ -1,6 +1,7 @@
-"""ADAN (Xie et al. 2022), the optimiser the paper uses for the heads (and, per element, for the fit).
+"""ADAN (Xie et al. 2022, https://arxiv.org/abs/2208.06677), the optimiser the GMS paper uses for the heads (and,
+per element, for the fit).
 
-The update (reference-notes 2), per parameter, step k from 1, decay factors (b1, b2, b3):
+The update, as the official GMS code runs it, per parameter, step k from 1, decay factors (b1, b2, b3):
 d_k = g_k - g_{k-1} (d_1 = 0); m = b1 m + (1-b1) g; v = b2 v + (1-b2) d; n = b3 n + (1-b3) (g + b2 d)^2;
 theta -= lr/(1-b1^k) m/denom + lr b2/(1-b2^k) v/denom with denom = sqrt(n)/sqrt(1-b3^k) + eps;
 decoupled weight decay theta /= 1 + lr*wd.

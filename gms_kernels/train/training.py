@@ -1,7 +1,8 @@
-"""Training the higher-order heads (paper Alg. learning) and small backbones, resumable.
+"""Training the higher-order heads (Algorithm 1 of the GMS paper, https://arxiv.org/abs/2311.00941) and small
+backbones, resumable.
 
-- :func:`train_heads`: backbone frozen in eval mode, targets eps^n, MSE per order (paper
-  Eq. objectivehigh; ``loss_weighting`` can divide it by the targets' size at each t), EMA of the head
+- :func:`train_heads`: backbone frozen in eval mode, targets eps^n, MSE per order (the
+  paper's Eq. (11); ``loss_weighting`` can divide it by the targets' size at each t), EMA of the head
   weights, grad-norm clip, ADAN or Adam.
 - :func:`train_backbone`: the usual eps-prediction loss, for small data sets (toy data, digits).
 
@@ -75,6 +76,8 @@ SCALE_BUCKETS = 50
 SCALE_VALUES = 16384
 SCALE_MIN_ROWS, SCALE_MAX_ROWS = 32, 1024
 SCALE_FLOOR = 1e-10
+# the estimate's forward passes (no gradients kept) take up to this many input values at once, or one batch
+SCALE_CHUNK_VALUES = 2**17
 _SCALE_POWERS = {"normalized": 1.0, "rms": 0.5}  # the loss divides by s_n(t) ** power
 
 
@@ -173,12 +176,6 @@ def _same_on_all_ranks(step: int, device: torch.device, path: Path | None) -> No
     if high != low:
         raise ValueError(f"the processes resumed from different states of the checkpoint {path} (steps {low} to "
                          f"{high}): it must be one file that every process can read (a shared file system)")
-
-
-def _noised(schedule: Schedule, x0: torch.Tensor, t: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
-    """x_t = sqrt(abar_t) x0 + sqrt(1 - abar_t) eps, per example (t: one index per row of x0)."""
-    abar = schedule.alphas_cumprod[t].to(device=x0.device, dtype=x0.dtype).reshape(-1, *[1] * (x0.dim() - 1))
-    return abar.sqrt() * x0 + (1 - abar).sqrt() * eps
 
 
 def _check_sampling(sampling: str) -> None:
@@ -481,7 +478,7 @@ def _loop(module: nn.Module, loss_terms: Callable, source: _Source, schedule: Sc
         for x0, labels, step in batches:
             t, eps = step.t, step.eps.to(device)
             kwargs = {} if condition is None else condition.kwargs(labels, step.drop, device)
-            losses = loss_terms(model, _noised(schedule, x0.to(device), t, eps), t.to(device), eps, **kwargs)
+            losses = loss_terms(model, schedule.add_noise(x0.to(device), eps, t), t.to(device), eps, **kwargs)
             total = sum(losses.values())
             opt.zero_grad(set_to_none=True)
             total.backward()  # under DDP the gradients come back averaged over the ranks
@@ -566,7 +563,9 @@ def _target_scales(net: nn.Module, source: _Source, schedule: Schedule, time_inp
     """{n: s_n(t), float64 [T]}: an estimate of E[(y_n)^2 | t], y_n the target of head n (eps^n, or r^n for
     central heads), from the frozen backbone on the training data, with a generator of its own (so the
     training draws are untouched, and every process of a multi-process run computes the same table).
-    It reads a bounded number of examples whatever N: at most SCALE_MAX_ROWS per band of t, batch_size at a time.
+    It reads a bounded number of examples whatever N: at most SCALE_MAX_ROWS per band of t. The draws are
+    made batch_size rows at a time (the table depends on the seed and batch size only) and run through the
+    network in chunks of a whole number of batches, up to SCALE_CHUNK_VALUES input values.
 
     The mean of y_n^2 over examples, noise and elements is taken in SCALE_BUCKETS equal bands of t; log s is
     interpolated linearly between the band centres (held flat beyond the first and last). Each s_n is then
@@ -582,23 +581,28 @@ def _target_scales(net: nn.Module, source: _Source, schedule: Schedule, time_inp
     per_row = max(1, math.prod(source.shape))
     rows = min(SCALE_MAX_ROWS, max(SCALE_MIN_ROWS, -(-SCALE_VALUES // per_row)))
     edges = torch.linspace(0, T, SCALE_BUCKETS + 1).round().long()
+    chunk = max(1, min(rows, SCALE_CHUNK_VALUES // per_row) // batch_size) * batch_size
     gen = torch.Generator().manual_seed(seed)
     sums: dict[int, list[float]] = {}
     for b in range(SCALE_BUCKETS):
         lo, hi = int(edges[b]), max(int(edges[b + 1]), int(edges[b]) + 1)
         acc: dict[int, float] = {}
-        for start in range(0, rows, batch_size):
-            m = min(batch_size, rows - start)
-            idx = torch.randint(0, source.size, (m,), generator=gen)
-            t = torch.randint(lo, hi, (m,), generator=gen)
-            eps = torch.randn((m, *source.shape), generator=gen).to(device)
+        for first in range(0, rows, chunk):
+            draws = []
+            for start in range(first, min(first + chunk, rows), batch_size):
+                m = min(batch_size, rows - start)
+                draws.append((torch.randint(0, source.size, (m,), generator=gen),
+                              torch.randint(lo, hi, (m,), generator=gen),
+                              torch.randn((m, *source.shape), generator=gen)))
+            idx, t, eps = (torch.cat(d) for d in zip(*draws))
+            eps = eps.to(device)
             kwargs = {}
             if label_key is None:
                 x0 = source.rows(idx)
             else:  # (each example's own label: the targets of the conditional model)
                 x0, y = source.labelled_rows(idx)
                 kwargs[label_key] = torch.as_tensor(y).to(device)
-            x_t = _noised(schedule, x0.to(device), t, eps)
+            x_t = schedule.add_noise(x0.to(device), eps, t)
             _, base, orders = _head_targets(net, x_t, time_values(t, T, time_input).to(device), eps, C, central,
                                             **kwargs)
             for n in range(2, orders + 1):
@@ -654,7 +658,7 @@ def train_heads(net: nn.Module, data: TrainingData, schedule: Schedule | None = 
                 log: Callable[[dict], None] | None = None, loss_weighting: str = "uniform",
                 output_scale: bool = False, sampling: str = "replacement", label_key: str | None = None,
                 condition_dropout: float = 0.0, null_label: Any = None) -> TrainResult:
-    """Paper Alg. learning: fit the heads e^n (n >= 2) of a ``MomentNet`` to eps^n with MSE (to (eps - e1)^n
+    """The paper's Algorithm 1: fit the heads e^n (n >= 2) of a ``MomentNet`` to eps^n with MSE (to (eps - e1)^n
     for a MomentNet with ``targets="central"``).
 
     ``net(x_t, t)`` returns [e1, e2, ...] along dim 1; only its trainable parameters (the heads) learn.
@@ -688,12 +692,12 @@ def train_heads(net: nn.Module, data: TrainingData, schedule: Schedule | None = 
       gradient then scales as 1 / sqrt(s_n(t)): where the targets span 1e6 over t (central heads of the
       shipped digits and patches models: E[r^4 | t]) the smallest-target t dominate every step; in the
       shipped recipes' 1200 / 800 steps the heads' mean c2 settled at 1e-3 - 3e-3 at every t, against
-      0.05 - 0.35 at t = 50 (python/results/quality.md, section 5f).
+      0.05 - 0.35 at t = 50.
     - ``"rms"``: the squared error is divided by sqrt(s_n(t)), the target's RMS at t. Each example's gradient
       is then 2 (h - y) / RMS, its error relative to the size of its target, so every t pushes the heads
       with a comparable force (the loss itself still grows with the targets, as sqrt(s_n)): the middle
       between the uniform loss (gradients scaling with the target) and ``"normalized"``. In the same
-      recipes it too left c2 far too small at small t (mean 0.006 - 0.03 at t = 50; section 5f).
+      recipes it too left c2 far too small at small t (mean 0.006 - 0.03 at t = 50).
 
     For both, s_n is estimated once before the first step, from the frozen backbone on ``data`` with a
     generator of its own (seeded from ``seed``; a resumed or multi-process run computes the same table):

@@ -151,7 +151,9 @@ def test_a_mistyped_sample_command_writes_nothing_and_the_corrected_one_runs(mis
 
 def test_a_manifest_without_shards_is_replaced_by_a_run_with_other_settings(tmp_path):
     """What a run killed before its first shard leaves (a manifest, perhaps a temporary file) binds nobody."""
-    model = gk.embedded.default_model()
+    from gms_kernels.models.embedded import default_model
+
+    model = default_model()
     sample_shards(model, tmp_path, 2, (1, 8, 8), steps=2, progress=False)
     (tmp_path / "shard_000000.pt").rename(tmp_path / "shard_000000.pt.tmp0")
     sample_shards(model, tmp_path, 2, (1, 8, 8), steps=3, progress=False)

@@ -200,3 +200,108 @@ def test_per_element_adan_equals_the_official_autograd_loop():
     torch.testing.assert_close(p.mu1, mu1, rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(p.mu2, mu2, rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(p.s2, s2, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("weights", [(0.0, 1.0), (1.0, 0.0), (-0.5, 1.5)])
+def test_mixture_weights_must_both_be_positive(weights):
+    from gms_kernels.core.fit import check_weights
+
+    with pytest.raises(ValueError, match="weights must be positive and sum to 1"):
+        check_weights(weights)
+
+
+def test_fit_adan_defaults():
+    """fit_adan's defaults: weights (1/3, 2/3), 25 iterations, lr 0.06 (the official constant),
+    mean over each sample; each default changes the result when changed."""
+    g = torch.Generator().manual_seed(0)
+    m1 = torch.randn(3, 8, dtype=torch.float64, generator=g) * 0.3
+    var = torch.rand(3, 8, dtype=torch.float64, generator=g) * 0.2 + 0.05
+    m3 = m1**3 + 3 * m1 * var + 0.3 * var**1.5 * torch.randn(3, 8, dtype=torch.float64, generator=g)
+    mom = gk.TransitionMoments(m1, var, m3)
+    default = gk.fit_adan(mom)
+    explicit = gk.fit_adan(mom, (1 / 3, 2 / 3), iters=25, lr=0.06, mean_over="sample")
+    for a, b in zip((default.mu1, default.mu2, default.s2), (explicit.mu1, explicit.mu2, explicit.s2)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    for other in (gk.fit_adan(mom, iters=26), gk.fit_adan(mom, lr=0.07), gk.fit_adan(mom, mean_over="batch")):
+        assert not torch.equal(other.mu1, default.mu1)
+
+
+def _paper_rates(iters, high, low, min_lr, t, T, warmup=18):
+    """The paper's Table 7, written out: base = max(high (1 - iota), low), iota = ((T - t)/T)^2;
+    k/warmup * base for k <= warmup, then max(base (1 + cos(pi (k - warmup)/(iters - warmup)))/2, min_lr)."""
+    base = max(high * (1 - ((T - t) / T) ** 2), low)
+    out = []
+    for k in range(1, iters + 1):
+        if k <= warmup:
+            out.append(base * k / warmup)
+        else:
+            out.append(max(base * (1 + math.cos(math.pi * (k - warmup) / (iters - warmup))) / 2, min_lr))
+    return out
+
+
+@pytest.mark.parametrize("table, iters, t", [("paper", 25, 600), ("paper", 40, 999), ("paper", 60, 100),
+                                             ("paper-imagenet64", 19, 900), ("paper-imagenet64", 30, 700),
+                                             ("paper", 18, 800), ("paper", 5, 400)])
+def test_paper_learning_rates_against_the_table(table, iters, t):
+    from gms_kernels.core.fit import adan_learning_rates
+
+    high, low, min_lr = {"paper": (0.16, 0.12, 0.1), "paper-imagenet64": (0.1, 0.06, 0.04)}[table]
+    rates = adan_learning_rates(iters, table, t=t, T=1000)
+    assert rates == pytest.approx(_paper_rates(iters, high, low, min_lr, t, 1000), rel=1e-12, abs=0)
+
+
+def test_learning_rate_default_and_missing_time():
+    from gms_kernels.core.fit import adan_learning_rates
+
+    assert adan_learning_rates(3) == [0.06] * 3
+    for t, T in [(500, None), (None, 1000)]:
+        with pytest.raises(ValueError, match="needs the time index t and T"):
+            adan_learning_rates(5, "paper", t=t, T=T)
+
+
+def test_knee_delta2_values():
+    """(SKEW_KNEE / |w1 w2 (w2 - w1)|)^(2/3): 0.263 at the default weights; 0 for equal weights,
+    whose mixture has no skew (a guard: the fits refuse equal weights before they get here)."""
+    from gms_kernels.core.fit import SKEW_KNEE, knee_delta2
+
+    assert knee_delta2(1 / 3) == pytest.approx((SKEW_KNEE / (2 / 27)) ** (2 / 3), rel=1e-14)
+    assert knee_delta2(1 / 3) == pytest.approx(0.263, abs=5e-4)
+    assert knee_delta2(0.5) == 0.0
+
+
+def test_var_floor_bounds():
+    from gms_kernels.core.fit import check_var_floor
+
+    assert check_var_floor(0) == 0.0 and check_var_floor(1) == 1.0
+    for bad in (1.5, -0.1, True, "0.1"):
+        with pytest.raises(ValueError, match="var_floor must be a number in"):
+            check_var_floor(bad)
+
+
+def _cpp_constants() -> dict[str, float]:
+    """The ``constexpr double kName = value`` definitions of csrc/step_api.h, the C++ kernels' one copy."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "csrc" / "step_api.h").read_text()
+    found = {}
+    for line in re.findall(r"constexpr double ([^;]+);", text):
+        for name, value in re.findall(r"(k\w+) = ([0-9a-fA-Fx.+\-p]+)", line):
+            found[name] = float.fromhex(value) if value.lower().startswith("0x") else float(value)
+    return found
+
+
+def test_the_cpp_kernels_fit_with_the_constants_of_the_python_reference():
+    """csrc/step_api.h defines the fit's numbers for C++ by hand; they must be fit.py's (and the float32
+    ADAN limits those of gms_kernels.kernels), bit for bit, or the kernels would fit another mixture."""
+    from gms_kernels.core import fit
+    from gms_kernels.kernels import ADAN_FP32_LIMITS
+
+    expected = {
+        "kAdanBeta1": fit.ADAN_BETAS[0], "kAdanBeta2": fit.ADAN_BETAS[1], "kAdanBeta3": fit.ADAN_BETAS[2],
+        "kAdanEps": fit.ADAN_EPS, "kAdanInitBeta": fit.ADAN_INIT_BETA, "kAdanInitGap": fit.ADAN_INIT_GAP,
+        "kAdanBetaLo": fit.ADAN_BETA_BOUNDS[0], "kAdanBetaHi": fit.ADAN_BETA_BOUNDS[1], "kSkewKnee": fit.SKEW_KNEE,
+        "kAdanFp32M1Max": ADAN_FP32_LIMITS["m1_max"], "kAdanFp32VarMin": ADAN_FP32_LIMITS["var_min"],
+        "kAdanFp32VarMax": ADAN_FP32_LIMITS["var_max"], "kAdanFp32K3Max": ADAN_FP32_LIMITS["k3_max"],
+    }
+    assert _cpp_constants() == expected

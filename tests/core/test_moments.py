@@ -5,6 +5,9 @@ import gms_kernels as gk
 from gms_kernels.core.moments import X0Moments, clamp_x0_moments
 
 from conftest import image_oracle
+from gms_kernels.core.moments import TransitionMoments
+from gms_kernels.core.moments import central_third_moment
+from gms_kernels.core.moments import scale_spread
 
 
 @pytest.mark.parametrize("t,s", [(999, 899), (500, 300), (99, 0), (40, gk.DATA)])
@@ -90,3 +93,79 @@ def test_transition_variance_is_clamped_with_a_range():
     e1, e2, e3 = torch.zeros_like(x_t), torch.full_like(x_t, 1e6), torch.zeros_like(x_t)
     assert float(gk.transition_moments(x_t, e1, e2, e3, k).var.max()) <= 1.0
     assert float(gk.transition_moments(x_t, e1, e2, e3, k, data_range=None).var.max()) > 1.0
+
+
+def test_scale_spread_keeps_a_missing_third_moment_missing_and_the_skewness_of_a_given_one():
+    m1 = torch.tensor([0.3, -1.2], dtype=torch.float64)
+    var = torch.tensor([0.5, 0.02], dtype=torch.float64)
+    scaled = scale_spread(TransitionMoments(m1, var, None), 2.0)
+    assert scaled.m3 is None and torch.equal(scaled.m1, m1) and torch.allclose(scaled.var, 2.0 * var, rtol=0)
+    kappa3 = torch.tensor([0.1, -0.001], dtype=torch.float64)
+    m3 = kappa3 + 3 * m1 * var + m1**3
+    scaled = scale_spread(TransitionMoments(m1, var, m3), 2.0)
+    skew = central_third_moment(scaled.m1, scaled.var, scaled.m3) / scaled.var**1.5
+    assert torch.allclose(skew, kappa3 / var**1.5, rtol=1e-10)
+
+
+def test_transition_moments_leave_the_missing_orders_none():
+    """From e1 alone only M1 exists (Var and M3 stay None); from e1 and e2, M3 stays None."""
+    from gms_kernels.core.moments import transition_moments
+
+    k = gk.Schedule.linear().coefficients(500, 400)
+    x, e = torch.randn(2, 3, dtype=torch.float64), torch.randn(2, 3, dtype=torch.float64) * 0.1
+    only_mean = transition_moments(x, e, None, None, k)
+    assert only_mean.var is None and only_mean.m3 is None
+    with_var = transition_moments(x, e, e * e + 0.5, None, k)
+    assert with_var.var is not None and with_var.m3 is None
+
+
+def test_third_moment_clamp_keeps_a_tie():
+    """The official rule replaces E[y^3] by E[y] only where |E[y^3]| > |E[y]| (strictly): at a tie of
+    opposite signs E[y^3] = -E[y] it is kept."""
+    from gms_kernels.core.moments import X0Moments, clamp_x0_moments
+
+    m = X0Moments(mean=torch.tensor([0.5, 0.5], dtype=torch.float64), var=torch.tensor([0.1, 0.1], dtype=torch.float64),
+                  m2=torch.tensor([0.35, 0.35], dtype=torch.float64), m3=torch.tensor([-0.5, -0.6], dtype=torch.float64))
+    out = clamp_x0_moments(m, (-1.0, 1.0))
+    assert out.m3.tolist() == [-0.5, 0.5]
+
+
+def test_empty_data_range_and_fractional_step_times_are_refused_by_name():
+    from gms_kernels.core.moments import check_data_range
+
+    with pytest.raises(ValueError, match="low < high"):
+        check_data_range((0.5, 0.5))
+    assert check_data_range((0, 1)) == (0.0, 1.0)
+    s = gk.Schedule.linear(100)
+    with pytest.raises(ValueError, match="^t must be an integer"):
+        s.coefficients(50.5, 10)
+    with pytest.raises(ValueError, match="^s must be an integer"):
+        s.coefficients(50, 10.5)
+
+
+def test_raw_and_central_moments_convert_both_ways():
+    """A two-point law (x = -1 w.p. 0.8, 4 w.p. 0.2): mean 0, var 4, kappa3 = 0.8 (-1) + 0.2 (64) = 12; raw
+    moments 4 and 12. The conversions are exact here and each other's inverse."""
+    from gms_kernels.core.moments import central_moments, raw_moments
+
+    m1, m2, m3 = (torch.tensor([v], dtype=torch.float64) for v in (0.0, 4.0, 12.0))
+    var, kappa3 = central_moments(m1, m2, m3)
+    assert var.item() == 4.0 and kappa3.item() == 12.0
+    shifted = torch.tensor([1.5], dtype=torch.float64)  # (the same law moved by 1.5)
+    raw2, raw3 = raw_moments(shifted, var, kappa3)
+    assert raw2.item() == 1.5**2 + 4 and raw3.item() == 1.5**3 + 3 * 1.5 * 4 + 12
+    assert [v.item() for v in central_moments(shifted, raw2, raw3)] == [4.0, 12.0]
+    assert central_moments(m1, m2)[1] is None and raw_moments(m1, var)[1] is None
+
+
+def test_clamped_x0_mean_is_the_clamped_tweedie_estimate():
+    from gms_kernels.core.moments import clamped_x0_mean
+
+    x_t = torch.tensor([0.3, 5.0, -5.0], dtype=torch.float64)
+    e1 = torch.tensor([0.1, -1.0, 1.0], dtype=torch.float64)
+    a, sigma = 0.6, 0.8
+    raw = (x_t - sigma * e1) / a
+    assert torch.equal(clamped_x0_mean(x_t, e1, a, sigma, None), raw)
+    assert torch.equal(clamped_x0_mean(x_t, e1, a, sigma, (-1.0, 1.0)), raw.clamp(-1.0, 1.0))
+    # (another range is clamped in its normalised coordinates, (x0 - 1) / 1: equal up to rounding)
+    torch.testing.assert_close(clamped_x0_mean(x_t, e1, a, sigma, (0.0, 2.0)), raw.clamp(0.0, 2.0), rtol=0, atol=1e-15)

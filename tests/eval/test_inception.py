@@ -114,7 +114,6 @@ def test_bad_weights_are_named(state, tmp_path):
 
 
 def test_fid_through_the_public_function(weights_file, tmp_path):
-    # (two Fréchet distances in 2048-d: their eigendecompositions are most of this test's time)
     g = torch.Generator().manual_seed(0)
     a = torch.rand(3, 3, 16, 16, generator=g) * 2 - 1
     net = gki.load_fid_inception(weights_file)
@@ -173,13 +172,13 @@ def test_cli_choose_options_scores_fid_against_reference_statistics_made_once(we
     small_central_moment_net(3).save(tmp_path / "net.pt")
     torch.save(torch.rand(6, 1, 8, 8) * 1.6 - 0.8, tmp_path / "val.pt")
     seen = []
-    real = metrics.fid_statistics
-    monkeypatch.setattr(metrics, "fid_statistics", lambda images, *a, **k: seen.append(images.shape[0]) or
+    real = gki.inception_features
+    monkeypatch.setattr(gki, "inception_features", lambda images, *a, **k: seen.append(images.shape[0]) or
                         real(images, *a, **k))
     assert main(["choose-options", "--model", str(tmp_path / "net.pt"), "--reference", str(tmp_path / "val.pt"),
                  "--metric", "fid", "--inception", str(weights_file), "--steps", "2", "--seeds", "1", "--samples", "3",
                  "--quiet", "--backend", "torch"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("fid against") and "chosen: " in out
-    # the reference's statistics once, then one per run (every candidate x 1 K x 1 seed)
+    # the reference's features once, then the samples' of each run (every candidate x 1 K x 1 seed)
     assert seen == [6] + [3] * len(GMS_CANDIDATES)

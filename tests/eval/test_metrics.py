@@ -68,6 +68,26 @@ def test_frechet_distance_matches_the_closed_form_for_commuting_covariances():
     assert metrics.frechet_distance(*metrics.gaussian_stats(a), *metrics.gaussian_stats(a)) == pytest.approx(0, abs=1e-9)
 
 
+def test_frechet_distance_from_features_is_the_one_from_their_statistics():
+    # fewer samples than dimensions (computed in their span) and more (through the covariance). The
+    # covariance route rounds: a rank-deficient S1's zero eigenvalues come out near 1e-16 of its largest,
+    # and their square roots add up to ~1e-8 of the result
+    g = torch.Generator().manual_seed(1)
+    mix = torch.randn(40, 40, generator=g, dtype=torch.float64)
+    ref = torch.relu(torch.randn(30, 40, generator=g, dtype=torch.float64) @ mix)
+    for n in (2, 7, 40, 90):
+        f = torch.relu(torch.randn(n, 40, generator=g, dtype=torch.float64) @ mix + 0.5)
+        want = metrics.frechet_distance(*metrics.gaussian_stats(f), *metrics.gaussian_stats(ref))
+        assert want > 1.0
+        assert metrics.frechet_distance_features(f, *metrics.gaussian_stats(ref)) == pytest.approx(want, rel=1e-7), n
+    few = torch.randn(5, 40, generator=g, dtype=torch.float64)
+    assert metrics.frechet_distance_features(few, *metrics.gaussian_stats(few)) == pytest.approx(0, abs=1e-9)
+    with pytest.raises(ValueError, match="features of dimension 40, mu \\(39,\\)"):
+        metrics.frechet_distance_features(few, torch.zeros(39), torch.eye(39))
+    with pytest.raises(ValueError, match="at least two feature vectors"):
+        metrics.frechet_distance_features(few[:1], torch.zeros(40), torch.eye(40))
+
+
 def test_fd_digits_separates_real_from_noise():
     import gms_kernels as gk
 
@@ -94,7 +114,7 @@ def test_npz_statistics_roundtrip(tmp_path):
         metrics.load_stats(tmp_path / "bad.npz")
 
 
-# -- edges and options the quality tables rely on (mutation testing of metrics.py, eighteenth session) --------
+# -- edges and options the quality tables rely on (found by mutation testing of metrics.py) --------------------
 def test_w1_matches_scipy_for_unequal_sizes_with_ties_in_either_order():
     from scipy.stats import wasserstein_distance
 

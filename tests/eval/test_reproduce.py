@@ -1,4 +1,4 @@
-"""Issue 22 part 4: `gms-kernels reproduce` / gk.reproduce.reproduce end to end on tiny fixtures: the
+"""`gms-kernels reproduce` / gk.reproduce.reproduce end to end on tiny fixtures: the
 embedded digits network saved as a checkpoint, a small random feature extractor in Inception's place,
 statistics computed here; resume; one-line CLI errors."""
 import hashlib

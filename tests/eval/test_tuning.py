@@ -128,7 +128,9 @@ def test_cli_choose_options_prints_the_choice_and_saves_the_network_with_it(tmp_
            "--metric", "swd", "--steps", "2", "--seeds", "1", "--samples", "8", "--quiet", "--backend", "torch",
            "--first-seed", "7"]
     seen = {}
-    real = gk.tuning.choose_options
+    from gms_kernels.eval import tuning
+
+    real = tuning.choose_options
     monkeypatch.setattr("gms_kernels.eval.tuning.choose_options", lambda *a, **k: seen.update(k) or real(*a, **k))
     assert main(run + ["--out", str(tmp_path / "chosen.pt")]) == 0
     assert seen["first_seed"] == 7 and seen["seeds"] == 1

@@ -10,11 +10,11 @@ diffusers = pytest.importorskip("diffusers")
 from diffusers import UNet2DConditionModel, UNet2DModel  # noqa: E402
 
 import gms_kernels as gk  # noqa: E402
-from readme_examples import readme_example  # noqa: E402
+from readme_examples import example_file, readme_example  # noqa: E402
 import gms_kernels.models as gm  # noqa: E402
 from gms_kernels.model_io import guided_heads  # noqa: E402
 from gms_kernels.models.diffusers_conditional import DiffusersConditionalUNet  # noqa: E402
-from gms_kernels.integrations.diffusers_export import GMSDiffusersModel, export_diffusers  # noqa: E402
+from gms_kernels.models.diffusers_export import GMSDiffusersModel, export_diffusers  # noqa: E402
 from conftest import quiet_pipe, randomize  # noqa: E402
 
 NULL = 2  # the null label of the tiny class-conditional UNets (num_class_embeds = 2 classes + the null label)
@@ -286,6 +286,6 @@ def test_the_readme_example_runs():
     scope = {"unet": unet, "images": data.tensors[0], "labels": torch.arange(16) % 10}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (the tiny UNet comes with no training schedule)
-        exec(compile(code, "README.md", "exec"), scope)
+        exec(compile(code, example_file("conditional"), "exec"), scope)
     assert scope["samples"].shape == (4, 1, 8, 8) and bool(torch.isfinite(scope["samples"]).all())
     assert any(p.abs().sum() > 0 for p in scope["net"].heads.parameters())  # (the heads were trained)

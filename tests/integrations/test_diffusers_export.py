@@ -1,4 +1,4 @@
-"""Issue 22 part 3: gms_kernels networks back into diffusers (export, reload, DDPMPipeline), raw
+"""gms_kernels networks back into diffusers (export, reload, DDPMPipeline), raw
 UNet2DModels in gk.sample, and clear refusals for eps-only and learned-variance UNets."""
 import json
 
@@ -12,7 +12,7 @@ import gms_kernels.models as gm
 from gms_kernels.cli import main
 from gms_kernels.models.embedded import default_model
 from gms_kernels.model_io import time_values
-from gms_kernels.integrations.diffusers_export import GMSDiffusersModel, export_diffusers
+from gms_kernels.models.diffusers_export import GMSDiffusersModel, export_diffusers
 from conftest import quiet_pipe, randomize
 
 
@@ -144,7 +144,7 @@ def test_export_needs_the_image_size_and_a_known_network(tmp_path):
         export_diffusers(torch.nn.Conv2d(3, 9, 1), tmp_path, sample_size=8)
     with pytest.raises(TypeError, match="GMSScheduler"):
         export_diffusers(net, tmp_path, sample_size=8, scheduler=DDPMScheduler())
-    d = net.save_pretrained(tmp_path / "via_method", sample_size=(8, 8))  # MomentNet.save_pretrained
+    d = export_diffusers(net, tmp_path / "tuple_size", sample_size=(8, 8))
     assert quiet_pipe(d).unet.config.sample_size == [8, 8]
 
 
@@ -243,3 +243,197 @@ def test_a_bare_unet2dmodel_exports_and_reloads_with_its_outputs(tmp_path):
     t = torch.tensor([3, 700])
     with torch.no_grad():
         torch.testing.assert_close(model(x, t).sample, unet(x, t).sample, rtol=0, atol=0)
+
+
+def tiny_diffusers_unet(out_channels, seed=0):
+    from diffusers import UNet2DModel
+
+    torch.manual_seed(seed)
+    unet = UNet2DModel(sample_size=8, in_channels=3, out_channels=out_channels, layers_per_block=1,
+                       block_out_channels=(8, 16), norm_num_groups=4, down_block_types=("DownBlock2D", "DownBlock2D"),
+                       up_block_types=("UpBlock2D", "UpBlock2D"))
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in unet.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.02)
+    return unet.eval()
+
+
+def test_a_raw_unet2dmodel_is_described_as_a_diffusers_backbone():
+    """network_spec / backbone_family wrap a bare UNet2DModel (no gk wrapper) as a DiffusersUNet, and the
+    description rebuilds a DiffusersUNet of the same architecture that reads eps alone."""
+    from gms_kernels.models.diffusers_export import backbone_family, build_network, network_spec
+
+    unet = tiny_diffusers_unet(6)
+    spec = network_spec(unet, heads=1)  # (out_channels = 2C: eps alone, or two heads, is said explicitly)
+    assert spec["type"] == "backbone" and spec["backbone"]["family"] == "diffusers"
+    assert spec["backbone"]["config"]["block_out_channels"] == [8, 16] and backbone_family(unet) == "diffusers"
+    assert "_use_default_values" in unet.config  # diffusers' private entries stay out of the description
+    assert not [k for k in spec["backbone"]["config"] if k.startswith("_")]
+    rebuilt = build_network(spec)
+    assert isinstance(rebuilt, gm.DiffusersUNet) and rebuilt.eps_only is True
+    assert rebuilt.state_dict()["unet.conv_out.weight"].shape == unet.conv_out.weight.shape
+
+
+def tiny_iddpm():
+    torch.manual_seed(0)
+    return gm.IDDPMUNet(in_channels=3, model_channels=32, out_channels=6, num_res_blocks=1, attention_resolutions=(2,),
+                        dropout=0.0, channel_mult=(1, 2), num_heads=2, use_scale_shift_norm=True).eval()
+
+
+def test_export_keeps_the_heads_dropout_the_backbones_eps_only_and_the_default_T(tmp_path):
+    """The exported description rebuilds the MomentNet exactly: head dropout, and a diffusers backbone's
+    forced eps_only; with no schedule anywhere the config says T = 1000, as the scheduler written with it."""
+    backbone = gm.DiffusersUNet(tiny_diffusers_unet(9), eps_only=True)
+    assert backbone.schedule is None and not hasattr(backbone, "T")
+    net = gm.MomentNet(backbone, head="res_conv", dropout=0.25).eval()
+    gm.export_diffusers(net, tmp_path, solver="gms")
+    config = json.loads((tmp_path / "unet" / "config.json").read_text())
+    sched = json.loads((tmp_path / "scheduler" / "scheduler_config.json").read_text())
+    assert config["num_train_timesteps"] == 1000 == sched["num_train_timesteps"]
+    loaded = gm.load(tmp_path)
+    assert loaded.dropout == 0.25 and loaded.heads["2"].res.dropout.p == 0.25
+    assert loaded.backbone.eps_only is True
+
+
+def test_export_refuses_weights_that_the_description_cannot_rebuild(tmp_path):
+    """The exported weights are the network's own, key for key: an entry the rebuilt architecture lacks
+    (here an extra buffer) is an error, not silently dropped."""
+    torch.manual_seed(0)
+    net = gm.PytorchDDPMUNet(T=50, ch=32, ch_mult=(1, 2), attn=(1,), num_res_blocks=1).eval()
+    net.register_buffer("extra", torch.zeros(1))
+    with pytest.raises(RuntimeError, match='Unexpected key.*"extra"'):
+        gm.export_diffusers(net, tmp_path, sample_size=8, solver="ddpm")
+
+
+def test_a_network_description_without_heads_settings_gets_the_defaults():
+    from gms_kernels.models.diffusers_export import build_network, network_spec
+
+    torch.manual_seed(0)
+    spec = network_spec(gm.PytorchDDPMUNet(T=50, ch=32, ch_mult=(1, 2), attn=(1,), num_res_blocks=1))
+    net = build_network({"type": "moment-net", "backbone": spec["backbone"], "heads": {}})
+    assert isinstance(net, gm.MomentNet) and net.orders == (2, 3) and net.head == "conv"
+    assert net.dropout == 0.0 and net.targets == "raw"
+
+
+def test_a_backbone_config_that_json_cannot_hold_is_named_in_the_export_error():
+    from gms_kernels.models.diffusers_export import network_spec
+
+    class Odd(torch.nn.Module):
+        family = "pytorch-ddpm"
+        config = {"T": object()}
+
+    with pytest.raises(TypeError, match=r"the pytorch-ddpm backbone config\['T'\]"):
+        network_spec(Odd())
+
+
+def test_an_exported_network_saved_as_a_variant_loads_by_that_variant(tmp_path):
+    """load_exported hands ``variant`` to diffusers: the fp16-named weights file is the one read."""
+    net = gm.MomentNet(tiny_iddpm(), head="conv")
+    model = gm.GMSDiffusersModel.from_network(net, sample_size=8)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01)  # (weights that differ from a fresh build)
+    model.save_pretrained(tmp_path, variant="ema", safe_serialization=True)
+    assert (tmp_path / "diffusion_pytorch_model.ema.safetensors").exists()
+    from gms_kernels.models.diffusers_export import load_exported
+
+    loaded = load_exported(tmp_path, variant="ema")
+    for (name, a), (_, b) in zip(model.net.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def test_gk_load_hands_the_variant_to_an_exported_network(tmp_path):
+    net = gm.MomentNet(tiny_iddpm(), head="conv")
+    model = gm.GMSDiffusersModel.from_network(net, sample_size=8)
+    model.save_pretrained(tmp_path, variant="ema", safe_serialization=True)
+    loaded = gm.load(tmp_path, variant="ema")
+    assert all(torch.equal(a, b) for a, b in zip(model.net.state_dict().values(), loaded.state_dict().values()))
+
+
+def test_an_exported_model_takes_a_whole_number_float_timestep():
+    """A float timestep with whole values (7.0) is the integer index 7, not refused; 7.5 is refused."""
+    exported = gm.GMSDiffusersModel.from_network(gm.MomentNet(tiny_iddpm(), head="conv"), sample_size=8).eval()
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(exported(x, torch.tensor([7.0, 7.0])).sample, exported(x, torch.tensor([7, 7])).sample)
+        with pytest.raises(ValueError, match="integer training index"):
+            exported(x, torch.tensor([7.5, 7.0]))
+
+
+def test_an_exported_model_returns_a_tuple_when_asked():
+    exported = gm.GMSDiffusersModel.from_network(gm.MomentNet(tiny_iddpm(), head="conv"), sample_size=8).eval()
+    x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out = exported(x, 7, return_dict=False)
+        assert isinstance(out, tuple) and len(out) == 1 and torch.equal(out[0], exported(x, 7).sample)
+
+
+def test_an_exported_network_loads_with_the_schedule_it_is_given(tmp_path):
+    """load_exported(dir, schedule=s) (and gk.models.load) puts s on the network, replacing the stored betas."""
+    from gms_kernels.models.diffusers_export import load_exported
+
+    gm.GMSDiffusersModel.from_network(gm.MomentNet(tiny_iddpm(), head="conv"), sample_size=8).save_pretrained(tmp_path)
+    schedule = gk.Schedule.cosine(20)
+    assert load_exported(tmp_path, schedule=schedule).schedule is schedule
+    assert gm.load(tmp_path, schedule=schedule).schedule is schedule
+
+
+def test_an_exported_central_moment_net_keeps_its_targets(tmp_path):
+    """The exported description records targets='central', and the network loaded back has it."""
+    from gms_kernels.models.diffusers_export import build_network, network_spec
+
+    net = gm.MomentNet(tiny_iddpm(), head="conv", targets="central")
+    spec = network_spec(net)
+    assert spec["heads"]["targets"] == "central"
+    assert build_network(spec).targets == "central"
+
+
+@pytest.mark.parametrize("backbone", [{"family": "no-such-family"}, None, ["pytorch-ddpm"]])
+def test_a_network_description_with_an_unknown_or_malformed_backbone_is_refused(backbone):
+    """build_network refuses a description whose backbone is not a dict of a known family with its ValueError
+    (not a KeyError or AttributeError from reading it)."""
+    from gms_kernels.models.diffusers_export import build_network
+
+    with pytest.raises(ValueError, match="not a gms_kernels network description: .*export it again"):
+        build_network({"type": "backbone", "backbone": backbone})
+
+
+def tiny_ddpm():
+    torch.manual_seed(0)
+    return gm.PytorchDDPMUNet(T=50, ch=32, ch_mult=(1, 2), attn=(1,), num_res_blocks=1).eval()
+
+
+def test_an_exported_network_description_of_an_unknown_type_is_refused():
+    from gms_kernels.models.diffusers_export import build_network, network_spec
+
+    spec = network_spec(gm.MomentNet(tiny_ddpm()))
+    assert build_network(spec) is not None
+    with pytest.raises(ValueError, match="not a gms_kernels network description"):
+        build_network({**spec, "type": "something-else"})
+
+
+def test_the_exported_diffusers_model_puts_an_integer_timestep_on_the_samples_device():
+    """GMSDiffusersModel(sample, 17): the timestep tensor is made where the sample is, whatever torch's
+    default device (under a meta default a forgotten device makes a meta tensor, which fails)."""
+    from gms_kernels.models.diffusers_export import GMSDiffusersModel
+
+    model = GMSDiffusersModel.from_network(gm.MomentNet(tiny_ddpm()), sample_size=8).eval()
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        expected = model(x, 17).sample
+        with torch.device("meta"):
+            got = model(x, 17).sample
+    assert got.device.type == "cpu" and torch.equal(got, expected)
+
+
+def test_the_exported_models_sample_size_is_a_list_of_ints():
+    """A (height, width) given as a tuple of numpy ints is stored as a JSON-ready list of Python ints, the
+    form config.json gives back after a save."""
+    import numpy as np
+    from gms_kernels.models.diffusers_export import GMSDiffusersModel
+
+    model = GMSDiffusersModel.from_network(gm.MomentNet(tiny_ddpm()), sample_size=(np.int64(8), np.int64(12)))
+    size = model.config.sample_size
+    assert size == [8, 12] and all(type(s) is int for s in size)
+    assert GMSDiffusersModel.from_network(gm.MomentNet(tiny_ddpm()), sample_size=16).config.sample_size == 16

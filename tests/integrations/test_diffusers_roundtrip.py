@@ -12,10 +12,11 @@ import torch
 from diffusers import DDIMScheduler, DDPMPipeline, DDPMScheduler, UNet2DModel
 
 import gms_kernels as gk
+from gms_kernels.core.schedule import check_schedule
 import gms_kernels.models as gm
 from gms_kernels.eval import metrics
 from gms_kernels.models.embedded import default_model
-from gms_kernels.integrations.diffusers_export import GMSDiffusersModel, export_diffusers
+from gms_kernels.models.diffusers_export import GMSDiffusersModel, export_diffusers
 from conftest import quiet_pipe
 
 
@@ -280,14 +281,14 @@ def test_schedule_accepts_a_diffusers_scheduler_or_its_config(cosine_dir):
     ddpm = DDPMScheduler.from_pretrained(cosine_dir, subfolder="scheduler")
     for schedule in (ddpm, ddpm.config, dict(ddpm.config), gk.GMSScheduler(beta_schedule="cosine")):
         assert torch.equal(gk.sample(unet, schedule=schedule, **kw), want)
-    s = gk.schedule.check_schedule(DDPMScheduler(num_train_timesteps=50, beta_schedule="scaled_linear",
+    s = check_schedule(DDPMScheduler(num_train_timesteps=50, beta_schedule="scaled_linear",
                                                  beta_start=1e-3, beta_end=0.02))
     assert s.T == 50 and torch.equal(s.betas, gk.GMSScheduler(num_train_timesteps=50, beta_schedule="scaled_linear",
                                                               beta_start=1e-3, beta_end=0.02).schedule.betas)
     with pytest.raises(ValueError, match="rescale_betas_zero_snr"):
-        gk.schedule.check_schedule(DDPMScheduler(rescale_betas_zero_snr=True))
+        check_schedule(DDPMScheduler(rescale_betas_zero_snr=True))
     with pytest.raises(TypeError, match="diffusers scheduler"):
-        gk.schedule.check_schedule("cosine")
+        check_schedule("cosine")
 
 
 # -- the learned-variance layout in GMSScheduler.step ---------------------------------------------------

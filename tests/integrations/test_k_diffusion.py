@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import gms_kernels as gk
-from readme_examples import readme_example
+from readme_examples import example_file, readme_example
 from gms_kernels.integrations.k_diffusion import (GMSDenoiser, check_sigmas, get_sigmas_karras, sample_analytic_dpm, sample_ddim,
                                      sample_ddpm, sample_ddpm_large, sample_gms, sample_seeds_1, sample_sn_ddpm)
 
@@ -311,6 +311,6 @@ def test_bad_input_is_refused_with_the_argument_named(small):
 # -- the documented example -----------------------------------------------------------------------------
 def test_the_readme_example_runs():
     scope = {"model": oracle(shape=(1, 8, 8))}
-    exec(compile(readme_example("k-diffusion"), "README.md", "exec"), scope)
+    exec(compile(readme_example("k-diffusion"), example_file("k-diffusion"), "exec"), scope)
     assert scope["samples"].shape == (4, 1, 8, 8) and bool(torch.isfinite(scope["samples"]).all())
     assert scope["denoised"].shape == (4, 1, 8, 8)

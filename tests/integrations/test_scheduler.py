@@ -1,7 +1,8 @@
-"""GMSScheduler: a diffusers scheduler around gk.step (issue 4 part 5)."""
+"""GMSScheduler: a diffusers scheduler around gk.step."""
 import collections
 import json
 import warnings
+import math
 
 import numpy as np
 import pytest
@@ -108,7 +109,7 @@ def _gms_warnings(fn):
     (DDPMScheduler(), (-1.0, 1.0)),  # nothing set: GMSScheduler's default
 ])
 def test_from_config_translates_clip_sample_to_data_range(source, data_range, tmp_path):
-    """Issue 24.1: clip_sample / clip_sample_range of a DDPM or DDIM config set data_range, without a
+    """clip_sample / clip_sample_range of a DDPM or DDIM config set data_range, without a
     warning; the result survives save_pretrained / from_pretrained without being translated again."""
     s, messages = _gms_warnings(lambda: GMSScheduler.from_config(source.config))
     assert s._data_range == data_range and messages == []
@@ -122,7 +123,7 @@ def test_from_config_translates_clip_sample_to_data_range(source, data_range, tm
 
 
 def test_from_config_warns_once_about_thresholding_and_dropped_keys(tmp_path):
-    """Issue 24.1: thresholding=True has no equivalent (one clear warning); variance_type and any other
+    """thresholding=True has no equivalent (one clear warning); variance_type and any other
     explicitly set key that is dropped is named in one warning; keys left at their defaults, or with
     GMSScheduler's behaviour (set_alpha_to_one=True), give none."""
     s, messages = _gms_warnings(lambda: GMSScheduler.from_config(
@@ -138,7 +139,7 @@ def test_from_config_warns_once_about_thresholding_and_dropped_keys(tmp_path):
         DDPMScheduler(variance_type="learned_range").config, solver="ddim"))
     assert len(messages) == 1 and "'learned_range'" in messages[0] and "solver='ddim'" in messages[0]
     assert s.config.solver == "ddim"
-    # issue 22: with sn-ddpm or gms the learned variance channels would be read as E[eps^2]: refused
+    # with sn-ddpm or gms the learned variance channels would be read as E[eps^2]: refused
     with pytest.raises(ValueError, match="learned variance"):
         GMSScheduler.from_config(DDPMScheduler(variance_type="learned_range").config, solver="sn-ddpm")
 
@@ -159,7 +160,7 @@ def test_from_config_warns_once_about_thresholding_and_dropped_keys(tmp_path):
 
 
 def test_save_pretrained_with_tensor_options_round_trips(tmp_path):
-    """Issue 24.3: tensors, numpy arrays and tuples in solver_options (an Analytic-DPM gamma table with
+    """Tensors, numpy arrays and tuples in solver_options (an Analytic-DPM gamma table with
     NaN where it was not estimated), trained_betas and data_range are stored as lists, so
     save_pretrained writes valid JSON, and from_pretrained gives back a scheduler that steps the same."""
     gamma = torch.linspace(0.1, 0.9, 50, dtype=torch.float64)
@@ -214,7 +215,7 @@ class CountingUNet(UNet2DModel):
 
 @pytest.mark.parametrize("kind", gk.TRAJECTORY_KINDS)
 def test_num_inference_steps_is_the_number_of_network_calls(kind):
-    """Issue 24.2: set_timesteps(N) means N network calls, as in diffusers, for every spacing: counted
+    """set_timesteps(N) means N network calls, as in diffusers, for every spacing: counted
     inside DDPMPipeline and in a hand-written loop (also where "even" reaches t = 0 by itself, N > T/2)."""
     unet = tiny_unet(9, cls=CountingUNet)
     for n in (1, 2, 3, 10):
@@ -477,7 +478,7 @@ def test_ddpm_pipeline_other_solvers(solver, channels):
 
 
 def test_ddim_pipeline_replaces_the_scheduler():
-    """Issue 24.6 (documented in GMSScheduler's docstring): DDIMPipeline converts any scheduler to a
+    """(Documented in GMSScheduler's docstring) DDIMPipeline converts any scheduler to a
     DDIMScheduler, so GMS must run in DDPMPipeline or a hand-written loop."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -494,3 +495,425 @@ def test_add_noise_refuses_fractional_timesteps_and_takes_integral_floats():
     for bad in (torch.tensor([10.5, 10.0]), 3.7, torch.tensor([True, False])):
         with pytest.raises(ValueError, match="timesteps must be integer time indices"):
             s.add_noise(x0, eps, bad)
+
+
+LINEAR_BETAS = torch.linspace(1e-4, 0.02, 1000, dtype=torch.float64).tolist()
+
+
+def _abar(t: int) -> float:
+    """prod_{i<=t} (1 - beta_i) of the linear schedule, recomputed here (1 for the data, t = -1)."""
+    return 1.0 if t < 0 else math.prod(1.0 - b for b in LINEAR_BETAS[: t + 1])
+
+
+def _inputs(seed: int, shape=(3, 2, 4, 4), scale: float = 1.0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=g, dtype=torch.float64) * scale for _ in range(3)]
+
+
+def _scheduler_warnings(fn):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = fn()
+    return out, [(w.category, str(w.message)) for w in caught if "GMSScheduler" in str(w.message)]
+
+
+def test_from_config_clip_defaults_and_an_explicit_data_range_in_the_config():
+    """A foreign config that sets clip_sample without clip_sample_range clips to diffusers' default range 1
+    (data_range (-1, 1)); a data_range already in the config wins over clip_sample."""
+    from gms_kernels import GMSScheduler
+
+    base = {"_class_name": "DDPMScheduler", "num_train_timesteps": 1000}
+    s, _ = _scheduler_warnings(lambda: GMSScheduler.from_config(dict(base, clip_sample=True)))
+    assert s._data_range == (-1.0, 1.0)
+    s, _ = _scheduler_warnings(lambda: GMSScheduler.from_config(dict(base, clip_sample=True, clip_sample_range=3.0,
+                                                                    data_range=[0.0, 1.0])))
+    assert s._data_range == (0.0, 1.0)
+
+
+def test_from_config_returns_the_unused_kwargs_when_asked():
+    """from_config(..., return_unused_kwargs=True) returns (scheduler, unused kwargs), as ConfigMixin does."""
+    from gms_kernels import GMSScheduler
+
+    out = GMSScheduler.from_config(GMSScheduler(solver="ddpm").config, return_unused_kwargs=True)
+    assert isinstance(out, tuple) and isinstance(out[0], GMSScheduler) and isinstance(out[1], dict)
+
+
+def test_from_config_names_a_config_without_a_class_and_refuses_learned_variance_heads():
+    """A dropped key of a config with no _class_name is reported against "the source config"; a learned
+    variance ("learned" as well as "learned_range") is refused for solvers that read more than one head; an
+    unknown solver next to variance_type is refused as unknown (ValueError), not by an AttributeError."""
+    from gms_kernels import GMSScheduler
+
+    s, messages = _scheduler_warnings(lambda: GMSScheduler.from_config({"num_train_timesteps": 1000, "foo": 1}))
+    assert any("ignores these settings of the source config: foo=1" in m for _, m in messages)
+    for vt in ("learned", "learned_range"):
+        with pytest.raises(ValueError, match=f"variance_type='{vt}'"):
+            GMSScheduler.from_config({"_class_name": "DDPMScheduler", "variance_type": vt}, solver="gms")
+    with pytest.raises(ValueError, match="unknown solver 'bogus'"):
+        _scheduler_warnings(lambda: GMSScheduler.from_config({"_class_name": "DDPMScheduler",
+                                                              "variance_type": "learned"}, solver="bogus"))
+
+
+def test_from_config_thresholding_warning_names_the_data_range_used():
+    """The thresholding warning says which data_range the steps clamp to instead (the default (-1, 1))."""
+    from gms_kernels import GMSScheduler
+
+    cfg = {"_class_name": "DDPMScheduler", "thresholding": True, "sample_max_value": 1.5}
+    _, messages = _scheduler_warnings(lambda: GMSScheduler.from_config(cfg))
+    assert any(cat is UserWarning and "clamp to data_range=(-1.0, 1.0) instead" in m for cat, m in messages)
+
+
+def test_scheduler_add_noise_takes_one_timestep_for_the_whole_batch():
+    """add_noise with one timestep for a batch of 3 uses it for every sample: sqrt(abar_t) x0 + sqrt(1 - abar_t) eps
+    with abar from the linear betas (recomputed here); a timestep per sample works too."""
+    from gms_kernels import GMSScheduler
+
+    s = GMSScheduler(solver="ddpm")
+    x0, eps, _ = _inputs(18, shape=(3, 1, 2, 2))
+    got = s.add_noise(x0, eps, 10)
+    torch.testing.assert_close(got, math.sqrt(_abar(10)) * x0 + math.sqrt(1 - _abar(10)) * eps, rtol=0, atol=1e-12)
+    per = s.add_noise(x0, eps, torch.tensor([10, 500, 999]))
+    for i, t in enumerate((10, 500, 999)):
+        torch.testing.assert_close(per[i], math.sqrt(_abar(t)) * x0[i] + math.sqrt(1 - _abar(t)) * eps[i],
+                                   rtol=0, atol=1e-12)
+
+
+def test_from_config_variance_type_warning_hints_only_known_types():
+    """The dropped variance_type is reported with DDPM's matching solver when there is one ("fixed_large" is
+    solver='ddpm-large'), and without a hint otherwise."""
+    from gms_kernels import GMSScheduler
+
+    _, messages = _scheduler_warnings(lambda: GMSScheduler.from_config(
+        {"_class_name": "DDPMScheduler", "variance_type": "fixed_large"}, solver="ddpm"))
+    assert any("DDPM's 'fixed_large' is solver='ddpm-large'" in m for _, m in messages)
+    _, messages = _scheduler_warnings(lambda: GMSScheduler.from_config(
+        {"_class_name": "DDPMScheduler", "variance_type": "learned_range"}, solver="ddpm"))
+    text = " ".join(m for _, m in messages)
+    assert "variance_type='learned_range' (the solver sets the variance, here solver='ddpm')" in text
+    assert "is solver=" not in text
+
+
+def test_steps_offset_may_not_move_the_first_timestep_to_T():
+    """With "leading" spacing, steps_offset shifts every timestep; a first timestep of exactly T is refused
+    (T = 10, N = 10: 9 + 1 = 10), one of T - 1 is accepted (N = 5: 8 + 1 = 9)."""
+    from gms_kernels import GMSScheduler
+
+    s = GMSScheduler(num_train_timesteps=10, timestep_spacing="leading", steps_offset=1)
+    with pytest.raises(ValueError, match=r"moves the first timestep to 10 >= T = 10"):
+        s.set_timesteps(10)
+    s.set_timesteps(5)
+    assert s.timesteps.tolist() == [9, 7, 5, 3, 1]
+
+
+def test_scheduler_steps_a_float64_sample_in_float64():
+    """GMSScheduler.step on a float64 sample hands it to the step in float64 (not rounded to float32 first): with
+    the float64 torch backend, DDIM (eta 0) from 999 to 899 equals a_s x0 + sigma_s eps~ with
+    x0 = clamp((x_t - sigma_t e1) / a_t), eps~ = (x_t - a_t x0) / sigma_t, to 1e-12. (The default C++ backend
+    computes DDIM in float32, so it agrees only to ~1e-7.)"""
+    from gms_kernels import GMSScheduler
+
+    s = GMSScheduler(solver="ddim", backend="torch")
+    s.set_timesteps(10)
+    x, e1, _ = _inputs(19)
+    t, u = 999, 899
+    a_t, a_s = math.sqrt(_abar(t)), math.sqrt(_abar(u))
+    sig_t, sig_s = math.sqrt(1 - _abar(t)), math.sqrt(1 - _abar(u))
+    x0 = ((x - sig_t * e1) / a_t).clamp(-1, 1)
+    ref = a_s * x0 + sig_s * (x - a_t * x0) / sig_t
+    out = s.step(e1, s.timesteps[0], x)
+    assert out.prev_sample.dtype == torch.float64
+    torch.testing.assert_close(out.prev_sample, ref, rtol=0, atol=1e-12)
+    torch.testing.assert_close(out.pred_original_sample, x0, rtol=0, atol=1e-12)
+
+
+def test_scheduler_defaults_to_gms_for_the_learned_variance_check_and_flags_custom_timesteps():
+    """A learned-variance config converted with no solver named is refused for the default solver 'gms'; the
+    custom_timesteps flag says whether the last set_timesteps call took an explicit list; a model output with too
+    few heads names the scheduler's solver."""
+    from gms_kernels import GMSScheduler
+
+    with pytest.raises(ValueError, match="variance_type='learned'.*solver='gms'"):
+        GMSScheduler.from_config({"_class_name": "DDPMScheduler", "variance_type": "learned"})
+    s = GMSScheduler()
+    s.set_timesteps(timesteps=[900, 500, 100])
+    assert s.custom_timesteps is True
+    s.set_timesteps(10)
+    assert s.custom_timesteps is False
+    with pytest.raises(ValueError, match=r"^solver 'gms' needs 3 head\(s\)"):
+        s.step(torch.zeros(2, 2, 2, 2), s.timesteps[0], torch.zeros(2, 1, 2, 2), generator=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_scheduler_add_noise_works_in_float32_for_float32_and_float16_samples(dtype):
+    """add_noise on a float32 or float16 sample computes in float32 (fp16 upcast, not fp16 arithmetic; not float64,
+    which would double the memory and run at a fraction of the speed on most GPUs): a_t and sigma_t are rounded to
+    float32 once, so the result equals a32 x + s32 eps in float32 arithmetic bit for bit, then rounded to the
+    sample's dtype; float64 noise is rounded to float32 too. Integral float timesteps index like integers."""
+    from gms_kernels import GMSScheduler
+
+    s = GMSScheduler(solver="ddpm")
+    g = torch.Generator().manual_seed(5)
+    x0 = torch.randn(3, 2, 8, 8, generator=g).to(dtype)
+    eps = torch.randn(3, 2, 8, 8, generator=g, dtype=torch.float64)
+    ts = [10, 500, 999]
+    abar = s.schedule.alphas_cumprod[ts].reshape(-1, 1, 1, 1)
+    a32, s32 = abar.sqrt().float(), (1.0 - abar).sqrt().float()
+    expected = (a32 * x0.float() + s32 * eps.float()).to(dtype)
+    for timesteps in (torch.tensor(ts), torch.tensor([10.0, 500.0, 999.0]), ts):
+        got = s.add_noise(x0, eps, timesteps)
+        assert got.dtype == dtype
+        assert torch.equal(got, expected)
+    # float64 arithmetic (for a float32 sample) and float16 arithmetic (for a float16 one) give other bits
+    if dtype == torch.float32:
+        other = (abar.sqrt() * x0.double() + (1.0 - abar).sqrt() * eps).to(dtype)
+    else:
+        other = a32.half() * x0 + s32.half() * eps.half()
+    assert not torch.equal(other, expected)
+
+
+def test_scheduler_add_noise_keeps_the_samples_device():
+    """add_noise moves a_t, sigma_t and the noise to the sample's device (the meta device here, so that a CPU run
+    can tell it from the CPU the schedule lives on; mixing the two raises)."""
+    from gms_kernels import GMSScheduler
+
+    s = GMSScheduler(solver="ddpm")
+    x0 = torch.zeros(2, 1, 2, 2, device="meta")
+    for noise in (torch.zeros(2, 1, 2, 2, device="meta"), torch.zeros(2, 1, 2, 2)):
+        out = s.add_noise(x0, noise, torch.tensor([10, 20]))
+        assert out.device.type == "meta" and out.dtype == torch.float32 and out.shape == x0.shape
+
+
+def test_from_config_translation_names_the_source_and_keeps_its_own_configs():
+    """from_config names the foreign class in its warnings, joins several dropped settings with "; ", lists the
+    thresholding settings it drops (every key after "thresholding") and the data_range the caller passes; a config
+    whose _class_name is GMSScheduler is not translated (no warning, even with a key GMSScheduler does not take)."""
+    from gms_kernels import GMSScheduler
+
+    _, messages = _scheduler_warnings(lambda: GMSScheduler.from_config(
+        {"_class_name": "DDPMScheduler", "foo": 1, "bar": 2}))
+    assert any("ignores these settings of DDPMScheduler: foo=1; bar=2" in m for _, m in messages)
+    cfg = {"_class_name": "DDIMScheduler", "thresholding": True, "dynamic_thresholding_ratio": 0.9,
+           "sample_max_value": 1.5}
+    _, messages = _scheduler_warnings(lambda: GMSScheduler.from_config(cfg, data_range=(0.0, 1.0)))
+    assert any("DDIMScheduler sets thresholding=True (dynamic_thresholding_ratio=0.9, sample_max_value=1.5)" in m
+               and "clamp to data_range=(0.0, 1.0) instead" in m for _, m in messages)
+    own = dict(GMSScheduler(solver="ddpm").config, _class_name="GMSScheduler")  # as save_config writes it
+    s, messages = _scheduler_warnings(lambda: GMSScheduler.from_config(dict(own, clip_sample=True,
+                                                                            clip_sample_range=3.0, foo=1)))
+    assert messages == [] and s._data_range == (-1.0, 1.0)
+
+
+def test_from_config_clip_sample_range_alone_clips_and_a_named_solver_in_the_config_counts():
+    """A foreign config with clip_sample_range but no clip_sample clips (diffusers' clip_sample defaults to True);
+    a learned-variance config that already names solver='ddpm' (a single-head solver) is accepted."""
+    from gms_kernels import GMSScheduler
+
+    s, _ = _scheduler_warnings(lambda: GMSScheduler.from_config({"_class_name": "DDPMScheduler",
+                                                                 "clip_sample_range": 2.0}))
+    assert s._data_range == (-2.0, 2.0)
+    s, _ = _scheduler_warnings(lambda: GMSScheduler.from_config({"_class_name": "DDPMScheduler", "solver": "ddpm",
+                                                                 "variance_type": "learned_range"}))
+    assert s.config.solver == "ddpm"
+
+
+def test_scheduler_step_refuses_a_timestep_tensor_that_is_not_one_element_of_its_timesteps():
+    """A view of scheduler.timesteps is located by its memory only when it is one element of the same dtype: a
+    two-element slice is refused as more than one timestep, and a float64 reinterpretation of an element is read
+    by value (and refused), while the element itself and a plain integer work."""
+    from gms_kernels import GMSScheduler
+
+    s = GMSScheduler(solver="ddim")
+    s.set_timesteps(4)
+    x, e1 = torch.zeros(2, 1, 2, 2), torch.zeros(2, 1, 2, 2)
+    with pytest.raises(ValueError, match="takes one timestep for the whole batch"):
+        s.step(e1, s.timesteps[0:2], x)
+    with pytest.raises(ValueError, match="is not one of scheduler.timesteps"):
+        s.step(e1, s.timesteps.view(torch.float64)[1], x)
+    assert s._index(s.timesteps[1]) == 1 and s._index(int(s.timesteps[2])) == 2
+
+
+def test_scheduler_finds_an_element_of_its_timesteps_without_reading_its_value():
+    """Every element of scheduler.timesteps is located from its memory, not by reading its value (which on a GPU
+    waits for the device's queue): with the timesteps on the meta device, whose values cannot be read at all,
+    previous_timestep still answers for each element, the first and the last included."""
+    from gms_kernels import GMSScheduler
+
+    s = GMSScheduler(solver="ddim")
+    s.set_timesteps(4, device="meta")
+    ts = [999, 749, 499, 249]
+    assert s.timesteps.device.type == "meta"
+    assert [s.previous_timestep(s.timesteps[i]) for i in range(4)] == ts[1:] + [gk.DATA]
+
+
+def test_scheduler_explicit_timesteps_flatten_and_count():
+    """set_timesteps(timesteps=...) takes a tensor of any shape (flattened, e.g. [[900, 500, 100]]) and sets
+    num_inference_steps to the number of entries."""
+    from gms_kernels import GMSScheduler
+
+    s = GMSScheduler(solver="ddim")
+    s.set_timesteps(timesteps=torch.tensor([[900, 500, 100]]))
+    assert s.timesteps.tolist() == [900, 500, 100] and s.num_inference_steps == 3 and len(s.timesteps) == 3
+
+
+def test_scheduler_step_uses_its_data_range_its_generators_seeds_and_the_samples_dtype():
+    """GMSScheduler.step clamps with its own data_range (here (0, 1), as gk.step with that range, not gk.step's
+    default (-1, 1)); a list of torch.Generators becomes one 62-bit seed per generator (the draw of
+    gk.random.draw_seed), so it equals the step with those int seeds; a float64 model output is cast to the float32
+    sample's dtype before the step (the float64 torch step then gives the same bits as with the float32 output)."""
+    from gms_kernels import GMSScheduler
+
+    x, e1, _ = _inputs(23, shape=(2, 1, 4, 4))
+    x, e1 = x.float(), e1.float()
+    s = GMSScheduler(solver="ddpm", data_range=(0.0, 1.0), backend="torch")
+    s.set_timesteps(10)
+    t0 = int(s.timesteps[0])
+    got = s.step(e1, s.timesteps[0], x, generator=7).prev_sample
+    want = gk.step(x, e1, t0, int(s.timesteps[1]), s.schedule, "ddpm", 7, data_range=(0.0, 1.0), backend="torch")
+    assert torch.equal(got, want)
+    assert not torch.equal(got, gk.step(x, e1, t0, int(s.timesteps[1]), s.schedule, "ddpm", 7, backend="torch"))
+    seeds = [int(torch.randint(0, 2**62, (1,), generator=torch.Generator().manual_seed(i), dtype=torch.int64))
+             for i in (1, 2)]
+    by_generators = s.step(e1, s.timesteps[0], x, generator=[torch.Generator().manual_seed(i) for i in (1, 2)])
+    assert torch.equal(by_generators.prev_sample, s.step(e1, s.timesteps[0], x, generator=seeds).prev_sample)
+    s = GMSScheduler(solver="ddim", backend="torch", data_range=None)
+    s.set_timesteps(10)
+    g = torch.Generator().manual_seed(24)
+    x, e64 = torch.randn(4, 1, 16, 16, generator=g), torch.randn(4, 1, 16, 16, generator=g, dtype=torch.float64)
+    out64 = s.step(e64, s.timesteps[0], x).prev_sample
+    assert torch.equal(out64, s.step(e64.float(), s.timesteps[0], x).prev_sample)
+    # (the float64 output itself would give other bits: the cast is what makes them equal)
+    t1 = int(s.timesteps[1])
+    assert not torch.equal(gk.step(x, e64, t0, t1, s.schedule, "ddim", backend="torch", data_range=None),
+                           gk.step(x, e64.float(), t0, t1, s.schedule, "ddim", backend="torch", data_range=None))
+
+
+def test_scheduler_triton_branch_defers_the_flag_read_to_the_next_step(monkeypatch):
+    """The scheduler's Triton branch, run on the CPU with resolve_backend answering "triton" and the step done by
+    the torch backend (which records the flag it is handed): every step but the last to the data hands an int32
+    zero flag to the kernel and keeps it pending; the next step reads it before it runs its own (a set flag raises,
+    naming the timestep of the step that set it); the last step gets no flag. A model output with too few heads
+    is refused there naming the solver."""
+    from gms_kernels import GMSScheduler
+    from gms_kernels.integrations import scheduler as sched_module
+
+    handed = []
+    real_step = sched_module.gk_step
+
+    def torch_step(*args, nonfinite_flag=None, **kwargs):
+        handed.append(nonfinite_flag)
+        return real_step(*args, **dict(kwargs, backend="torch"))
+
+    monkeypatch.setattr(sched_module, "resolve_backend", lambda *args, **kwargs: "triton")
+    monkeypatch.setattr(sched_module, "gk_step", torch_step)
+    s = GMSScheduler(solver="ddim")
+    s.set_timesteps(3)
+    x, e1 = torch.zeros(2, 1, 2, 2), torch.zeros(2, 1, 2, 2)
+    s.step(e1, s.timesteps[0], x)
+    flag = handed[0]
+    assert flag.dtype == torch.int32 and flag.shape == (1,) and int(flag) == 0 and s._pending.flag is flag
+    flag.fill_(1)  # as if the kernel had met a NaN at t = 999
+    with pytest.raises(ValueError, match="^x_t or the model output at timestep 999 has non-finite values"):
+        s.step(e1, s.timesteps[1], x)
+    assert len(handed) == 1 and s._pending is None  # refused before its own step
+    s.step(e1, s.timesteps[1], x)
+    s.step(e1, s.timesteps[2], x)  # to the data
+    assert torch.is_tensor(handed[1]) and handed[2] is None and s._pending is None
+    s = GMSScheduler(solver="gms")
+    s.set_timesteps(3)
+    with pytest.raises(ValueError, match=r"^solver 'gms' needs 3 head\(s\)"):
+        s.step(torch.zeros(2, 2, 2, 2), s.timesteps[0], x)
+    assert len(handed) == 3
+
+
+def test_scheduler_steps_a_half_precision_sample_in_float32():
+    """A float16 sample is stepped in float32 and rounded back: the result equals the float32 step rounded to
+    float16 (C++ and torch backends), for a float16 model output and for a float32 one (which is not rounded to
+    float16 on the way in)."""
+    from gms_kernels import GMSScheduler
+
+    x, e1, _ = _inputs(29, shape=(2, 3, 4, 4))
+    x16 = x.half()
+    out32 = torch.cat([e1, e1 * e1 + 0.1, e1 * 0.3], 1).float()
+    for backend in ("cpp", "torch"):
+        s = GMSScheduler(solver="gms", backend=backend)
+        s.set_timesteps(10)
+        for out in (out32.half(), out32):
+            got = s.step(out, s.timesteps[2], x16, generator=3)
+            want = s.step(out.float(), s.timesteps[2], x16.float(), generator=3)
+            assert got.prev_sample.dtype == torch.float16
+            assert torch.equal(got.prev_sample, want.prev_sample.half())
+            assert torch.equal(got.pred_original_sample, want.pred_original_sample.half())
+        # (rounding the float32 output to float16 first gives other bits)
+        rounded = s.step(out32.half().float(), s.timesteps[2], x16.float(), generator=3)
+        assert not torch.equal(rounded.pred_original_sample.half(), want.pred_original_sample.half())
+
+
+def test_make_betas_linear_uses_both_ends_and_takes_one_timestep():
+    """make_betas' linear schedule runs from beta_start to the given beta_end (not the default 0.02); T = 1 is a
+    valid length (one beta, beta_start), T = 0 is refused."""
+    from gms_kernels.integrations.scheduler import make_betas
+
+    betas = make_betas(10, 1e-4, 0.05, "linear")
+    torch.testing.assert_close(betas, torch.linspace(1e-4, 0.05, 10, dtype=torch.float64), rtol=0, atol=1e-15)
+    assert make_betas(1, 1e-4, 0.05, "linear").tolist() == [1e-4]
+    with pytest.raises(ValueError, match="num_train_timesteps must be >= 1, got 0"):
+        make_betas(0, 1e-4, 0.05, "linear")
+
+
+def test_steps_offset_applies_to_leading_spacing_only():
+    """steps_offset shifts diffusers' "leading" timesteps only; "trailing" and "even" ignore it."""
+    from gms_kernels import GMSScheduler
+
+    for spacing in ("trailing", "even"):
+        with_offset = GMSScheduler(timestep_spacing=spacing, steps_offset=1)
+        without = GMSScheduler(timestep_spacing=spacing)
+        with_offset.set_timesteps(4)
+        without.set_timesteps(4)
+        assert with_offset.timesteps.tolist() == without.timesteps.tolist()
+
+
+def test_make_betas_scaled_linear_and_sigmoid_are_float64():
+    """The scaled_linear (linear in sqrt(beta)) and sigmoid schedules are computed in float64 end to end (diffusers
+    computes them in float32): equal to the float64 formulas to 1e-18, which float32 arithmetic misses."""
+    from gms_kernels.integrations.scheduler import make_betas
+
+    T, b0, b1 = 50, 0.00085, 0.012
+    root = torch.tensor([math.sqrt(b0) + (math.sqrt(b1) - math.sqrt(b0)) * i / (T - 1) for i in range(T)],
+                        dtype=torch.float64)
+    sig = torch.tensor([1 / (1 + math.exp(6.0 - 12.0 * i / (T - 1))) for i in range(T)], dtype=torch.float64)
+    for kind, expected in (("scaled_linear", root**2), ("sigmoid", sig * (b1 - b0) + b0)):
+        betas = make_betas(T, b0, b1, kind)
+        assert betas.dtype == torch.float64
+        torch.testing.assert_close(betas, expected, rtol=1e-13, atol=1e-18)
+
+
+def test_scheduler_refuses_eta_in_solver_options_and_names_the_unstorable_setting():
+    """eta is a GMSScheduler argument: inside solver_options it is refused (it would override the argument); a
+    setting the JSON config cannot hold is refused naming it (trained_betas as a set)."""
+    from gms_kernels import GMSScheduler
+
+    with pytest.raises(ValueError, match="pass 'eta' as a GMSScheduler argument, not in solver_options"):
+        GMSScheduler(solver="ddim", solver_options={"eta": 0.5})
+    with pytest.raises(TypeError, match="^trained_betas is a set, which JSON cannot hold"):
+        GMSScheduler(solver="ddpm", num_train_timesteps=2, trained_betas={0.1, 0.2})
+
+
+def test_a_new_scheduler_exposes_float32_schedule_views_and_no_inference_steps_yet():
+    """A new GMSScheduler has diffusers' float32 views betas, alphas = 1 - betas and alphas_cumprod (read by
+    img2img-style pipelines), init_noise_sigma 1, no num_inference_steps and custom_timesteps False, and all T
+    timesteps; a data_range or solver_options the JSON config cannot hold is refused naming it."""
+    from gms_kernels import GMSScheduler
+
+    s = GMSScheduler(solver="ddpm", num_train_timesteps=20, beta_end=0.2)
+    betas = torch.linspace(1e-4, 0.2, 20, dtype=torch.float64)
+    assert s.betas.dtype == s.alphas.dtype == s.alphas_cumprod.dtype == torch.float32
+    assert torch.equal(s.betas, betas.float()) and torch.equal(s.alphas, 1.0 - betas.float())
+    torch.testing.assert_close(s.alphas_cumprod, torch.cumprod(1.0 - betas, 0).float(), rtol=1e-6, atol=0)
+    assert s.init_noise_sigma == 1.0 and s.num_inference_steps is None and s.custom_timesteps is False
+    assert s.timesteps.tolist() == list(range(19, -1, -1))
+    with pytest.raises(TypeError, match="^data_range is a object, which JSON cannot hold"):
+        GMSScheduler(solver="ddpm", data_range=object())
+    with pytest.raises(TypeError, match=r"^solver_options\['gamma'\] is a object, which JSON cannot hold"):
+        GMSScheduler(solver="ddpm", solver_options={"gamma": object()})

@@ -67,3 +67,68 @@ def test_auto_keeps_float64_samples_on_the_float64_reference():
         assert backends.resolve_backend("auto", "cpu", torch.float32) == "cpp"
         fused = gk.step(x, e, 500, 400, sched, "ddim", backend="cpp")
         assert 0 < (fused - auto).abs().max() < 1e-5  # (float32 arithmetic)
+
+
+def _inputs(seed: int, shape=(3, 2, 4, 4), scale: float = 1.0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=g, dtype=torch.float64) * scale for _ in range(3)]
+
+
+def test_the_fused_backends_run_every_fusable_solver_and_leave_the_rest_to_the_float64_step(fused_kernel_calls):
+    """solver_step hands ddpm, ddim and gms to the fused kernel of the backend asked for (Triton has every mode
+    the C++ kernel has), and a step whose option no kernel implements (gms with variance_scale) to the float64
+    torch step, with no kernel call."""
+    import gms_kernels.solvers.base as solvers
+    from gms_kernels.core.random import SampleNoise
+
+    calls = fused_kernel_calls
+    sched = gk.Schedule.linear(20)
+    k = sched.coefficients(10, 5)
+    x, e1, _ = _inputs(18, shape=(2, 1, 2, 2))
+    gms_heads = [e1, e1 * e1 + 0.1, e1**3]
+
+    def run(solver, heads, backend, options=None):
+        rand = solvers.StepRandomness(SampleNoise.create(3, 2), 10, x)
+        return solvers.solver_step(solver, x, heads, k, rand, (-1.0, 1.0), sched.T, options or {}, backend)[0]
+
+    for backend in ("triton", "cpp"):
+        calls.clear()
+        run("ddpm", [e1], backend)
+        run("ddim", [e1], backend, {"eta": 0.5})
+        run("gms", gms_heads, backend)
+        assert calls == [backend] * 3
+    calls.clear()
+    got = run("gms", gms_heads, "triton", {"variance_scale": 1.5})
+    assert calls == [] and torch.equal(got, run("gms", gms_heads, "torch", {"variance_scale": 1.5}))
+
+
+def test_a_fused_step_on_another_device_gets_the_seeds_there_after_the_counter_check(monkeypatch):
+    """When x_t is not on the Philox seeds' device, solver_step checks the counter range on the host (elements
+    per sample = C*H*W) and hands the fused kernel the seeds and indices moved to x_t's device. The meta device
+    stands in for a GPU: with 4 x 8 x 8 = 256 elements per sample, the sample indices must stay below
+    2^40 / 256 = 2^32, so indices 2^32 - 2 and 2^32 - 1 pass and 2^32 - 1, 2^32 are refused."""
+    import gms_kernels.solvers.base as solvers
+    from gms_kernels.core.random import SampleNoise
+
+    seen = []
+
+    def fake_fused_step(backend, x_t, e1, e2, e3, seeds, indices, *args):
+        seen.append((seeds.device.type, indices.device.type, indices.tolist() if indices.device.type == "cpu"
+                     else None))
+        return x_t, None
+
+    monkeypatch.setattr(solvers, "fused_step", fake_fused_step)
+    sched = gk.Schedule.linear(20)
+    k = sched.coefficients(10, 5)
+    x = torch.zeros(2, 4, 8, 8, device="meta")
+    heads = [torch.zeros(2, 4, 8, 8, device="meta") for _ in range(3)]
+
+    def run(first_index):
+        rand = solvers.StepRandomness(SampleNoise.create(0, 2, first_index), 10, x)
+        return solvers.solver_step("gms", x, heads, k, rand, (-1.0, 1.0), sched.T, {}, "cpp")
+
+    run(2**32 - 2)
+    assert seen == [("meta", "meta", None)]
+    with pytest.raises(ValueError, match="sample indices must lie in"):
+        run(2**32 - 1)
+    assert len(seen) == 1

@@ -17,7 +17,7 @@ import torch
 import gms_kernels as gk
 from gms_kernels.core import random as rng
 from gms_kernels.core.fit import MixtureParams, fit_adan, moment_residuals
-from gms_kernels.kernels import MODE_ADAN, MODE_CLOSED, MODE_DENOISE, MODE_GAUSSIAN, NonFiniteInput
+from gms_kernels.kernels import MODE_ADAN, MODE_CLOSED, MODE_DENOISE, MODE_GAUSSIAN, FusedStepConfig, NonFiniteInput
 from gms_kernels.core.mixture import sample_mixture as torch_sample_mixture
 from gms_kernels.core.moments import TransitionMoments, central_third_moment, transition_moments
 from gms_kernels.core.random import SampleNoise
@@ -406,10 +406,9 @@ def test_results_do_not_depend_on_thread_count_or_batch_composition():
     cfg = fused_config("gms", o, SCHED.coefficients(400, 380), (-1.0, 1.0), SCHED.T, N, D)
     src = SampleNoise.create(21, N)
     args = lambda n_threads, out: (x.numpy(), e1.numpy(), e2.numpy(), e3.numpy(), src.seeds.numpy(),
-                                   src.indices.numpy(), out, None, None, None, N, D, cfg.mode, cfg.t, cfg.a_t,
-                                   cfg.sigma_t, cfg.c1, cfg.c2, cfg.lam2, cfg.has_range, cfg.center, cfg.half,
-                                   cfg.var_cap, cfg.w1, cfg.var_floor, list(cfg.lrs), cfg.grad_scale,
-                                   cfg.per_pixel, n_threads)
+                                   src.indices.numpy(), out, None, None, None, N, D, cfg.mode, cfg.t,
+                                   cpp.coef_scalars(cfg), cfg.has_range, cfg.var_cap, cfg.w1, cfg.var_floor,
+                                   list(cfg.lrs), cfg.grad_scale, cfg.per_pixel, n_threads)
     one, two = np.full(N * D, np.nan, np.float32), np.full(N * D, np.nan, np.float32)
     C.fused_step(*args(1, one))
     C.fused_step(*args(2, two))
@@ -501,8 +500,8 @@ def test_extension_takes_per_sample_strides():
     def run(xa, h1, h2, h3, **strides):
         res = np.full(N * D, np.nan, np.float32)
         C.fused_step(xa, h1, h2, h3, src.seeds.numpy(), src.indices.numpy(), res, None, None, None, N, D, cfg.mode,
-                     cfg.t, cfg.a_t, cfg.sigma_t, cfg.c1, cfg.c2, cfg.lam2, cfg.has_range, cfg.center, cfg.half,
-                     cfg.var_cap, cfg.w1, cfg.var_floor, list(cfg.lrs), cfg.grad_scale, cfg.per_pixel, 2, **strides)
+                     cfg.t, cpp.coef_scalars(cfg), cfg.has_range, cfg.var_cap, cfg.w1, cfg.var_floor, list(cfg.lrs),
+                     cfg.grad_scale, cfg.per_pixel, 2, **strides)
         return res
 
     flat = lambda v: v.reshape(-1).numpy()
@@ -628,9 +627,9 @@ def test_fused_step_at_takes_addresses_and_refuses_missing_buffers():
     x, e1 = g.standard_normal(6).astype(np.float32), 0.5 * g.standard_normal(6).astype(np.float32)
     e2, e3 = e1**2 + 0.3, e1**3 + 0.9 * e1
     seeds, idx = np.full(2, 7, np.int64), np.arange(2, dtype=np.int64)
-    cfg = dict(N=2, D=3, mode=MODE_CLOSED, t=5, a_t=0.5, sigma_t=0.8, c1=0.1, c2=0.5, lam2=0.01, has_range=True,
-               center=0.0, half=1.0, var_cap=float("inf"), w1=1 / 3, var_floor=0.1, lrs=[], grad_scale=2 / 3,
-               per_pixel=False, num_threads=1, adan_fp64=False)
+    step = FusedStepConfig(mode=MODE_CLOSED, t=5, a_t=0.5, sigma_t=0.8, c1=0.1, c2=0.5, lam2=0.01, has_range=True)
+    cfg = dict(N=2, D=3, mode=MODE_CLOSED, t=5, scalars=cpp.coef_scalars(step), has_range=True, var_cap=float("inf"),
+               w1=1 / 3, var_floor=0.1, lrs=[], grad_scale=2 / 3, per_pixel=False, num_threads=1, adan_fp64=False)
     by_array = np.full(6, np.nan, np.float32)
     assert C.fused_step(x, e1, e2, e3, seeds, idx, by_array, None, None, None, **cfg)
     at = lambda a: a.ctypes.data
@@ -647,9 +646,9 @@ def test_fused_step_at_takes_addresses_and_refuses_missing_buffers():
 def test_bad_arguments_raise_clear_errors():
     f = np.zeros(6, np.float32)
     seeds, idx = np.zeros(2, np.int64), np.arange(2, dtype=np.int64)
-    common = dict(N=2, D=3, t=5, a_t=0.5, sigma_t=0.8, c1=0.1, c2=0.5, lam2=0.01, has_range=True, center=0.0,
-                  half=1.0, var_cap=float("inf"), w1=1 / 3, var_floor=0.1, lrs=[], grad_scale=2 / 3,
-                  per_pixel=False)
+    step = FusedStepConfig(mode=MODE_CLOSED, t=5, a_t=0.5, sigma_t=0.8, c1=0.1, c2=0.5, lam2=0.01, has_range=True)
+    common = dict(N=2, D=3, t=5, scalars=cpp.coef_scalars(step), has_range=True, var_cap=float("inf"), w1=1 / 3,
+                  var_floor=0.1, lrs=[], grad_scale=2 / 3, per_pixel=False)
     call = lambda **kw: C.fused_step(**{**dict(x_t=f, e1=f, e2=f, e3=f, seeds=seeds, indices=idx, out=f.copy(),
                                                mu1=None, mu2=None, s2=None, mode=MODE_CLOSED), **common, **kw})
     call()
@@ -681,3 +680,70 @@ def test_build_reports_openmp_and_isa():
     assert set(info) >= {"openmp", "max_threads", "isa", "block"} and info["max_threads"] >= 1
     assert cpp.available() and cpp.import_error() is None
     assert info["isa"] == cpp.cpu_info()["target"] and info["isa"] in info["targets"]
+
+
+@pytest.mark.parametrize("solver", ["ddpm", "ddpm-large", "ddim"])
+def test_the_cpp_backend_runs_the_fixed_variance_and_ddim_steps_fused(solver, monkeypatch):
+    """backend='cpp' runs ddpm, ddpm-large and ddim (the modes only the C++ kernel has) in its fused kernel,
+    not in the float64 torch reference; the kernel's result is kept."""
+    pytest.importorskip("gms_kernels._C")
+    import gms_kernels.solvers.base as solvers
+
+    calls = []
+    real = solvers.fused_step
+
+    def spy(backend, *args, **kwargs):
+        calls.append(backend)
+        return real(backend, *args, **kwargs)
+
+    monkeypatch.setattr(solvers, "fused_step", spy)
+    sched = gk.Schedule.linear(20)
+    x = torch.randn(2, 1, 4, 4, generator=torch.Generator().manual_seed(10))
+    e1 = torch.randn(2, 1, 4, 4, generator=torch.Generator().manual_seed(11))
+    gk.step(x, e1, 10, 5, sched, solver, generator=0, backend="cpp")
+    assert calls == ["cpp"]
+
+
+def test_solver_step_reports_the_fitted_mixture_by_default():
+    """solver_step's want_info defaults to True: the C++ GMS step hands back the fitted mu1, mu2, s2."""
+    pytest.importorskip("gms_kernels._C")
+    from gms_kernels.core.random import SampleNoise
+    from gms_kernels.solvers import StepRandomness, solver_step
+
+    sched = gk.Schedule.linear(20)
+    x = torch.randn(2, 1, 4, 4, generator=torch.Generator().manual_seed(12))
+    e1 = torch.randn(2, 1, 4, 4, generator=torch.Generator().manual_seed(13))
+    heads = [e1, e1 * e1 + 0.1, e1**3]
+    k = sched.coefficients(10, 5)
+    rand = StepRandomness(SampleNoise.create(0, 2, 0), 10, x)
+    _, info = solver_step("gms", x, heads, k, rand, (-1.0, 1.0), sched.T, {}, "cpp")
+    assert set(info) == {"mu1", "mu2", "s2"} and info["mu1"].shape == x.shape
+
+
+def test_a_fused_adan_step_averages_its_loss_over_the_whole_batch():
+    """With adan_mean='batch' (the official loss: the mean of the squared moment errors over every element of
+    the batch), a fused C++ step fits the same mixture as the float64 torch step on the same Philox draws.
+    On 64 samples of 1 x 8 x 8 each gradient is divided by 4096, small enough that ADAN's eps shapes the fit:
+    dividing by one sample's 64 elements instead (or by the channels times them) moves x_s by ~1e-2, while the
+    two backends agree to ~1e-7 (float32 rounding)."""
+    pytest.importorskip("gms_kernels._C")
+    from gms_kernels.core.random import SampleNoise
+    from gms_kernels.solvers import StepRandomness, solver_step
+
+    sched = gk.Schedule.linear(20)
+    k = sched.coefficients(10, 5)
+    g = torch.Generator().manual_seed(31)
+    x = torch.randn(64, 1, 8, 8, generator=g, dtype=torch.float64)
+    e1 = torch.randn(64, 1, 8, 8, generator=g, dtype=torch.float64) * 0.5
+    e2 = e1 * e1 + 0.2
+    e3 = e1**3 + 3 * e1 * 0.2 + 0.01 * torch.randn(64, 1, 8, 8, generator=g, dtype=torch.float64)
+    options = {"fit": "adan", "fit_iters": 8, "adan_mean": "batch", "adan_precision": "float64"}
+
+    def run(backend):
+        rand = StepRandomness(SampleNoise.create(5, 64), 10, x)
+        return solver_step("gms", x, [e1, e2, e3], k, rand, (-1.0, 1.0), sched.T, options, backend)
+
+    (x_fused, fused), (x_ref, ref) = run("cpp"), run("torch")
+    for name in ("mu1", "mu2", "s2"):
+        torch.testing.assert_close(fused[name].double(), ref[name], rtol=0, atol=1e-5)
+    torch.testing.assert_close(x_fused.double(), x_ref, rtol=0, atol=1e-5)

@@ -235,10 +235,10 @@ def _whole_suite_target() -> list[str]:
 # ~20 s; the other targets are covered by the tests above
 @pytest.mark.parametrize("target", _whole_suite_target())
 def test_the_cpp_backend_suite_passes_on_a_forced_target(target):
-    """tests/test_cpp_backend.py whole, with GMS_KERNELS_CPU_TARGET set (a subprocess)."""
+    """tests/kernels/test_cpp_backend.py whole, with GMS_KERNELS_CPU_TARGET set (a subprocess)."""
     env = {**os.environ, "GMS_KERNELS_CPU_TARGET": target, "OMP_NUM_THREADS": "1"}
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
-                          str(REPO / "tests" / "test_cpp_backend.py")], cwd=REPO / "tests", env=env,
+                          str(REPO / "tests" / "kernels" / "test_cpp_backend.py")], cwd=REPO / "tests", env=env,
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     summary = run.stdout.strip().splitlines()[-1]

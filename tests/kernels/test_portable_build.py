@@ -44,7 +44,7 @@ def test_portable_extension_passes_the_cpp_backend_tests(tmp_path):
     assert str(pkg) in info and "'kernels': 'portable'" in info and info.strip().endswith("True"), info
     assert "-mtune=native" not in build.stderr
 
-    tests = str(REPO / "tests" / "test_cpp_backend.py")
+    tests = str(REPO / "tests" / "kernels" / "test_cpp_backend.py")
     run = subprocess.run(
         [sys.executable, "-c", prelude + f"import gms_kernels; assert gms_kernels.__file__.startswith({str(pkg)!r}); "
          f"import pytest; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', {tests!r}]))"],

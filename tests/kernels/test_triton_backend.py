@@ -788,11 +788,13 @@ def test_gk_step_sets_a_given_nonfinite_flag_instead_of_raising(monkeypatch):
 def test_device_tables_are_the_host_tables_each_on_a_16_byte_boundary(options):
     """The three tables travel as one buffer: each slice holds exactly its table and starts where
     Triton's pointer specialisation expects (a misaligned slice would compile another variant)."""
+    from gms_kernels.kernels.scalars import step_scalars
+
     tg._device_tables.cache_clear()
     k = SCHEDULE.coefficients(500, 400)
     cfg = fused_config("gms", resolve_options(SOLVERS["gms"], options), k, (-1.0, 1.0), SCHEDULE.T, 2, 12)
     scal, adan, bases = tg._device_tables(cfg, DEVICE)
-    assert torch.equal(scal.cpu(), torch.tensor(tg._scalar_table(cfg), dtype=torch.float64))
+    assert torch.equal(scal.cpu(), torch.tensor(list(step_scalars(cfg).values()), dtype=torch.float64))
     assert torch.equal(adan.cpu(), torch.tensor(tg._adan_table(cfg), dtype=torch.float64))
     assert bases.tolist() == [rng.counter(rng.STREAM_STEP_NOISE, 500, 0), rng.counter(rng.STREAM_COMPONENT, 500, 0)]
     assert all(v.device.type == torch.device(DEVICE).type and v.data_ptr() % 16 == 0 for v in (scal, adan, bases))

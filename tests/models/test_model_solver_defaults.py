@@ -9,7 +9,7 @@ import torch
 import gms_kernels as gk
 from gms_kernels.integrations import distributed
 from gms_kernels.models.embedded import DIGITS_MODEL, PATCHES_MODEL, SOLVER_DEFAULTS, default_model, file_tag, patches_model
-from gms_kernels.integrations.diffusers_export import export_diffusers
+from gms_kernels.models.diffusers_export import export_diffusers
 from gms_kernels.solvers import get_solver, resolve_options, with_model_defaults
 
 from conftest import small_central_moment_net

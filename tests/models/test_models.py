@@ -513,3 +513,34 @@ def test_a_map_location_that_names_no_device_is_refused_before_reading(tmp_path,
                  lambda: gm.MomentNet.load(tmp_path / "n.pt", map_location="gpu")):
         with pytest.raises(ValueError, match=r"^map_location='gpu' is not a device: use e\.g\. 'cpu'"):
             call()
+
+
+def test_lazy_export_names_resolve_on_the_package():
+    """gm.export_diffusers and gm.GMSDiffusersModel are listed in __all__ and imported on first use."""
+    from gms_kernels.models import diffusers_export
+
+    assert gm.GMSDiffusersModel is diffusers_export.GMSDiffusersModel
+    assert gm.export_diffusers is diffusers_export.export_diffusers
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        gm.no_such_name  # noqa: B018
+
+
+def small_iddpm():
+    torch.manual_seed(0)
+    return gm.IDDPMUNet(in_channels=3, model_channels=32, out_channels=6, num_res_blocks=1, attention_resolutions=(2,),
+                        dropout=0.0, channel_mult=(1, 2), num_heads=2, use_scale_shift_norm=True).eval()
+
+
+def test_networks_take_one_timestep_for_the_whole_batch():
+    """A Python int or 0-d tensor timestep means the same step for every sample (as diffusers' pipelines
+    pass it): the output equals that of the timestep repeated per sample."""
+    x = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(0))  # (4 samples of 3 channels: N != C)
+    every = torch.full((4,), 7)
+    ddpm = gm.PytorchDDPMUNet(T=50, ch=32, ch_mult=(1, 2), attn=(1,), num_res_blocks=1).eval()
+    iddpm = small_iddpm()
+    exported = gm.GMSDiffusersModel.from_network(gm.MomentNet(iddpm, head="conv"), sample_size=8).eval()
+    with torch.no_grad():
+        assert torch.equal(ddpm(x, 7), ddpm(x, every))
+        assert torch.equal(ddpm(x, torch.tensor(7)), ddpm(x, every))
+        assert torch.equal(iddpm(x, torch.tensor(7)), iddpm(x, every))
+        assert torch.equal(exported(x, torch.tensor(7)).sample, exported(x, every).sample)

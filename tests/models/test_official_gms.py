@@ -10,6 +10,7 @@ import argparse
 import json
 import math
 from pathlib import Path
+import re
 
 import pytest
 import torch
@@ -488,7 +489,7 @@ def test_ddpm_cifar10_is_pytorch_ddpms_network_without_the_table():
 
 @pytest.mark.parametrize("mode", ["simple", "complex", "complex2"])
 def test_full_size_iddpm_official_heads(mode):
-    """The official CIFAR10 GMS network (reference-notes 12): its out2 head in every mode, by key and shape."""
+    """The official CIFAR10 GMS network (an improved-diffusion UNetModel): its out2 head in every mode, by key and shape."""
     with torch.device("meta"):
         backbone = gm.IDDPMUNet(in_channels=3, model_channels=128, out_channels=3, num_res_blocks=3,
                                 attention_resolutions=(2, 4), dropout=0.3, channel_mult=(1, 2, 2, 2), num_heads=4,
@@ -527,3 +528,350 @@ def test_ddim_model_in_train_heads(tmp_path):
         assert all(torch.equal(frozen[k], v) for k, v in net.backbone.state_dict().items()), head
     with pytest.raises(ValueError, match=r"takes \[N, 3, 16, 16\] inputs"):
         backbone(torch.zeros(1, 3, 8, 8), torch.zeros(1))
+
+
+def tiny_unet(out_channels, seed=0):
+    from diffusers import UNet2DModel
+
+    torch.manual_seed(seed)
+    unet = UNet2DModel(sample_size=8, in_channels=3, out_channels=out_channels, layers_per_block=1,
+                       block_out_channels=(8, 16), norm_num_groups=4, down_block_types=("DownBlock2D", "DownBlock2D"),
+                       up_block_types=("UpBlock2D", "UpBlock2D"))
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in unet.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.02)
+    return unet.eval()
+
+
+def tiny_iddpm():
+    torch.manual_seed(0)
+    return gm.IDDPMUNet(in_channels=3, model_channels=32, out_channels=6, num_res_blocks=1, attention_resolutions=(2,),
+                        dropout=0.0, channel_mult=(1, 2), num_heads=2, use_scale_shift_norm=True).eval()
+
+
+def tiny_ddim(seed):
+    torch.manual_seed(seed)
+    return gm.DDIMModel(ch=32, out_ch=3, ch_mult=(1, 2), num_res_blocks=1, attn_resolutions=(4,), resolution=8).eval()
+
+
+def official_fixtures(family):
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "official_gms" / family
+    if not folder.is_dir():  # (as in test_official_gms.py: the shared folder next to the working tree)
+        folder = Path("/work/shared/fixtures/official_gms") / family
+    return [folder / f"eps{i}.pt" for i in (1, 2, 3)], json.loads((folder / "config.json").read_text())
+
+
+def test_official_ddim_files_with_a_wrong_config_suggest_the_gms_official_call():
+    paths, cfg = official_fixtures("ddpm")
+    cfg = {**cfg, "ch_mult": [1, 2, 2]}
+    with pytest.raises(ValueError, match=r"fix: the weights match DDIMModel\(.*\): load with gk\.models\.load\(path, "
+                                         r"kind='gms-official', ch_mult="):
+        gm.load(paths, kind="gms-official", **cfg)
+
+
+def test_official_files_with_the_other_familys_options_name_the_first_file():
+    (iddpm, cfg_i), (ddim, cfg_d) = official_fixtures("iddpm"), official_fixtures("ddpm")
+    with pytest.raises(ValueError, match=r"iddpm/eps1\.pt \[ema_model\]: holds an improved-diffusion network, but the "
+                                         r"option\(s\) ch, out_ch"):
+        gm.load(iddpm, kind="gms-official", **cfg_d)
+    with pytest.raises(ValueError, match=r"ddpm/eps1\.pt \[ema_model\]: holds a ddim network, but the option\(s\) "
+                                         r"model_channels, out_channels"):
+        gm.load(ddim, kind="gms-official", **cfg_i)
+
+
+def test_official_head_of_no_known_mode_lists_its_first_ten_keys():
+    from gms_kernels.models.official_gms import detect_mode
+
+    head = {f"k{i:02d}.weight": torch.zeros(1) for i in range(12)}
+    shown = ", ".join(f"out2.k{i:02d}.weight" for i in range(10))
+    with pytest.raises(ValueError, match=re.escape(f"w: the head keys match no official improved-diffusion head mode "
+                                                   f"(simple, complex, complex2); found 12: {shown}") + "$"):
+        detect_mode("improved-diffusion", head, tiny_iddpm(), "w")
+
+
+def test_first_difference_reports_a_key_only_the_other_file_has():
+    from gms_kernels.models.official_gms import first_difference
+
+    ref = {"a": torch.zeros(2), "b": torch.ones(3)}
+    assert first_difference(ref, dict(ref), 0.0) is None
+    assert first_difference(ref, {**ref, "c": torch.zeros(1)}, 0.0) == ("c", "not in the eps network")
+
+
+def test_a_config_that_does_not_fit_official_weights_names_the_kind_to_load_with():
+    from test_official_gms import config, files
+
+    with pytest.raises(ValueError, match=r"load with gk\.models\.load\(path, kind='gms-official', model_channels=32\)"):
+        gm.load(files("iddpm"), kind="gms-official", **{**config("iddpm"), "model_channels": 64})
+
+
+def test_the_official_loader_keeps_eps_of_its_backbone():
+    """The official GMS code reads eps from its UNet (UNetModel3OutChannels drops a learned sigma): the
+    loaded backbone is marked eps_only, whatever its output width."""
+    from test_official_gms import config, files
+
+    net = gm.load(files("iddpm"), kind="gms-official", **config("iddpm"))
+    assert net.backbone.eps_only is True
+
+
+def test_official_family_detection_tells_a_ddim_model_from_a_diffusers_unet():
+    """family_of reads the backbone's keys: the DDIM repository's Model (temb.dense, or conv_in with
+    mid.block_1), improved-diffusion, or neither. A diffusers UNet2DModel also has conv_in but no mid.block_1."""
+    from gms_kernels.models.official_gms import family_of
+
+    assert family_of(tiny_iddpm().state_dict()) == "improved-diffusion"
+    assert family_of(tiny_unet(3).state_dict()) is None
+    for key in ("time_embed.0.weight", "input_blocks.0.0.weight"):  # (either key alone says improved-diffusion)
+        assert family_of({key: torch.zeros(1)}) == "improved-diffusion"
+    ddim_like = {"conv_in.weight": torch.zeros(1), "mid.block_1.conv1.weight": torch.zeros(1)}
+    assert family_of(ddim_like) == "ddim" and family_of({"temb.dense.0.weight": torch.zeros(1)}) == "ddim"
+
+
+def test_one_official_file_given_alone_is_an_eps_network():
+    """kind='gms-official' takes one path as well as a list of one (the eps network, no heads)."""
+    from test_official_gms import config, files
+
+    single = gm.load(files("iddpm")[0], kind="gms-official", **config("iddpm"))
+    listed = gm.load(files("iddpm")[:1], kind="gms-official", **config("iddpm"))
+    assert type(single) is type(listed)
+    assert all(torch.equal(a, b) for a, b in zip(single.state_dict().values(), listed.state_dict().values()))
+
+
+def test_an_official_file_without_the_asked_weights_names_the_other_entry(tmp_path):
+    from test_official_gms import config, files
+
+    data = torch.load(files("iddpm")[0], weights_only=True)
+    torch.save({"net_model": data["ema_model"]}, tmp_path / "net_only.pt")
+    with pytest.raises(ValueError, match=r"net_only\.pt: the checkpoint has no 'ema_model' .* pass use_ema=False to "
+                                         r"load 'net_model'"):
+        gm.load([tmp_path / "net_only.pt"], kind="gms-official", **config("iddpm"))
+
+
+def test_first_difference_reports_a_shape_difference_as_the_two_shapes():
+    from gms_kernels.models.official_gms import first_difference
+
+    assert first_difference({"w": torch.zeros(2, 3)}, {"w": torch.zeros(3, 2)}, 0.0) == ("w", "shape [3, 2] vs [2, 3]")
+
+
+def test_official_ddim_files_without_an_image_size_name_the_eps_file():
+    """build_backbone hands the file's name to build_ddim: the error for a missing resolution starts with it."""
+    paths, cfg = official_fixtures("ddpm")
+    cfg = {k: v for k, v in cfg.items() if k not in ("resolution", "attn_resolutions")}
+    with pytest.raises(ValueError, match=r"^\S*ddpm/eps1\.pt \[ema_model\]: "):
+        gm.load(paths, kind="gms-official", **cfg)
+
+
+def test_separate_official_networks_all_carry_the_schedule_given():
+    """shared_backbone=False: the eps network and every head network's backbone carry the schedule= passed."""
+    paths, cfg = official_fixtures("ddpm")
+    schedule = gk.Schedule.linear(T=500, beta_end=0.03)
+    net = gm.load(paths, kind="gms-official", shared_backbone=False, schedule=schedule, **cfg)
+    assert [m.schedule is schedule for m in [net.eps_net, *(h.backbone for h in net.head_nets)]] == [True] * 3
+
+
+def test_load_official_called_directly_reads_to_the_cpu():
+    from gms_kernels.models.official_gms import load_official
+
+    paths, cfg = official_fixtures("ddpm")
+    net = load_official(paths[:1], **cfg)
+    assert {p.device.type for p in net.parameters()} == {"cpu"}
+
+
+def test_official_ddim_head_keys_that_match_no_mode_are_listed_without_a_prefix():
+    from gms_kernels.models.official_gms import detect_mode
+
+    head = {f"k{i:02d}.weight": torch.zeros(1) for i in range(12)}
+    shown = ", ".join(f"k{i:02d}.weight" for i in range(10))
+    with pytest.raises(ValueError, match=re.escape(f"w: the head keys match no official ddim head mode "
+                                                   f"(simple, complex); found 12: {shown}") + "$"):
+        detect_mode("ddim", head, tiny_ddim(0), "w")
+
+
+def test_first_difference_accepts_a_difference_of_exactly_rtol_times_the_largest_value():
+    """first_difference: entries differ when |difference| exceeds rtol * max|reference entry| (not at equality),
+    the tolerance scaling with the reference's largest value (4 here, not 1)."""
+    from gms_kernels.models.official_gms import first_difference
+
+    ref = {"w": torch.tensor([4.0, 1.0])}
+    assert first_difference(ref, {"w": torch.tensor([4.0, 1.5])}, 0.125) is None      # 0.5 = 0.125 * 4
+    assert first_difference(ref, {"w": torch.tensor([4.0, 1.375])}, 0.1) is None       # 0.375 < 0.1 * 4
+    key, what = first_difference(ref, {"w": torch.tensor([4.0, 1.625])}, 0.125)        # 0.625 > 0.5
+    assert key == "w" and what.startswith("max |difference| 0.625")
+
+
+def test_separate_official_networks_are_frozen_and_a_bad_second_file_is_named(tmp_path):
+    """shared_backbone=False: SeparateNets holds no trainable parameter; a damaged backbone in the second
+    file is reported under that file's name."""
+    paths, cfg = official_fixtures("ddpm")
+    net = gm.load(paths[:2], kind="gms-official", shared_backbone=False, **cfg)
+    assert sum(1 for _ in net.parameters()) > 0 and not any(p.requires_grad for p in net.parameters())
+    data = torch.load(paths[1], weights_only=True)
+    data = {**data, "ema_model": {k: v for k, v in data["ema_model"].items() if k != "conv_in.bias"}}
+    torch.save(data, tmp_path / "eps2.pt")
+    with pytest.raises(ValueError, match=r"^\S*eps2\.pt \[ema_model\]: the weights do not match DDIMModel\("):
+        gm.load([paths[0], tmp_path / "eps2.pt"], kind="gms-official", shared_backbone=False, **cfg)
+
+
+def test_official_networks_keep_the_dropout_of_their_config():
+    """load_official builds the official heads (and the MomentNet) with the eps network's dropout (0.1 in the
+    fixtures' config), so heads trained further drop out as the official ones did."""
+    paths, cfg = official_fixtures("ddpm")
+    assert cfg["dropout"] == 0.1
+    net = gm.load(paths, kind="gms-official", **cfg)
+    drops = [m.p for m in net.heads.modules() if isinstance(m, torch.nn.Dropout)]
+    assert net.dropout == 0.1 and net.head_config["dropout"] == 0.1 and drops and set(drops) == {0.1}
+
+
+def test_an_official_eps_file_detected_by_content_takes_the_options_given():
+    """gk.models.load(one official GMS file) with kind left to detection passes the options on to
+    load_official: the dropout is the one given, and an unknown option is refused."""
+    paths, cfg = official_fixtures("iddpm")
+    net = gm.load(paths[0], **{**cfg, "dropout": 0.2, "num_heads": 2})
+    assert isinstance(net, gm.IDDPMUNet) and net.dropout == 0.2 and net.num_heads == 2
+    with pytest.raises(ValueError, match="unknown option\\(s\\) for kind 'gms-official': colour"):
+        gm.load(paths[0], colour=1)
+
+
+def test_a_reshaped_official_head_is_reported_under_its_files_name(tmp_path):
+    """An official eps^2 file whose head has the keys of a known mode but a reshaped weight: the shared-backbone
+    loader names that file (and its entry) in the error."""
+    paths, cfg = official_fixtures("ddpm")
+    data = torch.load(paths[1], weights_only=True)
+    data = {**data, "ema_model": {**data["ema_model"], "conv_out2.bias": torch.zeros(4)}}
+    torch.save(data, tmp_path / "eps2.pt")
+    with pytest.raises(ValueError, match=r"^\S*eps2\.pt \[ema_model\]: the weights do not match the official "
+                                         r"head 'ddim-complex'"):
+        gm.load([paths[0], tmp_path / "eps2.pt"], kind="gms-official", **cfg)
+
+
+def test_read_state_reads_the_ema_weights_by_default():
+    """official_gms.read_state(path): the file's ema_model entry unless use_ema=False."""
+    from gms_kernels.models.official_gms import read_state
+
+    paths, _ = official_fixtures("ddpm")
+    data = torch.load(paths[0], weights_only=True)
+    state, where = read_state(paths[0])
+    assert where.endswith("eps1.pt [ema_model]") and state.keys() == data["ema_model"].keys()
+    assert all(torch.equal(state[k], data["ema_model"][k]) for k in state)
+    assert read_state(paths[0], use_ema=False)[1].endswith("[net_model]")
+
+
+def test_an_ema_only_official_file_read_without_ema_names_the_entry_that_loads(tmp_path):
+    """read_state(use_ema=False) on a file holding only ema_model advises use_ema=True to load 'ema_model'."""
+    from gms_kernels.models.official_gms import read_state
+
+    paths, _ = official_fixtures("ddpm")
+    data = torch.load(paths[0], weights_only=True)
+    torch.save({"ema_model": data["ema_model"]}, tmp_path / "ema_only.pt")
+    with pytest.raises(ValueError, match=r"ema_only\.pt: the checkpoint has no 'net_model' .*; pass use_ema=True to "
+                                         r"load 'ema_model'$"):
+        read_state(tmp_path / "ema_only.pt", use_ema=False)
+
+
+def test_official_read_state_honours_map_location(tmp_path):
+    from gms_kernels.models.official_gms import read_state
+
+    torch.save({"ema_model": {"w": torch.ones(2)}, "net_model": {"w": torch.zeros(2)}}, tmp_path / "o.pt")
+    state, where = read_state(tmp_path / "o.pt", map_location="meta")
+    assert state["w"].device.type == "meta" and where.endswith("[ema_model]")
+    state, _ = read_state(tmp_path / "o.pt", use_ema=False)
+    assert state["w"].device.type == "cpu" and torch.equal(state["w"], torch.zeros(2))
+
+
+def test_a_damaged_official_head_is_named_by_its_file(tmp_path):
+    """A head whose keys fit a mode but whose shapes do not: the error names the file (and entry) it came from."""
+    import json
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "official_gms" / "iddpm"
+    if not folder.is_dir():
+        folder = Path("/work/shared/fixtures/official_gms/iddpm")
+    config = json.loads((folder / "config.json").read_text())
+    state = torch.load(folder / "eps2.pt", weights_only=True)["ema_model"]
+    state["out2.3.weight"] = torch.zeros(3, 32, 1, 1)
+    torch.save({"ema_model": state, "net_model": state, "step": 1}, tmp_path / "e2.pt")
+    with pytest.raises(ValueError, match=r"e2\.pt \[ema_model\]: the weights do not match the official head"):
+        gm.load([folder / "eps1.pt", tmp_path / "e2.pt"], kind="gms-official", **config)
+
+
+def _official_folder(family):
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "official_gms" / family
+    return folder if folder.is_dir() else Path("/work/shared/fixtures/official_gms") / family
+
+
+def test_separately_run_official_networks_all_take_the_time_input(tmp_path):
+    """shared_backbone=False with time_input="index+1": the eps network and every head network's own
+    backbone are fed index + 1 (as the merged network's one backbone)."""
+    import json
+
+    folder = _official_folder("iddpm")
+    config = json.loads((folder / "config.json").read_text())
+    paths = [folder / f"eps{i}.pt" for i in (1, 2, 3)]
+    separate = gm.load(paths, kind="gms-official", shared_backbone=False, time_input="index+1", **config)
+    assert [m.time_input for m in [separate.eps_net, *(h.backbone for h in separate.head_nets)]] == ["index+1"] * 3
+
+
+def test_an_official_head_of_no_known_mode_is_named_by_its_file(tmp_path):
+    import json
+
+    folder = _official_folder("iddpm")
+    config = json.loads((folder / "config.json").read_text())
+    state = torch.load(folder / "eps2.pt", weights_only=True)["ema_model"]
+    del state["out2.1.weight"]
+    torch.save({"ema_model": state, "net_model": state, "step": 1}, tmp_path / "e2.pt")
+    with pytest.raises(ValueError, match=r"e2\.pt \[ema_model\]: the head keys match no official"):
+        gm.load([folder / "eps1.pt", tmp_path / "e2.pt"], kind="gms-official", **config)
+
+
+def test_official_backbone_comparison_with_rtol_1():
+    """first_difference: rtol = 0 asks for bit-equal entries; any other rtol, 1 included, accepts an entry
+    within rtol times its largest |value|."""
+    from gms_kernels.models.official_gms import first_difference
+
+    ref, near = {"w": torch.tensor([1.0, -2.0])}, {"w": torch.tensor([1.5, -2.0])}
+    assert first_difference(ref, near, 1.0) is None
+    assert first_difference(ref, near, 0.25) is None
+    assert first_difference(ref, near, 0.2)[0] == "w"
+    assert first_difference(ref, near, 0.0)[0] == "w"
+
+
+def test_loading_one_official_file_by_kind_reads_it_once(monkeypatch):
+    """kind="gms-official" with one path goes straight to the official loader, which reads the file once
+    (the generic path would read it first to detect its kind, then the official loader again)."""
+    import json
+
+    folder = _official_folder("iddpm")
+    config = json.loads((folder / "config.json").read_text())
+    reads = []
+    real_load = torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **k: reads.append(a[0]) or real_load(*a, **k))
+    eps = gm.load(folder / "eps1.pt", kind="gms-official", **config)
+    assert isinstance(eps, gm.IDDPMUNet) and len(reads) == 1
+
+
+def test_an_official_checkpoint_without_the_asked_entry_names_the_other_one():
+    """use_ema=False on a file that holds only 'ema_model' points at use_ema=True and 'ema_model' (and the
+    other way round)."""
+    from gms_kernels.models.official_gms import read_state
+
+    state = {"w": torch.zeros(2)}
+    with pytest.raises(ValueError, match=r"has no 'net_model' .*; pass use_ema=True to load 'ema_model'$"):
+        read_state("f.pt", {"ema_model": state}, use_ema=False)
+    with pytest.raises(ValueError, match=r"has no 'ema_model' .*; pass use_ema=False to load 'net_model'$"):
+        read_state("f.pt", {"net_model": state}, use_ema=True)
+
+
+def test_one_official_file_found_by_detection_loads_onto_map_location():
+    """An official GMS eps file passed alone with kind="auto" is detected and handed to the official loader
+    with the map_location it was given (here "meta": shapes only)."""
+    import json
+
+    folder = _official_folder("iddpm")
+    config = json.loads((folder / "config.json").read_text())
+    for device in ("meta", torch.device("meta")):
+        eps = gm.load(folder / "eps1.pt", map_location=device, **config)
+        assert isinstance(eps, gm.IDDPMUNet) and {p.device.type for p in eps.parameters()} == {"meta"}

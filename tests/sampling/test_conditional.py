@@ -330,7 +330,7 @@ import torch
 from gms_kernels.integrations import distributed
 from gms_kernels.eval.oracle import ClassConditionalOracle
 sys.path.insert(0, {tests!r})
-from test_conditional import _tiny_class_unet, _tiny_cross_attention_unet
+from sampling.test_conditional import _tiny_class_unet, _tiny_cross_attention_unet
 
 distributed.init_from_env()
 out = Path(sys.argv[1])

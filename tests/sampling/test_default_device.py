@@ -53,7 +53,7 @@ def test_sample_on_the_cpu_ignores_the_default_device(digits_model, solver, opti
 
 
 def test_the_embedded_model_is_built_on_the_cpu_whatever_the_default_device():
-    from gms_kernels import embedded
+    from gms_kernels.models import embedded
 
     run = lambda: gk.sample(shape=SHAPE, steps=3, generator=0, device="cpu", progress=False)  # noqa: E731
     embedded._cache.clear()  # (so that the model is built under the meta default, not found in the cache)
@@ -126,7 +126,7 @@ def test_the_exact_sampler_on_an_oracle_ignores_the_default_device():
 
 
 def test_head_training_ignores_the_default_device():
-    from test_training import TinyMomentNet, _data  # (tests/ is on sys.path under pytest)
+    from train.test_training import TinyMomentNet, _data  # (tests/ is on sys.path under pytest)
 
     data, trained = _data(64), []
     for default in ("cpu", "meta"):
@@ -190,7 +190,7 @@ def test_a_device_that_contradicts_x_T_is_refused(digits_model):
 
 def test_an_exported_diffusers_model_ignores_the_default_device(digits_model):
     """GMSDiffusersModel.forward makes its timestep tensor where the sample is, whatever the default."""
-    from gms_kernels.integrations.diffusers_export import GMSDiffusersModel
+    from gms_kernels.models.diffusers_export import GMSDiffusersModel
 
     pytest.importorskip("diffusers")
     unet = GMSDiffusersModel.from_network(digits_model, sample_size=8)

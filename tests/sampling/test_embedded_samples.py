@@ -4,10 +4,12 @@ The stored file pins what a seed means: a refactoring that changes one draw, one
 of any solver fails here. Bit equality holds on a machine like the one that stored them (same best
 vector target, same torch version: the network's float32 convolutions round by the CPU's vector width);
 elsewhere the samples must agree to float32 rounding. Regenerate it only for an intended change of samples:
-``python tests/test_embedded_samples.py`` (and say in the commit why the samples changed).
+``python tests/sampling/test_embedded_samples.py`` adds the cases of new solvers and refuses to change a stored
+case unless given ``--replace`` (then say in the commit why the samples changed).
 """
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -30,12 +32,18 @@ VARIANTS = {"gms[official]": ("gms", {"preset": "official"}),
             "ggf": ("ggf", {"eps_abs": 0.05, "eps_rel": 0.1})}  # (looser tolerances: fewer adaptive calls)
 
 
-def _solver_options(name: str, model, schedule) -> dict:
-    if name == "analytic-dpm":
-        x0 = gk.data.digits("train")[0][:64] if model is default_model() else gk.data.patches("train")[:64]
-        times = gk.trajectory(schedule.T, STEPS)
-        return {"gamma": gk.estimate_gamma(model, x0, schedule, times, generator=torch.Generator().manual_seed(0))}
-    return {}
+@functools.lru_cache(maxsize=None)
+def _gamma(model_name: str) -> torch.Tensor:
+    """analytic-dpm's Gamma table of one model, estimated once for all its cases (torch and auto)."""
+    model = default_model() if model_name == "digits" else patches_model()
+    x0 = gk.data.digits("train")[0][:64] if model_name == "digits" else gk.data.patches("train")[:64]
+    schedule = gk.Schedule.linear(1000)
+    times = gk.trajectory(schedule.T, STEPS)
+    return gk.estimate_gamma(model, x0, schedule, times, generator=torch.Generator().manual_seed(0))
+
+
+def _solver_options(name: str, model_name: str) -> dict:
+    return {"gamma": _gamma(model_name)} if name == "analytic-dpm" else {}
 
 
 def cases() -> list[tuple[str, str, str]]:
@@ -49,7 +57,7 @@ def draw(model_name: str, name: str, backend: str) -> torch.Tensor:
     model = default_model() if model_name == "digits" else patches_model()
     schedule = gk.Schedule.linear(1000)
     solver, options = VARIANTS.get(name, (name, {}))
-    options = {**_solver_options(solver, model, schedule), **options}
+    options = {**_solver_options(solver, model_name), **options}
     # one thread: the network's float32 sums then have one order, whatever the machine's core count
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -64,6 +72,7 @@ def machine() -> str:
     return f"{cpu_info()['best']} torch {torch.__version__}"
 
 
+@functools.lru_cache(maxsize=None)
 def _stored() -> dict:
     return torch.load(STORED, weights_only=True)
 
@@ -88,9 +97,16 @@ def test_samples_equal_the_stored_ones_bit_for_bit(model_name, solver, backend):
 
 
 if __name__ == "__main__":
-    samples = {"machine": machine()}
+    # adds the cases of solvers registered since; a stored case whose samples changed is an error unless
+    # --replace says the change is intended
+    previous = torch.load(STORED, weights_only=True) if STORED.exists() else {}
+    samples, changed = {"machine": machine()}, []
     for model_name, solver, backend in cases():
         key = f"{model_name}/{solver}/{backend}"
         samples[key] = draw(model_name, solver, backend)
-        print(key, tuple(samples[key].shape), file=sys.stderr)
+        if key in previous and not torch.equal(samples[key], previous[key]):
+            changed.append(key)
+        print(key, tuple(samples[key].shape), "changed" if key in changed else "", file=sys.stderr)
+    if changed and "--replace" not in sys.argv:
+        sys.exit(f"samples changed for {', '.join(changed)}: nothing written (pass --replace if that is intended)")
     torch.save(samples, STORED)

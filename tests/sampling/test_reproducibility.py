@@ -1,4 +1,4 @@
-"""How far last-bit differences travel through the closed-form GMS step (issue 24 item 5).
+"""How far last-bit differences travel through the closed-form GMS step.
 
 The exact closed fit's delta = cbrt(kappa3 / (w1 w2 (w2 - w1))) has an infinite slope at zero skew:
 a skew that is rounding noise (a few ulps of the heads, a network's batch-size or backend

@@ -1,4 +1,4 @@
-"""SDEdit with any solver, stroke guides, and the ``sdedit`` CLI (issue 4 part 6)."""
+"""SDEdit with any solver, stroke guides, and the ``sdedit`` CLI."""
 import numpy as np
 import pytest
 import torch

@@ -305,3 +305,86 @@ def test_a_nan_in_a_head_the_step_does_not_read_is_ignored_alike_on_every_backen
     for backend in BACKENDS:
         with pytest.raises(ValueError, match="non-finite values"):
             gk.step(x, out, 100, s, S, solver, 0, backend=backend)
+
+
+def test_explicit_randomness_of_the_wrong_kind_is_named():
+    """gk.step refuses explicit noise / uniforms that are not tensors (naming their type) or are misshapen
+    (naming their shape), with a ValueError."""
+    sched = gk.Schedule.linear(20)
+    x, heads = torch.zeros(2, 1, 2, 2), torch.zeros(2, 3, 2, 2)
+    with pytest.raises(ValueError, match=r"^noise must be a tensor shaped like x_t \(2, 1, 2, 2\), got list$"):
+        gk.step(x, heads, 10, 5, sched, "gms", noise=[0.0])
+    with pytest.raises(ValueError, match=r"^uniform must be a tensor .* got list$"):
+        gk.step(x, heads, 10, 5, sched, "gms", uniform=[0.0])
+    with pytest.raises(ValueError, match=r"^uniform must be a tensor .* got \(3,\)$"):
+        gk.step(x, heads, 10, 5, sched, "gms", uniform=torch.zeros(3))
+
+
+def test_step_names_the_solver_that_lacks_heads():
+    """gk.step with too few heads names the solver and the heads it needs."""
+    x = torch.zeros(2, 1, 2, 2)
+    with pytest.raises(ValueError, match=r"^solver 'gms' needs 3 head\(s\) \(e1 = E\[eps\]"):
+        gk.step(x, torch.zeros(2, 2, 2, 2), 10, 5, gk.Schedule.linear(20), "gms", generator=0)
+
+
+def _step_inputs(n=4):
+    g = torch.Generator().manual_seed(31)
+    x = torch.randn(n, 1, 4, 4, generator=g)
+    heads = torch.cat([torch.randn(n, 1, 4, 4, generator=g) * 0.3, torch.rand(n, 1, 4, 4, generator=g) + 0.2,
+                       torch.zeros(n, 1, 4, 4)], 1)
+    return x, heads
+
+
+def test_gk_step_noise_sources_first_index_explicit_uniforms_and_the_seed_memo():
+    """gk.step's randomness: with a torch.Generator, first_index = 2 on the last two samples draws what the full
+    batch draws for them; explicit uniforms alone still take the noise from the generator (a GMS step that selects
+    mixture components per sample needs both); an int seed's per-sample noise source is built once and reused by
+    the following calls with that seed and batch (the memo a gk.step loop relies on)."""
+    from gms_kernels import sampling
+
+    sched = gk.Schedule.linear(100)
+    x, heads = _step_inputs()
+    full = gk.step(x, heads, 50, 30, sched, "gms", torch.Generator().manual_seed(5))
+    tail = gk.step(x[2:], heads[2:], 50, 30, sched, "gms", torch.Generator().manual_seed(5), first_index=2)
+    assert torch.equal(full[2:], tail)
+    u = torch.rand(4, generator=torch.Generator().manual_seed(6))
+    with_u = gk.step(x, heads, 50, 30, sched, "gms", 5, uniform=u)
+    assert with_u.shape == x.shape and torch.isfinite(with_u).all()
+    assert torch.equal(with_u, gk.step(x, heads, 50, 30, sched, "gms", 5, uniform=u))
+    sampling._seeded_noise.cache_clear()
+    gk.step(x, heads, 50, 30, sched, "gms", 11)
+    gk.step(x, heads, 30, 10, sched, "gms", 11)
+    info = sampling._seeded_noise.cache_info()
+    assert (info.misses, info.hits) == (1, 1)
+
+
+def test_gk_step_takes_no_model_output_for_the_exact_solver():
+    """The exact solver reads no network heads: gk.step accepts model_output=None for it (the oracle gives the
+    moments)."""
+    sched = gk.Schedule.linear(100)
+    oracle = gk.GaussianMixtureOracle([1.0], torch.full((1, 1, 2, 2), 0.5, dtype=torch.float64), [0.01],
+                                      schedule=sched)
+    x = torch.randn(3, 1, 2, 2, generator=torch.Generator().manual_seed(2))
+    out = gk.step(x, None, 50, 30, sched, "exact", 0, oracle=oracle)
+    assert out.shape == x.shape and torch.isfinite(out).all()
+
+
+def test_misshapen_explicit_noise_is_named_by_its_shape_and_sample_takes_10_steps_by_default():
+    """Explicit noise of the wrong shape is refused naming its shape; gk.sample's default is steps=10 (the same
+    network calls as steps=10 given explicitly, not those of 11)."""
+    sched = gk.Schedule.linear(100)
+    x, heads = torch.zeros(2, 1, 2, 2), torch.zeros(2, 3, 2, 2)
+    with pytest.raises(ValueError, match=r"^noise must be a tensor shaped like x_t \(2, 1, 2, 2\), got \(3, 1, 2, 2\)"):
+        gk.step(x, heads, 10, 5, sched, "gms", noise=torch.zeros(3, 1, 2, 2))
+
+    def times(**kwargs):
+        seen = []
+
+        def model(x, t):
+            seen.append(int(t[0]))
+            return torch.zeros_like(x)
+
+        gk.sample(model, shape=(1, 1, 2, 2), solver="ddim", schedule=sched, generator=0, progress=False, **kwargs)
+        return seen
+
+    assert times() == times(steps=10) != times(steps=11)

@@ -1,4 +1,4 @@
-"""What a new user trips over (issue 24): every bad input is refused with a clear error before
+"""What a new user trips over: every bad input is refused with a clear error before
 anything runs or is written, by every backend alike, and the CLI reports it in one line."""
 import json
 import os

@@ -74,8 +74,9 @@ def reference(x_T: torch.Tensor, ts: list[int], noises: list[torch.Tensor], deno
         a_s, sig_s = alpha_sigma(ts[i + 1])
         h = math.log(a_s / sig_s) - math.log(a_t / sig_t)
         d = x0 if previous is None else x0 + (x0 - previous[0]) * (h / (2.0 * previous[1]))
-        x = (sig_s / sig_t * math.exp(-eta * h) * x + a_s * (1.0 - math.exp(-(1.0 + eta) * h)) * d
-             + sig_s * math.sqrt(1.0 - math.exp(-2.0 * eta * h)) * noises[i].to(F64))
+        x = sig_s / sig_t * math.exp(-eta * h) * x + a_s * (1.0 - math.exp(-(1.0 + eta) * h)) * d
+        if eta > 0:
+            x = x + sig_s * math.sqrt(1.0 - math.exp(-2.0 * eta * h)) * noises[i].to(F64)
         states.append(x)
         previous = (x0, h)
     return states
@@ -85,17 +86,17 @@ def oracle(weights=WEIGHTS, means=MEANS, stds=STDS) -> gk.GaussianMixtureOracle:
     return gk.GaussianMixtureOracle(weights, means, stds, SCHED)
 
 
-def run(model, x_T, ts, seed, first_index=0, **options):
+def run(model, x_T, ts, seed, **options):
     """gk.sample from x_T over the explicit trajectory ts: (the samples, the state after every step)."""
     seen = []
-    out = gk.sample(model, x_T=x_T, trajectory=ts, solver=SOLVER, generator=seed, first_index=first_index,
-                    progress=False, schedule=SCHED, dtype=F64, callback=seen.append, **options)
+    out = gk.sample(model, x_T=x_T, trajectory=ts, solver=SOLVER, generator=seed, progress=False,
+                    schedule=SCHED, dtype=F64, callback=seen.append, **options)
     return out, [c["x"] for c in seen]
 
 
-def step_noises(seed: int, n: int, ts: list[int], shape, first_index: int = 0) -> list[torch.Tensor]:
+def step_noises(seed: int, n: int, ts: list[int], shape) -> list[torch.Tensor]:
     """The library's per-step Gaussians: the Philox stream of step noise at each step's t."""
-    src = SampleNoise.create(seed, n, first_index)
+    src = SampleNoise.create(seed, n)
     return [src.normal(STREAM_STEP_NOISE, t, shape).to(F64) for t in ts[:-1]]
 
 
@@ -206,6 +207,26 @@ def test_one_network_call_per_point_visited():
     assert len(calls) == len(TRAJECTORY) == gk.SOLVERS[SOLVER].network_calls(len(TRAJECTORY))
 
 
+@pytest.mark.parametrize("eta", [0.0, 0.4])
+def test_eta_matches_the_reference(eta):
+    """eta < 1 keeps part of the step deterministic; eta = 0 is the ODE solver DPM-Solver++(2M), which draws nothing."""
+    n = 8
+    x_T = torch.randn(n, 2, generator=torch.Generator().manual_seed(6), dtype=F64)
+    _, states = run(oracle(), x_T, TRAJECTORY, seed=8, data_range=None, eta=eta)
+    ref = reference(x_T, TRAJECTORY, step_noises(8, n, TRAJECTORY, (2,)), mixture_denoiser(WEIGHTS, MEANS, STDS),
+                    eta=eta)
+    for i, (got, want) in enumerate(zip(states, ref)):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10, msg=lambda m: f"step {i}: {m}")
+    other_seed = run(oracle(), x_T, TRAJECTORY, seed=9, data_range=None, eta=eta)[0]
+    assert torch.equal(other_seed, states[-1]) == (eta == 0.0)
+
+
+def test_it_has_no_one_step_form():
+    """The correction needs the previous step's estimate: gk.step refuses it and names gk.sample."""
+    with pytest.raises(ValueError, match=r"gk\.sample"):
+        gk.step(torch.zeros(2, 1), torch.zeros(2, 1), 10, 5, SCHED, SOLVER, generator=0)
+
+
 def test_unknown_options_are_refused_before_sampling():
     calls = []
 
@@ -213,7 +234,10 @@ def test_unknown_options_are_refused_before_sampling():
         calls.append(t)
         return x
 
-    for bad in ({"s_churn": 1.0}, {"fit": "closed"}, {"variance_scale": 2.0}):
-        with pytest.raises(ValueError, match="unknown option"):
+    for bad, message in [({"s_churn": 1.0}, "unknown option"), ({"fit": "closed"}, "unknown option"),
+                         ({"variance_scale": 2.0}, "unknown option"),
+                         ({"eta": 1.5}, r"eta must be a number in \[0, 1\]"), ({"eta": -0.1}, "eta must be a number"),
+                         ({"eta": "1"}, "eta must be a number"), ({"eta": float("nan")}, "eta must be a number")]:
+        with pytest.raises(ValueError, match=message):
             gk.sample(model, shape=(2, 1), steps=3, solver=SOLVER, generator=0, progress=False, **bad)
     assert not calls

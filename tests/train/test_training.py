@@ -104,7 +104,7 @@ def test_bad_training_arguments():
 
 
 def test_ema_is_torch_averaged_model_with_the_warmup_decay():
-    """Issue 24.5: the EMA is torch's AveragedModel over the trainable parameters only (a frozen
+    """The EMA is torch's AveragedModel over the trainable parameters only (a frozen
     backbone is not copied), starts at the initial weights, follows min(decay, (1+n)/(10+n)) exactly,
     and resumes from its state_dict (format {"decay", "updates", "shadow": {name: tensor}}) exactly."""
     torch.manual_seed(0)
@@ -163,7 +163,7 @@ print("helper", progress_bar(range(2), enabled=True).disable, progress_bar(range
 
 @pytest.mark.parametrize("env, shown", [({"TQDM_DISABLE": "1"}, False), ({}, True)])
 def test_progress_bar_obeys_tqdm_disable(env, shown):
-    """Issue 24.4: with progress=True the training bar still obeys TQDM_DISABLE=1 (tqdm reads it as the
+    """With progress=True the training bar still obeys TQDM_DISABLE=1 (tqdm reads it as the
     default of `disable`, which an explicit disable=False overrode); without it, the bar is shown."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("TQDM_")}
     res = subprocess.run([sys.executable, "-c", _PROGRESS_SCRIPT], env={**base, **env}, capture_output=True,

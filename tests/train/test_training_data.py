@@ -443,8 +443,8 @@ def test_a_resumed_run_with_dropout_draws_the_same_masks(digits_folder, tmp_path
 
 
 def test_the_readme_training_example_runs(digits_folder, tmp_path):
-    """The README's training example, run on a folder of digits with a tiny eps network."""
-    from readme_examples import readme_example
+    """The training example of docs/training.md, run on a folder of digits with a tiny eps network."""
+    from readme_examples import example_file, readme_example
 
     block = readme_example("training")
     folder, _ = digits_folder
@@ -453,7 +453,7 @@ def test_the_readme_training_example_runs(digits_folder, tmp_path):
     for image in folder.iterdir():
         (work / image.name).write_bytes(image.read_bytes())
     scope = {"folder": work, "eps_net": _backbone(), "steps": 3}
-    exec(compile(block, "README.md", "exec"), scope)
+    exec(compile(block, example_file("training"), "exec"), scope)
     loaded = gk.models.load(work / "gms_net.pt")
     x = gk.sample(loaded, shape=(2, 1, 8, 8), steps=2, generator=0, progress=False)
     assert x.shape == (2, 1, 8, 8) and bool(torch.isfinite(x).all())

@@ -41,6 +41,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+
+from ..core.extras import require
+
+require("diffusers", "gk.models.export_diffusers and gk.GMSDiffusersModel")
 from diffusers import ModelMixin, SchedulerMixin  # (SchedulerMixin: diffusers' pipeline loader looks it up here)
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.unets.unet_2d import UNet2DOutput
@@ -49,9 +53,9 @@ from torch import nn
 from ..core.files import json_ready
 from ..model_io import HEAD_NAMES, check_time_input, time_values
 from ..core.schedule import Schedule
-from ..models.diffusers_conditional import DiffusersConditionalUNet, is_conditional_unet
-from ..models.diffusers_unet import DiffusersUNet, is_diffusers_unet
-from ..models.moment_net import BACKBONES, MomentNet
+from .diffusers_conditional import DiffusersConditionalUNet, is_conditional_unet
+from .diffusers_unet import DiffusersUNet, is_diffusers_unet
+from .moment_net import BACKBONES, MomentNet
 
 __all__ = ["GMSDiffusersModel", "export_diffusers", "network_spec", "bare_heads", "build_network", "ModelMixin",
            "SchedulerMixin"]
@@ -259,7 +263,7 @@ def backbone_family(net: nn.Module) -> str | None:
 def _scheduler_for(net: nn.Module, **scheduler_kwargs: Any):
     """GMSScheduler on the network's training betas (the named linear schedule when they are exactly it), with the
     network's own solver options (``solver_defaults``) under the ones ``scheduler_kwargs`` name."""
-    from .scheduler import ARGUMENT_KEYS, GMSScheduler
+    from ..integrations.scheduler import ARGUMENT_KEYS, GMSScheduler
     from ..solvers import get_solver, with_model_defaults
 
     schedule = getattr(net, "schedule", None) or Schedule.linear()
@@ -295,7 +299,7 @@ def export_diffusers(net: nn.Module, directory: str | os.PathLike, *, sample_siz
     """
     from diffusers import DDPMPipeline
 
-    from .scheduler import GMSScheduler
+    from ..integrations.scheduler import GMSScheduler
     from ..solvers import get_solver
 
     if scheduler is not None and scheduler_kwargs:
