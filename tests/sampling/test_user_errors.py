@@ -316,8 +316,8 @@ def test_tqdm_disable_is_obeyed(tmp_path, capsys):
     the check runs in a fresh interpreter; the same calls here, without it, do show their bars)."""
     calls = ("gk.sample(shape=(2, 1, 8, 8), steps=3, progress=True); "
              f"distributed.sample_shards(embedded.default_model(), {str(tmp_path / 'a')!r}, 2, (1, 8, 8), steps=2)")
-    run = subprocess.run([sys.executable, "-c", "import gms_kernels as gk; from gms_kernels import distributed, "
-                          "embedded; " + calls], env={**os.environ, "TQDM_DISABLE": "1"},
+    run = subprocess.run([sys.executable, "-c", "import gms_kernels as gk; from gms_kernels.integrations import "
+                          "distributed; from gms_kernels.models import embedded; " + calls], env={**os.environ, "TQDM_DISABLE": "1"},
                          capture_output=True, text=True, timeout=300, check=True)
     assert "gms K=3" not in run.stderr and "shards" not in run.stderr, run.stderr
     if os.environ.get("TQDM_DISABLE"):
