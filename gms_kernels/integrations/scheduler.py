@@ -87,11 +87,10 @@ from ..core.moments import check_data_range, clamped_x0_mean
 from ..model_io import check_state_tensor, split_heads
 from ..core.random import fixed_seeds
 from ..sampling import DeferredFiniteCheck, step as gk_step
-from ..core.schedule import DATA, TRAJECTORY_KINDS, Schedule, time_index, trajectory
+from ..core.schedule import DATA, TRAJECTORY_KINDS, Schedule, make_betas, time_index, trajectory
 from ..solvers import SOLVERS, get_solver
 from ..solvers.gms import ARGUMENT_OPTIONS, check_skew_scale
 
-BETA_SCHEDULES = ("linear", "scaled_linear", "cosine", "squaredcos_cap_v2", "sigmoid")
 # the solvers with a one-step form (the others run only in gk.sample), but the oracle's exact one, which needs an
 # oracle object
 SCHEDULER_SOLVERS = tuple(name for name, spec in SOLVERS.items() if spec.per_step and "oracle" not in spec.requires)
@@ -109,31 +108,6 @@ class GMSSchedulerOutput(BaseOutput):
 
     prev_sample: torch.Tensor
     pred_original_sample: torch.Tensor | None = None
-
-
-def make_betas(num_train_timesteps: int, beta_start: float, beta_end: float, beta_schedule: str,
-               trained_betas: Sequence[float] | None = None) -> torch.Tensor:
-    """float64 betas for a diffusers-style schedule name.
-
-    ``linear`` (DDPM), ``scaled_linear`` (linear in sqrt(beta), latent diffusion), ``cosine`` =
-    ``squaredcos_cap_v2`` (improved-diffusion's cosine, beta capped at 0.999; beta_start/end unused),
-    ``sigmoid`` (GeoDiff). ``trained_betas`` overrides all of them.
-    """
-    if trained_betas is not None:
-        return torch.tensor(list(trained_betas), dtype=torch.float64, device="cpu")
-    T = int(num_train_timesteps)
-    if T < 1:
-        raise ValueError(f"num_train_timesteps must be >= 1, got {num_train_timesteps}")
-    if beta_schedule == "linear":
-        return Schedule.linear(T, beta_start, beta_end).betas
-    if beta_schedule == "scaled_linear":
-        return torch.linspace(beta_start**0.5, beta_end**0.5, T, dtype=torch.float64, device="cpu") ** 2
-    if beta_schedule in ("cosine", "squaredcos_cap_v2"):
-        return Schedule.cosine(T).betas
-    if beta_schedule == "sigmoid":
-        return torch.sigmoid(torch.linspace(-6.0, 6.0, T, dtype=torch.float64, device="cpu")) * (beta_end - beta_start) + beta_start
-    raise ValueError(f"unknown beta_schedule {beta_schedule!r}; valid: {', '.join(BETA_SCHEDULES)} "
-                     "(or pass trained_betas)")
 
 
 def inference_timesteps(T: int, num_inference_steps: int, kind: str) -> list[int]:

@@ -853,7 +853,7 @@ def test_scheduler_steps_a_half_precision_sample_in_float32():
 def test_make_betas_linear_uses_both_ends_and_takes_one_timestep():
     """make_betas' linear schedule runs from beta_start to the given beta_end (not the default 0.02); T = 1 is a
     valid length (one beta, beta_start), T = 0 is refused."""
-    from gms_kernels.integrations.scheduler import make_betas
+    from gms_kernels.core.schedule import make_betas
 
     betas = make_betas(10, 1e-4, 0.05, "linear")
     torch.testing.assert_close(betas, torch.linspace(1e-4, 0.05, 10, dtype=torch.float64), rtol=0, atol=1e-15)
@@ -877,7 +877,7 @@ def test_steps_offset_applies_to_leading_spacing_only():
 def test_make_betas_scaled_linear_and_sigmoid_are_float64():
     """The scaled_linear (linear in sqrt(beta)) and sigmoid schedules are computed in float64 end to end (diffusers
     computes them in float32): equal to the float64 formulas to 1e-18, which float32 arithmetic misses."""
-    from gms_kernels.integrations.scheduler import make_betas
+    from gms_kernels.core.schedule import make_betas
 
     T, b0, b1 = 50, 0.00085, 0.012
     root = torch.tensor([math.sqrt(b0) + (math.sqrt(b1) - math.sqrt(b0)) * i / (T - 1) for i in range(T)],

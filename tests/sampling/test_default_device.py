@@ -217,7 +217,7 @@ def test_the_package_unets_take_an_int_timestep_whatever_the_default_device(make
 def test_scheduler_betas_of_every_kind_are_made_on_the_cpu(kind):
     """make_betas (GMSScheduler's beta table) for the kinds not built by gk.Schedule: diffusers'
     scaled_linear and sigmoid, and a given trained_betas list."""
-    from gms_kernels.integrations.scheduler import make_betas
+    from gms_kernels.core.schedule import make_betas
 
     trained = [0.001 * (i + 1) for i in range(10)] if kind == "trained" else None
     _same_under_another_default(lambda: make_betas(10, 1e-4, 0.02, "linear" if trained else kind, trained))
