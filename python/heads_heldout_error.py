@@ -35,8 +35,7 @@ def errors(net, data: torch.Tensor, ts: list[int | None], draws: int, seed: int 
             eps = torch.randn(data.shape, generator=g)
             tt = torch.randint(0, schedule.T, (data.shape[0],), generator=g) if t is None else \
                 torch.full((data.shape[0],), t)
-            abar = schedule.alphas_cumprod[tt].to(data.dtype).reshape(-1, *[1] * (data.dim() - 1))
-            x_t = abar.sqrt() * data + (1 - abar).sqrt() * eps
+            x_t = schedule.add_noise(data, eps, tt)
             with torch.no_grad():
                 pred = net(x_t, tt, head_outputs=True).double()
             r = eps.double() - pred[:, :C]

@@ -44,7 +44,7 @@ from studies.digits_study import ResultCache
 from gms_kernels.eval.metrics import paired_difference, seed_interval
 from gms_kernels.model_io import time_indices
 from gms_kernels.models.moment_net import raw_from_central
-from gms_kernels.core.moments import central_third_moment, transition_moments
+from gms_kernels.core.moments import central_moments, central_third_moment, transition_moments
 from gms_kernels.core.schedule import schedule_for
 from gms_kernels.eval.tuning import mean_ranks
 
@@ -223,8 +223,7 @@ def exvar_check(net, factors: float | dict[int, float], data: torch.Tensor, step
         s = ts[i + 1] if i + 1 < len(ts) else DATA
         if s == DATA:
             continue
-        abar = float(schedule.alphas_cumprod[t])
-        x_t = abar**0.5 * data + (1 - abar) ** 0.5 * eps
+        x_t = schedule.add_noise(data, eps, t)
         tt = torch.full((x_t.shape[0],), t)
         k = schedule.coefficients(t, s)
         f = exvar_factor_at(factors, t)
@@ -529,16 +528,15 @@ def mean_error_moments(net, exact, x0: torch.Tensor, times, seed: int = 0, batch
     x0, C = x0.double(), x0.shape[1]
 
     def central(e):
-        e1, e2, e3 = e[:, :C], e[:, C:2 * C], e[:, 2 * C:3 * C]
-        return e1, e2 - e1 * e1, e3 - 3 * e1 * e2 + 2 * e1**3
+        e1 = e[:, :C]
+        return e1, *central_moments(e1, e[:, C:2 * C], e[:, 2 * C:3 * C])
 
     def corr(a, b):
         return float(torch.corrcoef(torch.stack([a.flatten(), b.flatten()]))[0, 1])
 
     rows = []
     for t in times:
-        abar = float(schedule.alphas_cumprod[t])
-        x_t = abar**0.5 * x0 + (1 - abar) ** 0.5 * eps
+        x_t = schedule.add_noise(x0, eps, t)
         tt = torch.full((x_t.shape[0],), t)
         head = torch.cat([net(x_t[i:i + batch].float(), tt[i:i + batch]).double() for i in range(0, len(x_t), batch)])
         true = torch.cat([exact(x_t[i:i + batch], t).double() for i in range(0, len(x_t), batch)])

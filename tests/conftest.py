@@ -154,3 +154,31 @@ def quiet_pipe(directory):
         pipe = DDPMPipeline.from_pretrained(directory, local_files_only=True)
     pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+# small networks of gk.models and diffusers for the model and loader tests (random weights, fixed by the seed)
+def tiny_diffusers_unet(out_channels: int, seed: int = 0):
+    """A 3-channel 8x8 diffusers UNet2DModel with small random weights."""
+    from diffusers import UNet2DModel
+
+    torch.manual_seed(seed)
+    unet = UNet2DModel(sample_size=8, in_channels=3, out_channels=out_channels, layers_per_block=1,
+                       block_out_channels=(8, 16), norm_num_groups=4, down_block_types=("DownBlock2D", "DownBlock2D"),
+                       up_block_types=("UpBlock2D", "UpBlock2D"))
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in unet.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.02)
+    return unet.eval()
+
+
+def tiny_ddim(seed: int):
+    """A small gk.models.DDIMModel (3 channels, 8x8) in eval mode."""
+    torch.manual_seed(seed)
+    return gk.models.DDIMModel(ch=32, out_ch=3, ch_mult=(1, 2), num_res_blocks=1, attn_resolutions=(4,), resolution=8).eval()
+
+
+def tiny_ddpm_state():
+    """The state dict of a small gk.models.PytorchDDPMUNet (T = 50)."""
+    torch.manual_seed(0)
+    return gk.models.PytorchDDPMUNet(T=50, ch=32, ch_mult=(1, 2), attn=(1,), num_res_blocks=1).state_dict()

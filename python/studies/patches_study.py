@@ -15,6 +15,7 @@ import torch
 from gms_kernels.models.embedded import PATCHES_SHAPE
 from gms_kernels.eval.metrics import frechet_distance_dct, sliced_wasserstein1
 from gms_kernels.sampling import sample
+from gms_kernels.core.moments import central_moments
 from gms_kernels.core.schedule import Schedule
 from .digits_study import ResultCache
 
@@ -48,8 +49,7 @@ def eps_losses(net, data: torch.Tensor, seed: int = 0, batch_size: int = 1000,
     g = torch.Generator().manual_seed(seed)
     t = torch.randint(0, schedule.T, (data.shape[0],), generator=g)
     eps = torch.randn(data.shape, generator=g)
-    abar = schedule.alphas_cumprod[t].to(data.dtype).reshape(-1, *[1] * (data.dim() - 1))
-    x_t = abar.sqrt() * data + (1 - abar).sqrt() * eps
+    x_t = schedule.add_noise(data, eps, t)
     C, sums, n = data.shape[1], {}, data.shape[0]
     for i in range(0, n, batch_size):
         xb, tb, eb = x_t[i:i + batch_size], t[i:i + batch_size], eps[i:i + batch_size]
@@ -168,10 +168,9 @@ def head_variance(net, data: torch.Tensor, ts: Sequence[int] = (50, 100, 200, 30
     eps = torch.randn(data.shape, generator=torch.Generator().manual_seed(seed))
     C, out = data.shape[1], {}
     for t in ts:
-        abar = schedule.alphas_cumprod[t].to(data.dtype)
-        pred = net(abar.sqrt() * data + (1 - abar).sqrt() * eps, torch.full((data.shape[0],), t))
-        e1, e2 = pred[:, :C], pred[:, C:2 * C]
-        var = e2 - e1**2
+        pred = net(schedule.add_noise(data, eps, t), torch.full((data.shape[0],), t))
+        e1 = pred[:, :C]
+        var, _ = central_moments(e1, pred[:, C:2 * C])
         out[t] = {"negative": float((var < 0).float().mean()), "mean_var": float(var.mean()),
                   "mc_var": float((eps - e1).pow(2).mean())}
     return out

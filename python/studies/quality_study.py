@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 import torch
 
 from gms_kernels.eval.metrics import fd_digits, frechet_distance_dct, paired_difference, seed_interval, sliced_wasserstein1
-from gms_kernels.core.moments import central_third_moment, transition_moments
+from gms_kernels.core.moments import central_moments, central_third_moment, transition_moments
 from gms_kernels.sampling import sample
 from gms_kernels.core.schedule import Schedule
 from gms_kernels.solvers import Solver, get_solver
@@ -322,12 +322,10 @@ def head_diagnostics(net, data: torch.Tensor, ts: Sequence[int], seed: int = 0,
     eps = torch.randn(data.shape, generator=torch.Generator().manual_seed(seed), dtype=data.dtype)
     C, out = data.shape[1], {}
     for t in ts:
-        abar = schedule.alphas_cumprod[t].to(data.dtype)
-        pred = net(abar.sqrt() * data + (1 - abar).sqrt() * eps, torch.full((data.shape[0],), t)).double()
-        e1, e2, e3 = pred[:, :C], pred[:, C:2 * C], pred[:, 2 * C:3 * C]
+        pred = net(schedule.add_noise(data, eps, t), torch.full((data.shape[0],), t)).double()
+        e1 = pred[:, :C]
         r = eps.double() - e1
-        var = e2 - e1**2
-        kappa3 = e3 - 3 * e1 * e2 + 2 * e1**3
+        var, kappa3 = central_moments(e1, pred[:, C:2 * C], pred[:, 2 * C:3 * C])
         out[t] = {"var_head": float(var.mean()), "var_mc": float(r.pow(2).mean()),
                   "kappa3_head": float(kappa3.mean()), "kappa3_mc": float(r.pow(3).mean()),
                   "abs_kappa3_head": float(kappa3.abs().mean()), "negative": float((var < 0).double().mean())}
@@ -385,8 +383,7 @@ def skew_shrinkage(net, exact, data: torch.Tensor, steps: Sequence[int] = STEPS,
 
     def heads_at(t):
         if t not in heads:
-            abar = float(schedule.alphas_cumprod[t])
-            x_t = abar**0.5 * data + (1 - abar) ** 0.5 * eps
+            x_t = schedule.add_noise(data, eps, t)
             tt = torch.full((x_t.shape[0],), t)
             learned = torch.cat([net(x_t[i:i + batch].float(), tt[i:i + batch]).double()
                                  for i in range(0, len(x_t), batch)])

@@ -13,8 +13,7 @@ from gms_kernels.cli import main
 from gms_kernels.models.embedded import default_model
 from gms_kernels.model_io import time_values
 from gms_kernels.models.diffusers_export import GMSDiffusersModel, export_diffusers
-from conftest import quiet_pipe, randomize
-
+from conftest import quiet_pipe, randomize, tiny_diffusers_unet
 
 
 def tiny_unet(out_channels, seed=0):
@@ -23,7 +22,6 @@ def tiny_unet(out_channels, seed=0):
                        block_out_channels=(8, 16), norm_num_groups=4,
                        down_block_types=("DownBlock2D", "DownBlock2D"),
                        up_block_types=("UpBlock2D", "UpBlock2D")).eval()
-
 
 
 @pytest.fixture(scope="module")
@@ -243,20 +241,6 @@ def test_a_bare_unet2dmodel_exports_and_reloads_with_its_outputs(tmp_path):
     t = torch.tensor([3, 700])
     with torch.no_grad():
         torch.testing.assert_close(model(x, t).sample, unet(x, t).sample, rtol=0, atol=0)
-
-
-def tiny_diffusers_unet(out_channels, seed=0):
-    from diffusers import UNet2DModel
-
-    torch.manual_seed(seed)
-    unet = UNet2DModel(sample_size=8, in_channels=3, out_channels=out_channels, layers_per_block=1,
-                       block_out_channels=(8, 16), norm_num_groups=4, down_block_types=("DownBlock2D", "DownBlock2D"),
-                       up_block_types=("UpBlock2D", "UpBlock2D"))
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for p in unet.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.02)
-    return unet.eval()
 
 
 def test_a_raw_unet2dmodel_is_described_as_a_diffusers_backbone():

@@ -6,17 +6,13 @@ import pytest
 import torch
 
 import gms_kernels.models as gm
+from conftest import tiny_ddim
 
 
 def tiny_iddpm():
     torch.manual_seed(0)
     return gm.IDDPMUNet(in_channels=3, model_channels=32, out_channels=6, num_res_blocks=1, attention_resolutions=(2,),
                         dropout=0.0, channel_mult=(1, 2), num_heads=2, use_scale_shift_norm=True).eval()
-
-
-def tiny_ddim(seed):
-    torch.manual_seed(seed)
-    return gm.DDIMModel(ch=32, out_ch=3, ch_mult=(1, 2), num_res_blocks=1, attn_resolutions=(4,), resolution=8).eval()
 
 
 def test_ddim_time_embedding_of_an_odd_width_ends_in_one_zero():

@@ -12,6 +12,7 @@ import torch
 import gms_kernels as gk
 import gms_kernels.models as gm
 from gms_kernels.models.loading import _diffusers_schedule
+from conftest import tiny_ddim, tiny_ddpm_state, tiny_diffusers_unet
 
 
 def write_config(folder, cfg):
@@ -63,25 +64,6 @@ def test_diffusers_schedule_warns_only_for_a_non_eps_prediction(tmp_path):
     # absent or "epsilon": no warning (schedule_of turns warnings into errors)
     assert schedule_of(tmp_path, {"prediction_type": "epsilon"}).T == 1000
     assert schedule_of(tmp_path, {}).T == 1000
-
-
-def tiny_unet(out_channels, seed=0):
-    from diffusers import UNet2DModel
-
-    torch.manual_seed(seed)
-    unet = UNet2DModel(sample_size=8, in_channels=3, out_channels=out_channels, layers_per_block=1,
-                       block_out_channels=(8, 16), norm_num_groups=4, down_block_types=("DownBlock2D", "DownBlock2D"),
-                       up_block_types=("UpBlock2D", "UpBlock2D"))
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for p in unet.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.02)
-    return unet.eval()
-
-
-def tiny_ddpm_state():
-    torch.manual_seed(0)
-    return gm.PytorchDDPMUNet(T=50, ch=32, ch_mult=(1, 2), attn=(1,), num_res_blocks=1).state_dict()
 
 
 def tiny_iddpm():
@@ -152,11 +134,6 @@ def test_a_state_dict_that_is_no_pytorch_ddpm_unet_is_reported_as_such(tmp_path,
         gm.load(tmp_path / "odd.pt", kind="pytorch-ddpm")
 
 
-def tiny_ddim(seed):
-    torch.manual_seed(seed)
-    return gm.DDIMModel(ch=32, out_ch=3, ch_mult=(1, 2), num_res_blocks=1, attn_resolutions=(4,), resolution=8).eval()
-
-
 def test_ddim_loader_reads_the_ema_weights_by_default_and_names_its_kind(tmp_path):
     ema, net = tiny_ddim(0), tiny_ddim(1)
     torch.save({"ema_model": ema.state_dict(), "net_model": net.state_dict()}, tmp_path / "ddim.pt")
@@ -172,7 +149,7 @@ def test_ddim_loader_reads_the_ema_weights_by_default_and_names_its_kind(tmp_pat
 def test_diffusers_folder_with_bin_weights_or_no_class_name_loads(tmp_path):
     """A UNet folder saved as .bin (safe_serialization=False) loads, and so does a config.json without
     _class_name (UNet2DModel is assumed)."""
-    unet = tiny_unet(3)
+    unet = tiny_diffusers_unet(3)
     unet.save_pretrained(tmp_path / "bin", safe_serialization=False)
     assert sorted(p.name for p in (tmp_path / "bin").iterdir()) == ["config.json", "diffusion_pytorch_model.bin"]
     cfg = json.loads((tmp_path / "bin" / "config.json").read_text())
@@ -201,7 +178,7 @@ def test_diffusers_weights_with_one_missing_or_one_extra_key_are_refused(tmp_pat
     the loader refuses either, alone."""
     from safetensors.torch import load_file, save_file
 
-    tiny_unet(3).save_pretrained(tmp_path)
+    tiny_diffusers_unet(3).save_pretrained(tmp_path)
     file = tmp_path / "diffusion_pytorch_model.safetensors"
     state = load_file(file)
     if edit == "drop":
@@ -269,7 +246,7 @@ def test_a_ddim_repository_list_gives_its_last_entry_as_ema_and_its_first_as_the
 
 @pytest.mark.parametrize("name", ["diffusion_pytorch_model.safetensors", "config.json"])
 def test_a_diffusers_weights_or_config_file_loads_its_folder(tmp_path, name):
-    unet = tiny_unet(3)
+    unet = tiny_diffusers_unet(3)
     unet.save_pretrained(tmp_path / "unet")
     x, t = torch.randn(1, 3, 8, 8), torch.tensor([21])
     with torch.no_grad():
@@ -303,7 +280,7 @@ def test_pytorch_ddpm_and_improved_diffusion_loaders_take_their_options(tmp_path
 
 
 def test_diffusers_variant_weights_are_read_when_asked(tmp_path):
-    unet = tiny_unet(3)
+    unet = tiny_diffusers_unet(3)
     unet.save_pretrained(tmp_path, variant="ema")
     assert (tmp_path / "diffusion_pytorch_model.ema.safetensors").is_file()
     assert not (tmp_path / "diffusion_pytorch_model.safetensors").exists()
@@ -347,7 +324,7 @@ def test_a_trainer_checkpoint_whose_weights_entry_is_not_a_state_dict_gets_a_cle
 
 def test_the_prediction_type_warning_points_at_the_users_load_call(tmp_path):
     write_config(tmp_path / "pipe" / "scheduler", {"prediction_type": "v_prediction"})
-    tiny_unet(3).save_pretrained(tmp_path / "pipe" / "unet")
+    tiny_diffusers_unet(3).save_pretrained(tmp_path / "pipe" / "unet")
     with pytest.warns(UserWarning, match="prediction_type='v_prediction'") as caught:
         gm.load(tmp_path / "pipe", subfolder="unet")
     assert [w.filename for w in caught if "prediction_type" in str(w.message)] == [__file__]
@@ -356,8 +333,8 @@ def test_the_prediction_type_warning_points_at_the_users_load_call(tmp_path):
 def test_a_unet_folder_with_its_own_config_wins_over_a_unet_subfolder(tmp_path):
     """A directory holding a UNet (config.json at its top) is that UNet, even beside a unet/ subfolder;
     only a folder without a top-level config.json is read as a pipeline."""
-    tiny_unet(3).save_pretrained(tmp_path)
-    tiny_unet(6).save_pretrained(tmp_path / "unet")
+    tiny_diffusers_unet(3).save_pretrained(tmp_path)
+    tiny_diffusers_unet(6).save_pretrained(tmp_path / "unet")
     assert gm.load(tmp_path).unet.config.out_channels == 3
     assert gm.load(tmp_path / "unet").unet.config.out_channels == 6
 
@@ -391,14 +368,14 @@ def test_ddim_load_errors_name_the_file():
 def test_diffusers_load_failures_list_the_wrong_shapes_and_quote_diffusers(tmp_path):
     """A config.json that does not describe its weights lists each wrong shape; a weights file diffusers
     cannot read is reported with diffusers' own first line."""
-    tiny_unet(3).save_pretrained(tmp_path / "edited")
+    tiny_diffusers_unet(3).save_pretrained(tmp_path / "edited")
     cfg = json.loads((tmp_path / "edited" / "config.json").read_text())
     (tmp_path / "edited" / "config.json").write_text(json.dumps({**cfg, "out_channels": 6}))
     with pytest.raises(ValueError, match=r"edited: config\.json does not describe the weights: wrong shapes \(2\): "
                                          r"conv_out\.weight: expected \[6, 8, 3, 3\] \(from config\.json\), found "
                                          r"\[3, 8, 3, 3\] \(weights file\); conv_out\.bias: expected \[6\]"):
         gm.load(tmp_path / "edited")
-    tiny_unet(3).save_pretrained(tmp_path / "cut")
+    tiny_diffusers_unet(3).save_pretrained(tmp_path / "cut")
     weights = tmp_path / "cut" / "diffusion_pytorch_model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     with pytest.raises(ValueError, match=r"cut: diffusers could not load the UNet2DModel \(OSError: Unable to load "
@@ -443,7 +420,7 @@ def test_a_ddim_file_loaded_with_a_wrong_width_is_told_the_ddim_kind_and_width_t
 
 
 def test_a_diffusers_folder_loads_with_kind_diffusers_named(tmp_path):
-    unet = tiny_unet(3)
+    unet = tiny_diffusers_unet(3)
     unet.save_pretrained(tmp_path / "unet")
     loaded = gm.load(tmp_path / "unet", kind="diffusers")
     assert isinstance(loaded, gm.DiffusersUNet)
@@ -528,7 +505,7 @@ def test_an_improved_diffusion_file_loaded_with_a_wrong_width_is_told_the_kind_a
 def test_a_diffusers_folder_with_a_missing_subfolder_is_not_a_model_directory(tmp_path):
     """subfolder= naming a folder that does not exist (or a file) gives the "not a diffusers model directory"
     ValueError, not an OSError from listing it."""
-    tiny_unet(3).save_pretrained(tmp_path / "pipe" / "unet")
+    tiny_diffusers_unet(3).save_pretrained(tmp_path / "pipe" / "unet")
     (tmp_path / "pipe" / "notes").write_text("x")
     for sub in ("vae", "notes"):
         with pytest.raises(ValueError, match=rf"pipe.{sub}: not a diffusers model directory: .*found \[\]"):

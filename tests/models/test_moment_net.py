@@ -10,26 +10,13 @@ from torch import nn
 
 import gms_kernels as gk
 import gms_kernels.models as gm
-
-
-def tiny_unet(out_channels, seed=0):
-    from diffusers import UNet2DModel
-
-    torch.manual_seed(seed)
-    unet = UNet2DModel(sample_size=8, in_channels=3, out_channels=out_channels, layers_per_block=1,
-                       block_out_channels=(8, 16), norm_num_groups=4, down_block_types=("DownBlock2D", "DownBlock2D"),
-                       up_block_types=("UpBlock2D", "UpBlock2D"))
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for p in unet.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.02)
-    return unet.eval()
+from conftest import tiny_diffusers_unet
 
 
 def test_moment_net_file_keeps_a_diffusers_backbones_eps_only(tmp_path):
     """MomentNet.save stores the DiffusersUNet's eps_only, and MomentNet.load restores it: a 9-channel UNet
     forced to eps_only=True stays so (the default for 9 channels would be False)."""
-    backbone = gm.DiffusersUNet(tiny_unet(9), eps_only=True)
+    backbone = gm.DiffusersUNet(tiny_diffusers_unet(9), eps_only=True)
     gm.MomentNet(backbone).save(tmp_path / "net.pt")
     loaded = gm.load(tmp_path / "net.pt")
     assert loaded.backbone.eps_only is True
@@ -132,7 +119,7 @@ def test_error_texts_name_a_heads_file_and_an_unnamed_diffusers_unet(tmp_path):
     net = gm.MomentNet(tiny_iddpm(), head="conv")
     with pytest.raises(ValueError, match=r"other\.pt: not a heads file \(MomentNet\.save_heads\): expected format tag"):
         net.load_heads(tmp_path / "other.pt")
-    hint = gm.DiffusersUNet(tiny_unet(3)).heads_hint  # (built in memory: no folder to name)
+    hint = gm.DiffusersUNet(tiny_diffusers_unet(3)).heads_hint  # (built in memory: no folder to name)
     assert hint.startswith("the diffusers UNet2DModel: it gives 1 head(s) (3 output channels). ")
 
 
@@ -274,7 +261,7 @@ def test_head_res_block_adds_the_projected_time_embedding():
 def test_a_saved_moment_net_on_a_diffusers_backbone_keeps_no_private_config_entries(tmp_path):
     """MomentNet.save writes the UNet2DModel config without its private entries (the folder it was read from,
     diffusers' bookkeeping), _class_name excepted."""
-    tiny_unet(3).save_pretrained(tmp_path / "unet")
+    tiny_diffusers_unet(3).save_pretrained(tmp_path / "unet")
     gm.MomentNet(gm.load(tmp_path / "unet"), head="conv").save(tmp_path / "net.pt")
     config = json.loads(torch.load(tmp_path / "net.pt", weights_only=True)["backbone"]["config"])
     assert config["_class_name"] == "UNet2DModel" and config["block_out_channels"] == [8, 16]
@@ -351,7 +338,7 @@ def test_a_res_conv_head_has_no_dropout_by_default():
 def test_the_heads_hint_of_a_diffusers_unet_names_the_folder_it_came_from():
     """A DiffusersUNet with a source (the folder gk.models.load read) names it in heads_hint, first as the model
     and then in the train-heads command."""
-    hint = gm.DiffusersUNet(tiny_unet(3), source="/data/unet-dir").heads_hint
+    hint = gm.DiffusersUNet(tiny_diffusers_unet(3), source="/data/unet-dir").heads_hint
     assert hint.startswith("the diffusers UNet2DModel at /data/unet-dir: it gives 1 head(s) (3 output channels). ")
     assert "--model /data/unet-dir" in hint
 

@@ -20,6 +20,7 @@ import gms_kernels as gk
 import gms_kernels.models as gm
 from gms_kernels.models import ddim_model, official_gms
 from gms_kernels.models.ddim_model import DDIMModel, timestep_embedding
+from conftest import tiny_ddim, tiny_diffusers_unet
 
 FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "official_gms"
 if not FIXTURES.is_dir():  # a checkout elsewhere: the shared folder next to the working tree
@@ -530,29 +531,10 @@ def test_ddim_model_in_train_heads(tmp_path):
         backbone(torch.zeros(1, 3, 8, 8), torch.zeros(1))
 
 
-def tiny_unet(out_channels, seed=0):
-    from diffusers import UNet2DModel
-
-    torch.manual_seed(seed)
-    unet = UNet2DModel(sample_size=8, in_channels=3, out_channels=out_channels, layers_per_block=1,
-                       block_out_channels=(8, 16), norm_num_groups=4, down_block_types=("DownBlock2D", "DownBlock2D"),
-                       up_block_types=("UpBlock2D", "UpBlock2D"))
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for p in unet.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.02)
-    return unet.eval()
-
-
 def tiny_iddpm():
     torch.manual_seed(0)
     return gm.IDDPMUNet(in_channels=3, model_channels=32, out_channels=6, num_res_blocks=1, attention_resolutions=(2,),
                         dropout=0.0, channel_mult=(1, 2), num_heads=2, use_scale_shift_norm=True).eval()
-
-
-def tiny_ddim(seed):
-    torch.manual_seed(seed)
-    return gm.DDIMModel(ch=32, out_ch=3, ch_mult=(1, 2), num_res_blocks=1, attn_resolutions=(4,), resolution=8).eval()
 
 
 def official_fixtures(family):
@@ -622,7 +604,7 @@ def test_official_family_detection_tells_a_ddim_model_from_a_diffusers_unet():
     from gms_kernels.models.official_gms import family_of
 
     assert family_of(tiny_iddpm().state_dict()) == "improved-diffusion"
-    assert family_of(tiny_unet(3).state_dict()) is None
+    assert family_of(tiny_diffusers_unet(3).state_dict()) is None
     for key in ("time_embed.0.weight", "input_blocks.0.0.weight"):  # (either key alone says improved-diffusion)
         assert family_of({key: torch.zeros(1)}) == "improved-diffusion"
     ddim_like = {"conv_in.weight": torch.zeros(1), "mid.block_1.conv1.weight": torch.zeros(1)}

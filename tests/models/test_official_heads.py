@@ -8,17 +8,13 @@ from torch import nn
 
 import gms_kernels.models as gm
 from gms_kernels.models.official_heads import IDDPMHead
+from conftest import tiny_ddim
 
 
 def tiny_iddpm():
     torch.manual_seed(0)
     return gm.IDDPMUNet(in_channels=3, model_channels=32, out_channels=6, num_res_blocks=1, attention_resolutions=(2,),
                         dropout=0.0, channel_mult=(1, 2), num_heads=2, use_scale_shift_norm=True).eval()
-
-
-def tiny_ddim(seed):
-    torch.manual_seed(seed)
-    return gm.DDIMModel(ch=32, out_ch=3, ch_mult=(1, 2), num_res_blocks=1, attn_resolutions=(4,), resolution=8).eval()
 
 
 def official_fixtures(family):

@@ -5,11 +5,7 @@ import pytest
 import torch
 
 import gms_kernels.models as gm
-
-
-def tiny_ddpm_state():
-    torch.manual_seed(0)
-    return gm.PytorchDDPMUNet(T=50, ch=32, ch_mult=(1, 2), attn=(1,), num_res_blocks=1).state_dict()
+from conftest import tiny_ddpm_state
 
 
 def test_pytorch_ddpm_refuses_an_attention_level_past_the_last():
