@@ -1,4 +1,5 @@
 import contextlib
+import json
 import os
 import platform
 
@@ -182,3 +183,20 @@ def tiny_ddpm_state():
     """The state dict of a small gk.models.PytorchDDPMUNet (T = 50)."""
     torch.manual_seed(0)
     return gk.models.PytorchDDPMUNet(T=50, ch=32, ch_mult=(1, 2), attn=(1,), num_res_blocks=1).state_dict()
+
+
+def tiny_iddpm():
+    """A small gk.models.IDDPMUNet (3 channels in, 6 out: eps and the learned variance) in eval mode."""
+    torch.manual_seed(0)
+    return gk.models.IDDPMUNet(in_channels=3, model_channels=32, out_channels=6, num_res_blocks=1, attention_resolutions=(2,),
+                        dropout=0.0, channel_mult=(1, 2), num_heads=2, use_scale_shift_norm=True).eval()
+
+
+def official_fixtures(family: str):
+    """The official GMS checkpoints of one family in the shared fixtures: ([eps1, eps2, eps3] paths, config)."""
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "official_gms" / family
+    if not folder.is_dir():  # (as in test_official_gms.py: the shared folder next to the working tree)
+        folder = Path("/work/shared/fixtures/official_gms") / family
+    return [folder / f"eps{i}.pt" for i in (1, 2, 3)], json.loads((folder / "config.json").read_text())

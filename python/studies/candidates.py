@@ -5,14 +5,7 @@ split, the official preset, and the variant that leads with exact heads (per pix
 """
 from __future__ import annotations
 
-from typing import Any
+from gms_kernels.solvers import get_solver
 
-SHIPPED_MODEL_CANDIDATES: dict[str, dict[str, Any]] = {
-    "closed, per image": {"fit": "closed", "select": "sample"},
-    "closed, per pixel": {"fit": "closed", "select": "pixel"},
-    "closed, per image, GMS on the last step": {"fit": "closed", "select": "sample", "gaussian_last_step": False},
-    "closed, per image, skew threshold 0.05": {"fit": "closed", "select": "sample", "skew_threshold": 0.05},
-    "closed, per pixel, GMS on the last step": {"fit": "closed", "select": "pixel", "gaussian_last_step": False},
-    "adan-70, per pixel": {"fit": "adan", "select": "pixel", "fit_iters": 70},
-    "official": {"preset": "official"},
-}
+# the library's own list, which gk.choose_options ranks for a model by default
+SHIPPED_MODEL_CANDIDATES = get_solver("gms").candidates

@@ -20,7 +20,7 @@ import gms_kernels as gk
 import gms_kernels.models as gm
 from gms_kernels.models import ddim_model, official_gms
 from gms_kernels.models.ddim_model import DDIMModel, timestep_embedding
-from conftest import tiny_ddim, tiny_diffusers_unet
+from conftest import official_fixtures, tiny_ddim, tiny_diffusers_unet, tiny_iddpm
 
 FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "official_gms"
 if not FIXTURES.is_dir():  # a checkout elsewhere: the shared folder next to the working tree
@@ -529,21 +529,6 @@ def test_ddim_model_in_train_heads(tmp_path):
         assert all(torch.equal(frozen[k], v) for k, v in net.backbone.state_dict().items()), head
     with pytest.raises(ValueError, match=r"takes \[N, 3, 16, 16\] inputs"):
         backbone(torch.zeros(1, 3, 8, 8), torch.zeros(1))
-
-
-def tiny_iddpm():
-    torch.manual_seed(0)
-    return gm.IDDPMUNet(in_channels=3, model_channels=32, out_channels=6, num_res_blocks=1, attention_resolutions=(2,),
-                        dropout=0.0, channel_mult=(1, 2), num_heads=2, use_scale_shift_norm=True).eval()
-
-
-def official_fixtures(family):
-    from pathlib import Path
-
-    folder = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "official_gms" / family
-    if not folder.is_dir():  # (as in test_official_gms.py: the shared folder next to the working tree)
-        folder = Path("/work/shared/fixtures/official_gms") / family
-    return [folder / f"eps{i}.pt" for i in (1, 2, 3)], json.loads((folder / "config.json").read_text())
 
 
 def test_official_ddim_files_with_a_wrong_config_suggest_the_gms_official_call():

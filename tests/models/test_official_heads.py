@@ -1,29 +1,11 @@
 """The official GMS heads (gms_kernels/models/official_heads.py): their defaults, modes, dropout and device."""
-
-import json
-
 import pytest
 import torch
 from torch import nn
 
 import gms_kernels.models as gm
 from gms_kernels.models.official_heads import IDDPMHead
-from conftest import tiny_ddim
-
-
-def tiny_iddpm():
-    torch.manual_seed(0)
-    return gm.IDDPMUNet(in_channels=3, model_channels=32, out_channels=6, num_res_blocks=1, attention_resolutions=(2,),
-                        dropout=0.0, channel_mult=(1, 2), num_heads=2, use_scale_shift_norm=True).eval()
-
-
-def official_fixtures(family):
-    from pathlib import Path
-
-    folder = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "official_gms" / family
-    if not folder.is_dir():  # (as in test_official_gms.py: the shared folder next to the working tree)
-        folder = Path("/work/shared/fixtures/official_gms") / family
-    return [folder / f"eps{i}.pt" for i in (1, 2, 3)], json.loads((folder / "config.json").read_text())
+from conftest import official_fixtures, tiny_ddim, tiny_iddpm
 
 
 @pytest.mark.parametrize("kind", ["ddim-complex", "iddpm-complex"])
