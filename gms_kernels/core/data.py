@@ -28,7 +28,7 @@ def digits(split: str = "all", test_fraction: float = 0.2, seed: int = 0) -> tup
     first ``test_fraction`` of the images to ``test``, the next ``test_fraction`` to ``validation`` and the rest
     (60% by default) to ``train``. The embedded digits model is trained on ``train`` only, settings are chosen
     on ``validation`` and results reported on ``test``; the shipped FD-digits classifier was trained on
-    ``train`` and ``validation`` (python/train_digits_classifier.py), never on ``test``.
+    ``train`` alone (python/train_digits_classifier.py), so neither reference set took part in its fit.
     """
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
