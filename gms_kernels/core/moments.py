@@ -5,12 +5,15 @@ x_0 = (x_t - sigma_t eps)/a_t they give the moments of q(x_0|x_t) (Eq. (29) of t
 https://arxiv.org/abs/2311.00941), and with q(x_s|x_t,x_0) = N(c1 x_t + c2 x_0, lam2) the moments of
 q(x_s|x_t) (its Eqs. (26), (27) and (28)).
 
-``data_range`` controls the clamps of the official GMS code (https://github.com/Guohanzhong/GMS): they are applied
-to the moments of the data normalised to [-1, 1] by that range; ``None`` switches them all off.
+``data_range`` bounds the moments of q(x_0|x_t) in one of two forms (``moments``, :data:`MOMENT_FORMS`): "clamped",
+the clamps of the official GMS code (https://github.com/Guohanzhong/GMS), applied to the moments of the data
+normalised to [-1, 1] by that range, or "feasible", (mean, Var, kappa3) made jointly feasible for data in that range;
+``None`` switches them all off.
 """
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +21,10 @@ import torch
 from .schedule import StepCoefficients
 
 DataRange = tuple[float, float] | None
+
+# the forms of the moments of q(x_0|x_t) that transition_moments gives: the official code's separate clamps
+# (clamp_x0_moments) or the jointly feasible moments (feasible_x0_moments)
+MOMENT_FORMS = ("clamped", "feasible")
 
 
 @dataclass
@@ -49,6 +56,26 @@ def check_data_range(data_range: DataRange) -> DataRange:
     if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
         raise ValueError(f"data_range must satisfy low < high with finite ends, got {data_range!r}")
     return lo, hi
+
+
+def check_moments(moments: str) -> str:
+    """``moments``: one of :data:`MOMENT_FORMS`, else a ValueError naming them."""
+    if not isinstance(moments, str) or moments not in MOMENT_FORMS:
+        raise ValueError(f"moments must be one of {', '.join(map(repr, MOMENT_FORMS))} (the official code's "
+                         f"separate clamps, or mean, variance and skew made jointly feasible for data_range), "
+                         f"got {moments!r}")
+    return moments
+
+
+def check_pixel_levels(levels: int | None) -> int | None:
+    """``pixel_levels``: the number of values a pixel takes in the data, an integer >= 2, or None (no cap)."""
+    if levels is None:
+        return None
+    if isinstance(levels, bool) or not isinstance(levels, numbers.Integral) or levels < 2:
+        raise ValueError(f"pixel_levels must be an integer >= 2 (the number of values a pixel takes in the data: "
+                         f"256 for 8-bit images) or None (no cap on the last step's variance; null on the command "
+                         f"line), got {levels!r}")
+    return int(levels)
 
 
 def _half_width(data_range: tuple[float, float]) -> float:
@@ -125,19 +152,29 @@ def third_raw_moment(x_t: torch.Tensor, x0: X0Moments, m1: torch.Tensor, k: Step
 
 def transition_moments(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor | None, e3: torch.Tensor | None,
                        k: StepCoefficients, data_range: DataRange = (-1.0, 1.0),
-                       x0_var: torch.Tensor | None = None) -> TransitionMoments:
-    """(M1, Var, M3) of q(x_s|x_t) from as many heads as are given, with the reference clamps.
+                       x0_var: torch.Tensor | None = None, moments: str = "clamped") -> TransitionMoments:
+    """(M1, Var, M3) of q(x_s|x_t) from as many heads as are given, the moments of q(x_0|x_t) bounded by
+    ``data_range`` in the form ``moments`` names.
+
+    ``moments="clamped"`` (the official code's): the separate clamps of :func:`clamp_x0_moments`. With
+    ``data_range``, Var[x0|x_t] is clamped to [0, half_width^2], so Var lies in [lam2, lam2 + c2^2 half_width^2].
+    (The official code also clamps Var itself to [0, 1]; for data in [-1, 1] that never binds, since
+    lam2 + c2^2 <= 1. Scaled to half_width^2 it would cut the unit-scale posterior noise lam2 of narrower
+    ranges, so it is not applied.)
+    ``moments="feasible"``: :func:`feasible_x0_moments`, the mean, Var and kappa3 of x_0 made jointly feasible for
+    data in ``data_range`` (moments that are feasible already pass unchanged, bit for bit); it needs the e2 head.
+    With ``data_range=None`` both forms leave the moments as the heads give them.
 
     ``x0_var`` overrides Var[x0|x_t] (Analytic-DPM's isotropic estimate needs only e1).
-    With ``data_range``, Var[x0|x_t] is clamped to [0, half_width^2], so Var lies in
-    [lam2, lam2 + c2^2 half_width^2]. (The official code also clamps Var itself to [0, 1]; for data in
-    [-1, 1] that never binds, since lam2 + c2^2 <= 1. Scaled to half_width^2 it would cut the unit-scale
-    posterior noise lam2 of narrower ranges, so it is not applied.)
     """
+    check_moments(moments)
     m = x0_moments(x_t, e1, e2, e3, k.a_t, k.sigma_t)
     if x0_var is not None:
         m.var = x0_var
-    m = clamp_x0_moments(m, data_range)
+    if moments == "clamped":
+        m = clamp_x0_moments(m, data_range)
+    elif data_range is not None:
+        m = feasible_x0_moments(m, data_range)
     m1 = first_moment(x_t, m.mean, k)
     var = m3 = None
     if m.var is not None:
@@ -180,12 +217,15 @@ def scale_spread(mom: TransitionMoments, scale: float) -> TransitionMoments:
     return TransitionMoments(mom.m1, var, raw_moments(mom.m1, var, kappa3)[1])
 
 
-def last_step_variance_cap(data_range: DataRange, clip_pixel: float = 1.0) -> float | None:
+def last_step_variance_cap(data_range: DataRange, clip_pixel: float = 1.0, levels: int | None = 256) -> float | None:
     """Upper bound of the variance of the step into s = 0 in the official code:
-    (clip_pixel * one pixel level * sqrt(pi/2))^2, a pixel level being (high - low)/255."""
-    if data_range is None:
+    (clip_pixel * one pixel level * sqrt(pi/2))^2, a pixel level being (high - low) / (levels - 1), the step between
+    two of the ``levels`` values a pixel takes in the data (256, the official code's, for 8-bit images; 17 for
+    scikit-learn's digits). None (no cap) for ``data_range=None`` or ``levels=None``."""
+    levels = check_pixel_levels(levels)
+    if data_range is None or levels is None:
         return None
-    level = (data_range[1] - data_range[0]) / 255
+    level = (data_range[1] - data_range[0]) / (levels - 1)
     return (clip_pixel * level * math.sqrt(math.pi / 2)) ** 2
 
 

@@ -73,7 +73,7 @@ class AnalyticDPM(Solver):
         one = torch.zeros(1, dtype=torch.float64, device="cpu")
         x0_var = torch.full_like(one, analytic_x0_variance(o, k))
         var = transition_moments(one, one, None, None, k, data_range, x0_var=x0_var).var
-        cap = last_step_variance_cap(data_range, o.clip_pixel) if k.s == 0 else None
+        cap = last_step_variance_cap(data_range, o.clip_pixel, o.pixel_levels) if k.s == 0 else None
         var = float(var.clamp(0.0, cap) if cap is not None else var.clamp_min(0.0))
         return FusedStepConfig(mode=MODE_FIXED, fixed_var=var, **scalars)
 

@@ -38,7 +38,8 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import torch
 
-from ..core.moments import DataRange, TransitionMoments, clamped_x0_mean, last_step_variance_cap, transition_moments
+from ..core.moments import (DataRange, TransitionMoments, check_pixel_levels, clamped_x0_mean, last_step_variance_cap,
+                            transition_moments)
 from ..core.random import STREAM_COMPONENT, STREAM_STEP_NOISE, SampleNoise
 from ..core.schedule import DATA, Schedule, StepCoefficients
 from ..kernels import MODE_CLOSED, MODE_ADAN, MODE_DENOISE, FusedStepConfig, NonFiniteInput, config_fields
@@ -132,11 +133,13 @@ def _flag(value: Any, name: str) -> bool:
 class LastStepOptions(SolverOptions):
     """The official code's last steps: the step into data returns the denoised mean (``denoise_final``), the step into
     s = 0 draws a Gaussian (``gaussian_last_step``, GMS) whose std is capped at ``clip_pixel`` pixel levels times
-    sqrt(pi/2)."""
+    sqrt(pi/2), a pixel level being the step between two of the ``pixel_levels`` values a pixel takes in the data
+    (256 for 8-bit images; None: no cap)."""
 
     gaussian_last_step: bool = True
     denoise_final: bool = True
     clip_pixel: float = 1.0
+    pixel_levels: int | None = 256
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -144,6 +147,7 @@ class LastStepOptions(SolverOptions):
         _flag(self.denoise_final, "denoise_final")
         self._set("clip_pixel", real(self.clip_pixel, "clip_pixel", 0.0, math.inf,
                                      "the last step's std cap in pixel levels", open_low=True))
+        self._set("pixel_levels", check_pixel_levels(self.pixel_levels))
 
 
 # -- solvers and the registry ---------------------------------------------------------------------------------------
@@ -319,7 +323,7 @@ def learned_gaussian(mom: TransitionMoments, k: StepCoefficients, rand: StepRand
                      data_range: DataRange) -> tuple[torch.Tensor, dict]:
     """N(M1, Var); the step into s = 0 caps Var like the official code."""
     var = mom.var
-    cap = last_step_variance_cap(data_range, o.clip_pixel) if k.s == 0 else None
+    cap = last_step_variance_cap(data_range, o.clip_pixel, o.pixel_levels) if k.s == 0 else None
     if cap is not None:
         var = var.clamp(0.0, cap)
     return gaussian(mom.m1, var, rand), {"m1": mom.m1, "var": var}

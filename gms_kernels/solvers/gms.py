@@ -13,7 +13,8 @@ import torch
 from ..core.fit import (ADAN_MEANS, DEFAULT_WEIGHTS, LR_RANGE, PAPER_LR_TABLES, MixtureParams, adan_learning_rates,
                         check_fit_iters, check_var_floor, check_weights, fit_adan, fit_closed)
 from ..core.mixture import check_select, sample_mixture
-from ..core.moments import DataRange, TransitionMoments, central_third_moment, scale_spread, transition_moments
+from ..core.moments import (DataRange, TransitionMoments, central_third_moment, check_moments, scale_spread,
+                            transition_moments)
 from ..core.schedule import StepCoefficients
 from ..kernels import ADAN_FP32_MAX_ITERS, MODE_ADAN, MODE_CLOSED, FusedStepConfig
 from .base import LastStepOptions, Solver, StepRandomness, learned_gaussian, real, register
@@ -61,8 +62,10 @@ class GMSOptions(LastStepOptions):
     tau > 0 is the paper's threshold (its appendix: optimize only where the transition kernel is far from Gaussian):
     elements whose standardized skewness |kappa3| / Var^1.5 is at most tau draw from N(M1, Var). ``skew_scale``
     lambda fits (M1, Var, lambda kappa3): the skew shrunk towards the Gaussian, mean and variance kept; a mapping
-    {t: lambda} gives each step its own factor. The threshold reads the scaled skew. ``preset``: a named option set
-    (:attr:`GMS.presets`)."""
+    {t: lambda} gives each step its own factor. The threshold reads the scaled skew. ``moments``: the form of the
+    moments of x_0 bounded by the data range (:data:`~gms_kernels.core.moments.MOMENT_FORMS`): "clamped", the
+    official code's separate clamps, or "feasible", mean, variance and kappa3 made jointly feasible, so that the fit
+    receives no more skew than data in the range can have. ``preset``: a named option set (:attr:`GMS.presets`)."""
 
     fit: str = "closed"
     select: str = "sample"
@@ -75,8 +78,10 @@ class GMSOptions(LastStepOptions):
     variance_scale: float = 1.0
     skew_threshold: float = 0.0
     skew_scale: float | dict[int, float] = 1.0
+    moments: str = "clamped"
     preset: str | None = None
-    torch_only: ClassVar[Mapping[str, Any]] = {"variance_scale": 1.0, "skew_threshold": 0.0, "skew_scale": 1.0}
+    torch_only: ClassVar[Mapping[str, Any]] = {"variance_scale": 1.0, "skew_threshold": 0.0, "skew_scale": 1.0,
+                                               "moments": "clamped"}
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -101,6 +106,7 @@ class GMSOptions(LastStepOptions):
         self._set("skew_threshold", real(self.skew_threshold, "skew_threshold", 0.0, math.inf,
                                          "the standardized skewness at or below which GMS draws a Gaussian"))
         self._set("skew_scale", check_skew_scale(self.skew_scale))
+        check_moments(self.moments)
         if self.preset is not None and self.preset not in GMS.presets:
             raise ValueError(f"unknown preset {self.preset!r} for solver 'gms'; valid: {', '.join(GMS.presets)}")
 
@@ -152,10 +158,12 @@ class GMS(Solver):
     name, heads, Options = "gms", 3, GMSOptions
     label, in_paper = "GMS", True
     # "official": what the official GMS code runs: 70 ADAN iterations at a constant lr 0.06, the loss's mean over the
-    # whole batch, one component per image, the Gaussian last step with the pixel-level variance cap
+    # whole batch, one component per image, its separate clamps of the moments, the Gaussian last step with the
+    # variance cap of one 8-bit pixel level
     presets = {"official": {"fit": "adan", "fit_iters": 70, "lr": 0.06, "adan_mean": "batch", "select": "sample",
-                            "variance_scale": 1.0, "skew_threshold": 0.0, "skew_scale": 1.0,
-                            "gaussian_last_step": True, "denoise_final": True, "clip_pixel": 1.0}}
+                            "variance_scale": 1.0, "skew_threshold": 0.0, "skew_scale": 1.0, "moments": "clamped",
+                            "gaussian_last_step": True, "denoise_final": True, "clip_pixel": 1.0,
+                            "pixel_levels": 256}}
     # the variants a model's own choice is made among: the closed fit per image and per pixel, each with a mixture
     # on the last step too, the paper's skew threshold, a long ADAN fit per pixel, and the official preset
     candidates = {
@@ -170,8 +178,8 @@ class GMS(Solver):
 
     def step(self, x_t: torch.Tensor, heads: list[torch.Tensor], k: StepCoefficients, rand: StepRandomness,
              o: GMSOptions, data_range: DataRange, T: int) -> tuple[torch.Tensor, dict]:
-        return gms_from_moments(transition_moments(x_t, heads[0], heads[1], heads[2], k, data_range), k, rand, o,
-                                data_range, T)
+        return gms_from_moments(transition_moments(x_t, heads[0], heads[1], heads[2], k, data_range,
+                                                   moments=o.moments), k, rand, o, data_range, T)
 
     def heads_read(self, k: StepCoefficients, o: GMSOptions) -> int:
         """The Gaussian last step reads e1 and e2."""
