@@ -40,6 +40,7 @@ import torch
 
 from ..core.moments import (DataRange, TransitionMoments, check_pixel_levels, clamped_x0_mean, last_step_variance_cap,
                             transition_moments)
+from ..core.progress import progress_bar
 from ..core.random import STREAM_COMPONENT, STREAM_STEP_NOISE, SampleNoise
 from ..core.schedule import DATA, Schedule, StepCoefficients
 from ..kernels import MODE_CLOSED, MODE_ADAN, MODE_DENOISE, FusedStepConfig, NonFiniteInput, config_fields
@@ -343,6 +344,32 @@ def denoised_and_eps(x_t: torch.Tensor, e1: torch.Tensor, a_t: float | torch.Ten
     ``a_t``/``sigma_t`` may be tensors broadcasting against x_t (per-sample times)."""
     x0 = clamped_x0_mean(x_t, e1, a_t, sigma_t, data_range)
     return x0, (e1 if data_range is None else (x_t - a_t * x0) / sigma_t)
+
+
+def exponential_loop(e1: EpsFn, x: torch.Tensor, ts: Sequence[int], schedule: Schedule, data_range: DataRange,
+                     advance: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, int], tuple[torch.Tensor, int]],
+                     desc: str, callback: Callable[[dict], None] | None = None,
+                     progress: bool = False) -> tuple[torch.Tensor, dict]:
+    """The loop the exponential integrators in lambda share (SEEDS-2, SEEDS-3, DPM-Solver++(2M) SDE): per step
+    t -> s, one network call at x_t gives the clamped x0 and its eps (:func:`denoised_and_eps`); the step into data
+    returns that x0, any other step ``advance(x_t, x0, eps, t, s)``, which returns (x_s, the further network calls
+    it made). Runs in float64, returns (x0 in x's dtype, {"nfe": calls}); each callback dict carries the step, t, s,
+    sigma (the VE sigma of t), x, the denoised x0 and ``nfe``, the calls so far."""
+    dtype = x.dtype
+    x, calls = x.to(torch.float64), 0
+    for i, t in enumerate(progress_bar(ts, progress, desc=desc, leave=False)):
+        s = ts[i + 1] if i + 1 < len(ts) else DATA
+        x0, eps = denoised_and_eps(x, e1(x, t), schedule.alpha(t), schedule.sigma(t), data_range)
+        calls += 1
+        if s == DATA:
+            x = x0
+        else:
+            x, more = advance(x, x0, eps, t, s)
+            calls += more
+        if callback is not None:
+            callback({"step": i, "i": i, "t": t, "s": s, "sigma": schedule.ve_sigma(t), "x": x.to(dtype, copy=True),
+                      "denoised": x0.to(dtype), "nfe": calls})
+    return x.to(dtype), {"nfe": calls}
 
 
 # -- one step on any backend -----------------------------------------------------------------------------------------

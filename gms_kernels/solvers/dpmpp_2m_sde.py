@@ -22,10 +22,9 @@ from typing import Callable, Sequence
 import torch
 
 from ..core.moments import DataRange
-from ..core.progress import progress_bar
 from ..core.random import STREAM_STEP_NOISE, SampleNoise
-from ..core.schedule import DATA, Schedule
-from .base import EpsFn, Solver, SolverOptions, denoised_and_eps, real, register
+from ..core.schedule import Schedule
+from .base import EpsFn, Solver, SolverOptions, exponential_loop, real, register
 
 
 @dataclass(frozen=True)
@@ -47,28 +46,21 @@ class DPMPP2MSDE(Solver):
     def loop(self, e1: EpsFn, x: torch.Tensor, ts: Sequence[int], schedule: Schedule, noise: SampleNoise,
              data_range: DataRange, o: DPMPP2MSDEOptions, callback: Callable[[dict], None] | None = None,
              progress: bool = False) -> tuple[torch.Tensor, dict]:
-        shape, dtype = x.shape[1:], x.dtype
-        x, calls, previous = x.to(torch.float64), 0, None
-        for i, t in enumerate(progress_bar(ts, progress, desc=f"{self.name} K={len(ts)}", leave=False)):
-            s = ts[i + 1] if i + 1 < len(ts) else DATA
-            a_t, sig_t = schedule.alpha(t), schedule.sigma(t)
-            x0, _ = denoised_and_eps(x, e1(x, t), a_t, sig_t, data_range)
-            calls += 1
-            if s == DATA:
-                x = x0
-            else:
-                a_s, sig_s = schedule.alpha(s), schedule.sigma(s)
-                h = math.log(schedule.ve_sigma(t) / schedule.ve_sigma(s))
-                d = x0 if previous is None else x0 + (x0 - previous[0]) * (h / (2.0 * previous[1]))
-                x = (sig_s / sig_t) * math.exp(-o.eta * h) * x - a_s * math.expm1(-(1.0 + o.eta) * h) * d
-                if o.eta > 0.0:
-                    z = noise.normal(STREAM_STEP_NOISE, t, shape, x.device).to(torch.float64)
-                    x = x + sig_s * math.sqrt(-math.expm1(-2.0 * o.eta * h)) * z
-                previous = (x0, h)
-            if callback is not None:
-                callback({"step": i, "i": i, "t": t, "s": s, "sigma": schedule.ve_sigma(t),
-                          "x": x.to(dtype, copy=True), "denoised": x0.to(dtype), "nfe": calls})
-        return x.to(dtype), {"nfe": calls}
+        shape, previous = x.shape[1:], []  # previous: the last step's (x0, h)
+
+        def advance(x: torch.Tensor, x0: torch.Tensor, eps: torch.Tensor, t: int, s: int) -> tuple[torch.Tensor, int]:
+            sig_t, a_s, sig_s = schedule.sigma(t), schedule.alpha(s), schedule.sigma(s)
+            h = math.log(schedule.ve_sigma(t) / schedule.ve_sigma(s))
+            d = x0 if not previous else x0 + (x0 - previous[0]) * (h / (2.0 * previous[1]))
+            x = (sig_s / sig_t) * math.exp(-o.eta * h) * x - a_s * math.expm1(-(1.0 + o.eta) * h) * d
+            if o.eta > 0.0:
+                z = noise.normal(STREAM_STEP_NOISE, t, shape, x.device).to(torch.float64)
+                x = x + sig_s * math.sqrt(-math.expm1(-2.0 * o.eta * h)) * z
+            previous[:] = [x0, h]
+            return x, 0
+
+        return exponential_loop(e1, x, ts, schedule, data_range, advance, f"{self.name} K={len(ts)}", callback,
+                                progress)
 
 
 register(DPMPP2MSDE())

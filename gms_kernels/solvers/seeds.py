@@ -17,10 +17,9 @@ from typing import Callable, Sequence
 import torch
 
 from ..core.moments import DataRange
-from ..core.progress import progress_bar
 from ..core.random import STREAM_SECOND_NOISE, STREAM_STEP_NOISE, STREAM_THIRD_NOISE, SampleNoise
 from ..core.schedule import DATA, Schedule, StepCoefficients
-from .base import EpsFn, Solver, SolverOptions, StepRandomness, denoised_and_eps, real, register
+from .base import EpsFn, Solver, SolverOptions, StepRandomness, denoised_and_eps, exponential_loop, real, register
 
 PREDICTIONS = ("noise", "data")
 
@@ -106,41 +105,32 @@ def sample_seeds_2(e1: EpsFn, x: torch.Tensor, ts: Sequence[int], schedule: Sche
     The last step into data is the denoised mean (one call). z1: stream STREAM_STEP_NOISE at t; z2:
     STREAM_SECOND_NOISE at t.
     """
-    shape, dtype = x.shape[1:], x.dtype
-    x, calls = x.to(torch.float64), 0
-    for i, t in enumerate(progress_bar(ts, progress, desc=f"seeds-2 K={len(ts)}", leave=False)):
-        s = ts[i + 1] if i + 1 < len(ts) else DATA
+    shape = x.shape[1:]
+
+    def advance(x: torch.Tensor, x0: torch.Tensor, eps: torch.Tensor, t: int, s: int) -> tuple[torch.Tensor, int]:
         a_t, sig_t = schedule.alpha(t), schedule.sigma(t)
-        x0, eps = denoised_and_eps(x, e1(x, t), a_t, sig_t, data_range)
-        calls += 1
-        if s == DATA:
-            x = x0
-        else:
-            vs_t, vs_s = schedule.ve_sigma(t), schedule.ve_sigma(s)  # e^{-lambda}
-            h = math.log(vs_t / vs_s)
-            m = int(schedule.index_of_ve_sigma(vs_t * math.exp(-o.r * h)))
-            h1 = math.log(vs_t / schedule.ve_sigma(m))
-            a_m, sig_m, a_s, sig_s = schedule.alpha(m), schedule.sigma(m), schedule.alpha(s), schedule.sigma(s)
-            z1 = noise.normal(STREAM_STEP_NOISE, t, shape, x.device).to(torch.float64)
-            z2 = noise.normal(STREAM_SECOND_NOISE, t, shape, x.device).to(torch.float64)
-            if o.prediction == "data":
-                u = ((sig_m / sig_t) * math.exp(-h1) * x - a_m * math.expm1(-2 * h1) * x0
-                     + sig_m * math.sqrt(-math.expm1(-2 * h1)) * z1)
-                x0_m, _ = denoised_and_eps(u, e1(u, m), a_m, sig_m, data_range)
-                tail = math.exp(-2 * (h - h1))
-                x = ((sig_s / sig_t) * math.exp(-h) * x - a_s * math.expm1(-2 * h) * x0_m
-                     + sig_s * (math.sqrt(max(tail - math.exp(-2 * h), 0.0)) * z1 + math.sqrt(max(1.0 - tail, 0.0)) * z2))
-            else:
-                u = (a_m / a_t) * x - 2.0 * sig_m * math.expm1(h1) * eps + sig_m * math.sqrt(math.expm1(2 * h1)) * z1
-                _, eps_m = denoised_and_eps(u, e1(u, m), a_m, sig_m, data_range)
-                tail = math.exp(2 * (h - h1))
-                x = ((a_s / a_t) * x - 2.0 * sig_s * math.expm1(h) * eps_m
-                     + sig_s * (math.sqrt(max(math.exp(2 * h) - tail, 0.0)) * z1 + math.sqrt(max(tail - 1.0, 0.0)) * z2))
-            calls += 1
-        if callback is not None:
-            callback({"step": i, "i": i, "t": t, "s": s, "sigma": schedule.ve_sigma(t), "x": x.to(dtype, copy=True),
-                      "denoised": x0.to(dtype), "nfe": calls})
-    return x.to(dtype), {"nfe": calls}
+        vs_t, vs_s = schedule.ve_sigma(t), schedule.ve_sigma(s)  # e^{-lambda}
+        h = math.log(vs_t / vs_s)
+        m = int(schedule.index_of_ve_sigma(vs_t * math.exp(-o.r * h)))
+        h1 = math.log(vs_t / schedule.ve_sigma(m))
+        a_m, sig_m, a_s, sig_s = schedule.alpha(m), schedule.sigma(m), schedule.alpha(s), schedule.sigma(s)
+        z1 = noise.normal(STREAM_STEP_NOISE, t, shape, x.device).to(torch.float64)
+        z2 = noise.normal(STREAM_SECOND_NOISE, t, shape, x.device).to(torch.float64)
+        if o.prediction == "data":
+            u = ((sig_m / sig_t) * math.exp(-h1) * x - a_m * math.expm1(-2 * h1) * x0
+                 + sig_m * math.sqrt(-math.expm1(-2 * h1)) * z1)
+            x0_m, _ = denoised_and_eps(u, e1(u, m), a_m, sig_m, data_range)
+            tail = math.exp(-2 * (h - h1))
+            return ((sig_s / sig_t) * math.exp(-h) * x - a_s * math.expm1(-2 * h) * x0_m
+                    + sig_s * (math.sqrt(max(tail - math.exp(-2 * h), 0.0)) * z1
+                               + math.sqrt(max(1.0 - tail, 0.0)) * z2)), 1
+        u = (a_m / a_t) * x - 2.0 * sig_m * math.expm1(h1) * eps + sig_m * math.sqrt(math.expm1(2 * h1)) * z1
+        _, eps_m = denoised_and_eps(u, e1(u, m), a_m, sig_m, data_range)
+        tail = math.exp(2 * (h - h1))
+        return ((a_s / a_t) * x - 2.0 * sig_s * math.expm1(h) * eps_m
+                + sig_s * (math.sqrt(max(math.exp(2 * h) - tail, 0.0)) * z1 + math.sqrt(max(tail - 1.0, 0.0)) * z2)), 1
+
+    return exponential_loop(e1, x, ts, schedule, data_range, advance, f"seeds-2 K={len(ts)}", callback, progress)
 
 
 def _lambda_cut(schedule: Schedule, t: int, h: float, r: float) -> tuple[int, float]:
@@ -203,45 +193,36 @@ def sample_seeds_3(e1: EpsFn, x: torch.Tensor, ts: Sequence[int], schedule: Sche
     data-prediction form with the same structure. The last step into data is the denoised mean (one call).
     Noise: STREAM_STEP_NOISE, STREAM_SECOND_NOISE and STREAM_THIRD_NOISE at t.
     """
-    shape, dtype, form = x.shape[1:], x.dtype, o.prediction
-    x, calls = x.to(torch.float64), 0
-    for i, t in enumerate(progress_bar(ts, progress, desc=f"seeds-3 K={len(ts)}", leave=False)):
-        s = ts[i + 1] if i + 1 < len(ts) else DATA
+    shape, form = x.shape[1:], o.prediction
+
+    def advance(x: torch.Tensor, x0: torch.Tensor, eps: torch.Tensor, t: int, s: int) -> tuple[torch.Tensor, int]:
         a_t, sig_t = schedule.alpha(t), schedule.sigma(t)
-        x0, eps = denoised_and_eps(x, e1(x, t), a_t, sig_t, data_range)
-        calls += 1
-        if s == DATA:
-            x = x0
-        else:
-            h = math.log(schedule.ve_sigma(t) / schedule.ve_sigma(s))
-            (m1, h1), (m2, h2) = _lambda_cut(schedule, t, h, 1.0 / 3.0), _lambda_cut(schedule, t, h, 2.0 / 3.0)
-            z = [noise.normal(stream, t, shape, x.device).to(torch.float64)
-                 for stream in (STREAM_STEP_NOISE, STREAM_SECOND_NOISE, STREAM_THIRD_NOISE)]
-            cuts = (h1, h2, h)
+        h = math.log(schedule.ve_sigma(t) / schedule.ve_sigma(s))
+        (m1, h1), (m2, h2) = _lambda_cut(schedule, t, h, 1.0 / 3.0), _lambda_cut(schedule, t, h, 2.0 / 3.0)
+        z = [noise.normal(stream, t, shape, x.device).to(torch.float64)
+             for stream in (STREAM_STEP_NOISE, STREAM_SECOND_NOISE, STREAM_THIRD_NOISE)]
+        cuts = (h1, h2, h)
 
-            def point(p: float, m: int | None, pred: torch.Tensor, slope: torch.Tensor | None) -> torch.Tensor:
-                a_p, sig_p = (schedule.alpha(m), schedule.sigma(m)) if m is not None else (schedule.alpha(s),
-                                                                                             schedule.sigma(s))
-                w = _exp_noise(p, [c for c in cuts if c <= p], form)
-                return (_exp_drift(x, pred, slope, p, a_t, sig_t, a_p, sig_p, form)
-                        + sig_p * sum(wi * zi for wi, zi in zip(w, z)))
+        def point(p: float, m: int | None, pred: torch.Tensor, slope: torch.Tensor | None) -> torch.Tensor:
+            a_p, sig_p = (schedule.alpha(m), schedule.sigma(m)) if m is not None else (schedule.alpha(s),
+                                                                                         schedule.sigma(s))
+            w = _exp_noise(p, [c for c in cuts if c <= p], form)
+            return (_exp_drift(x, pred, slope, p, a_t, sig_t, a_p, sig_p, form)
+                    + sig_p * sum(wi * zi for wi, zi in zip(w, z)))
 
-            def model(u: torch.Tensor, m: int) -> torch.Tensor:
-                mx0, meps = denoised_and_eps(u, e1(u, m), schedule.alpha(m), schedule.sigma(m), data_range)
-                return meps if form == "noise" else mx0
+        def model(u: torch.Tensor, m: int) -> torch.Tensor:
+            mx0, meps = denoised_and_eps(u, e1(u, m), schedule.alpha(m), schedule.sigma(m), data_range)
+            return meps if form == "noise" else mx0
 
-            def slope(u: torch.Tensor, m: int, p: float) -> torch.Tensor | None:
-                return (model(u, m) - pred) / p if p > 0 else None  # (a stage rounded onto t: no slope)
+        def slope(u: torch.Tensor, m: int, p: float) -> torch.Tensor | None:
+            return (model(u, m) - pred) / p if p > 0 else None  # (a stage rounded onto t: no slope)
 
-            pred = eps if form == "noise" else x0
-            u1 = point(h1, m1, pred, None)
-            u2 = point(h2, m2, pred, slope(u1, m1, h1))
-            x = point(h, None, pred, slope(u2, m2, h2))
-            calls += 2
-        if callback is not None:
-            callback({"step": i, "i": i, "t": t, "s": s, "sigma": schedule.ve_sigma(t), "x": x.to(dtype, copy=True),
-                      "denoised": x0.to(dtype), "nfe": calls})
-    return x.to(dtype), {"nfe": calls}
+        pred = eps if form == "noise" else x0
+        u1 = point(h1, m1, pred, None)
+        u2 = point(h2, m2, pred, slope(u1, m1, h1))
+        return point(h, None, pred, slope(u2, m2, h2)), 2
+
+    return exponential_loop(e1, x, ts, schedule, data_range, advance, f"seeds-3 K={len(ts)}", callback, progress)
 
 
 class SEEDS2(Solver):
