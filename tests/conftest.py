@@ -3,10 +3,17 @@ import json
 import os
 import platform
 
-import pytest
-import torch
+# Set before torch loads OpenMP, in this process and (inherited) in the pytest-xdist workers of the default run
+# (README.md) and the processes the tests start (torchrun, the command line, nested pytest runs): one thread
+# each, as the workers share the cores, and waiting threads sleep instead of spinning, so that a test that runs
+# two threads (test_reproducibility.py) does not spin against the other worker for a core (3x slower).
+os.environ["OMP_NUM_THREADS"] = "1"
+os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 
-import gms_kernels as gk
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import gms_kernels as gk  # noqa: E402
 
 # Skips that mean "part of the package is missing": on CI (CI=true) they fail the run instead, so that
 # a broken build of the C++ extension or a missing triton cannot pass by skipping its tests.
@@ -46,7 +53,8 @@ def pytest_runtest_makereport(item, call):
 
 @pytest.fixture(autouse=True, scope="session")
 def one_thread():
-    """The tests use small tensors: one intra-op thread is faster, and far faster on a busy machine."""
+    """The tests use small tensors: one intra-op thread is faster, and far faster on a busy machine or with
+    several pytest-xdist workers."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -65,6 +73,17 @@ def default_dtype():
         finally:
             torch.set_default_dtype(previous)
     return use
+
+
+@pytest.fixture
+def small_scale_estimate(monkeypatch):
+    """A cheaper estimate of the heads' target sizes s_n(t) (train_heads' loss_weighting="normalized" and
+    output_scale): 10 bands of t and about 1,024 values per band instead of 50 and 16,384."""
+    import gms_kernels.train.training as training
+
+    monkeypatch.setattr(training, "SCALE_BUCKETS", 10)
+    monkeypatch.setattr(training, "SCALE_VALUES", 1024)
+    monkeypatch.setattr(training, "SCALE_MIN_ROWS", 8)
 
 
 @pytest.fixture

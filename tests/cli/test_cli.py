@@ -20,7 +20,7 @@ def test_train_backbone_then_heads_then_sample(tmp_path):
     assert x.shape == (2, 1, 8, 8) and torch.isfinite(x).all()
 
 
-def test_train_heads_takes_the_head_loss_weighting_and_output_scale(tmp_path, capsys):
+def test_train_heads_takes_the_head_loss_weighting_and_output_scale(tmp_path, capsys, small_scale_estimate):
     """--head-loss reaches gk.train_heads (its weighted losses are logged as wmse_e*), --head-scale saves the
     heads' per-t output scale with the model; an unknown loss is refused by the parser."""
     data = gk.data.digits("all")[0][:32]

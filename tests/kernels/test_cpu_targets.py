@@ -3,11 +3,9 @@ against the float64 torch reference, each target forced in turn on this machine.
 
 One build holds all targets and picks the best at import; ``gk.kernels.set_cpu_target`` (or the
 environment variable GMS_KERNELS_CPU_TARGET) runs a lower one, so the default test run covers the
-AVX2 and SSE2 code on an AVX-512 machine without a second build.
+AVX2 and SSE2 code on an AVX-512 machine without a second build. The whole backend suite on a lower
+target: test_portable_build.py.
 """
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +21,6 @@ from gms_kernels.solvers import fused_config, get_solver, resolve_options
 if not cpp.available():
     pytest.fail(f"the C++ extension is not available ({cpp.import_error()})", pytrace=False)
 
-REPO = Path(__file__).resolve().parents[2]
 TARGETS = cpu_info()["supported"]
 SCHED = gk.Schedule.linear(1000)
 GAMMA = torch.linspace(0.0, 0.6, 1000, dtype=torch.float64)
@@ -223,23 +220,3 @@ def test_targets_agree_with_each_other():
         for (solver, _, _), a, b in zip(SOLVERS, results[TARGETS[0]], results[target]):
             assert ((a - b).abs() / (1 + a.abs())).max() <= 4e-6, (target, solver)
 
-
-def _whole_suite_target() -> list[str]:
-    """The target the whole backend suite runs on once more: AVX2 (the common CPU without AVX-512) where
-    this machine runs a wider one, else the next lower target (SSE2 on an AVX2 machine), so the test
-    runs on every x86-64 host; none where the CPU has one target only (e.g. NEON)."""
-    lower = [t for t in TARGETS if t != cpu_info()["best"]]
-    return ["avx2"] if "avx2" in lower else lower[:1]
-
-
-# ~20 s; the other targets are covered by the tests above
-@pytest.mark.parametrize("target", _whole_suite_target())
-def test_the_cpp_backend_suite_passes_on_a_forced_target(target):
-    """tests/kernels/test_cpp_backend.py whole, with GMS_KERNELS_CPU_TARGET set (a subprocess)."""
-    env = {**os.environ, "GMS_KERNELS_CPU_TARGET": target, "OMP_NUM_THREADS": "1"}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
-                          str(REPO / "tests" / "kernels" / "test_cpp_backend.py")], cwd=REPO / "tests", env=env,
-                         capture_output=True, text=True)
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    summary = run.stdout.strip().splitlines()[-1]
-    assert " passed" in summary and "skipped" not in summary, summary

@@ -4,7 +4,6 @@ trained before it) nothing changes. train_heads(output_scale=True) sets it to th
 import pytest
 import torch
 
-import gms_kernels.train.training as training
 from gms_kernels.models.embedded import EMBEDDED_FORMAT, _load_embedded, default_model, save_embedded
 from gms_kernels.models import MomentNet, PytorchDDPMUNet
 from gms_kernels.models.moment_net import raw_from_central
@@ -179,19 +178,11 @@ def test_a_bad_table_in_a_file_is_refused(tmp_path):
         MomentNet.load(tmp_path / "bad_full.pt")
 
 
-@pytest.fixture
-def small_estimate(monkeypatch):
-    """A cheaper s_n(t) estimate for the 50-step test schedule."""
-    monkeypatch.setattr(training, "SCALE_BUCKETS", 10)
-    monkeypatch.setattr(training, "SCALE_VALUES", 1024)
-    monkeypatch.setattr(training, "SCALE_MIN_ROWS", 8)
-
-
 def _data():
     return torch.randn(64, 1, 8, 8, generator=torch.Generator().manual_seed(6)).clamp(-1, 1)
 
 
-def test_training_sets_the_table_to_the_targets_rms_and_trains(small_estimate):
+def test_training_sets_the_table_to_the_targets_rms_and_trains(small_scale_estimate):
     net = MomentNet(_backbone(), targets="central")
     before = {k: v.clone() for k, v in net.heads.state_dict().items()}
     res = train_heads(net, _data(), steps=3, batch_size=16, lr=1e-2, progress=False, loss_weighting="normalized",
@@ -215,13 +206,13 @@ def test_training_sets_the_table_to_the_targets_rms_and_trains(small_estimate):
     assert res.loss_scales is None and plain.output_scale is not None and "mse_e2" in res.history[0]
 
 
-def test_training_without_the_option_leaves_no_table(small_estimate):
+def test_training_without_the_option_leaves_no_table(small_scale_estimate):
     net = MomentNet(_backbone(), targets="central")
     train_heads(net, _data(), steps=1, batch_size=16, progress=False, loss_weighting="normalized")
     assert net.output_scale is None
 
 
-def test_scaled_checkpoints_resume_only_scaled_runs(tmp_path, small_estimate):
+def test_scaled_checkpoints_resume_only_scaled_runs(tmp_path, small_scale_estimate):
     ckpt = tmp_path / "h.pt"
     train_heads(MomentNet(_backbone(), targets="central"), _data(), steps=1, batch_size=16, progress=False,
                 checkpoint=ckpt, loss_weighting="normalized")
@@ -236,7 +227,7 @@ def test_scaled_checkpoints_resume_only_scaled_runs(tmp_path, small_estimate):
     assert res.steps == 2
 
 
-def test_output_scale_needs_a_moment_net(small_estimate):
+def test_output_scale_needs_a_moment_net(small_scale_estimate):
     class Plain(torch.nn.Module):
         targets = "central"
 

@@ -7,9 +7,14 @@ import tarfile
 import tomllib
 from pathlib import Path
 
+import pytest
+
 import gms_kernels as gk
 
 ROOT = Path(__file__).resolve().parents[2]
+# (one xdist worker for the module: the sdist build rewrites gms_kernels.egg-info in the checkout, which
+# importlib.metadata reads from the working directory, as test_pep621_metadata_with_one_version_source does)
+pytestmark = pytest.mark.xdist_group("checkout_metadata")
 
 
 def _project() -> dict:
@@ -65,8 +70,6 @@ def test_hard_dependencies_are_what_the_library_needs_at_run_time():
 
 
 def test_a_missing_optional_dependency_names_its_extra(monkeypatch):
-    import pytest
-
     from gms_kernels.core.extras import require
 
     monkeypatch.setitem(sys.modules, "scipy.stats", None)  # (an import of it now fails as if it were not installed)

@@ -381,16 +381,16 @@ def test_sample_hands_multi_call_solvers_its_data_range_progress_flag_and_solver
     """For a multi-call solver (SEEDS-2) gk.sample passes on its data_range (the final denoised sample lies in
     (0, 1), unlike without a range), its progress flag (True by default, False when asked), and the solver's
     name for the heads check."""
-    from gms_kernels.solvers import seeds as sde
+    from gms_kernels.solvers import base as loop  # (SEEDS' steps run in the shared exponential_loop)
 
     flags = []
-    real_bar = sde.progress_bar
+    real_bar = loop.progress_bar
 
     def bar(iterable, progress, **kwargs):
         flags.append(progress)
         return real_bar(iterable, False, **kwargs)
 
-    monkeypatch.setattr(sde, "progress_bar", bar)
+    monkeypatch.setattr(loop, "progress_bar", bar)
 
     def model(x, t):
         return -0.5 * torch.ones_like(x)  # E[x0 | x_t] well above 1 at the last step

@@ -12,7 +12,9 @@ import gms_kernels as gk
 from gms_kernels.cli import main
 from gms_kernels.models import PytorchDDPMUNet
 
-pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
+# (one xdist group: the tests share the runs fixture, a one-process and a torchrun training made once per worker)
+pytestmark = [pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available"),
+              pytest.mark.xdist_group("distributed_training")]
 
 # Run as a plain script (one process) or under torchrun (N processes): trains a MomentNet with conv
 # heads on a tiny frozen UNet; writes each rank's weights and loss history into the folder argv[1].

@@ -17,7 +17,6 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 import gms_kernels as gk
-import gms_kernels.train.training as training
 from gms_kernels.cli import main
 from gms_kernels.core.data import ImageFolder
 from gms_kernels.models import MomentNet, PytorchDDPMUNet
@@ -133,11 +132,9 @@ def test_epoch_sampling_reads_every_example_once_per_epoch(digits_folder):
     assert len(set(with_replacement.read[-80:])) < N  # (drawn with replacement: some repeat, some are missed)
 
 
-def test_the_output_scale_estimate_reads_a_folder_as_the_tensor(digits_folder, monkeypatch):
+def test_the_output_scale_estimate_reads_a_folder_as_the_tensor(digits_folder, small_scale_estimate):
     """loss_weighting / output_scale estimate the targets' size from a bounded number of examples, read here
     through the Dataset: the same table and weights as from the tensor."""
-    for name, value in (("SCALE_BUCKETS", 10), ("SCALE_VALUES", 1024), ("SCALE_MIN_ROWS", 8)):
-        monkeypatch.setattr(training, name, value)
     root, x = digits_folder
     runs = [_train("heads", data, loss_weighting="normalized", output_scale=True) for data in (x, root)]
     _assert_equal(runs[0][0], runs[1][0])
