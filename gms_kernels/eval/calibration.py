@@ -12,6 +12,10 @@ slopes of r^2 on c2 and of r^3 on c3 (through the origin) are 1. For heads whose
 independent noise, the slope of r^3 on c3 is the factor lambda that makes lambda * c3 the best linear predictor of
 the true third moment: the shrinkage the GMS solver's ``skew_scale`` option applies per step
 (:meth:`HeadCalibration.skew_scale`).
+
+The regression can also be run on the moments the fit receives on a step once the moments of x_0 given x_t are
+bounded for the data's range (``moments="clamped"``: the official code's clamps; ``"feasible"``: made jointly
+feasible), to see what the bounds do to the calibration.
 """
 from __future__ import annotations
 
@@ -22,12 +26,14 @@ from typing import Any, Sequence
 
 import torch
 
-from ..core.moments import (DataRange, central_third_moment, check_data_range, feasible_moments, x0_moments)
-from ..core.schedule import Schedule, schedule_for, time_index, trajectory
+from ..core.moments import DataRange, central_third_moment, check_data_range, transition_moments
+from ..core.schedule import DATA, Schedule, StepCoefficients, schedule_for, time_index, trajectory
 from ..model_io import (adapt_model, all_finite, call_model, check_model_heads, check_model_signature,
                         check_positive_ints, check_state_tensor, check_time_input, split_heads)
 
-MOMENTS = ("heads", "feasible")
+# the heads' own moments, or those of a step whose x_0 moments were bounded for the data's range in one of the forms
+# of gms_kernels.core.moments.MOMENT_FORMS (see calibrate_heads)
+MOMENTS = ("heads", "clamped", "feasible")
 # a central moment whose rms is at most this many units of rounding of the terms it is formed from is unresolved
 UNRESOLVED_ULPS = 16
 
@@ -61,13 +67,14 @@ class CalibrationRow:
 @dataclass(frozen=True)
 class HeadCalibration:
     """What :func:`calibrate_heads` returns: one :class:`CalibrationRow` per time index (in the order asked), the
-    interval ``level``, and which moments were regressed (``moments``, and the ``data_range`` they were made
-    feasible for, None for the heads' own)."""
+    interval ``level``, and which moments were regressed (``moments``, and the ``data_range`` they were bounded
+    for and the ``step`` length whose transition moments they are, both None for the heads' own)."""
 
     rows: tuple[CalibrationRow, ...]
     level: float
     moments: str
     data_range: DataRange
+    step: int | None = None
 
     def row(self, t: int) -> CalibrationRow:
         for r in self.rows:
@@ -102,7 +109,8 @@ class HeadCalibration:
 def calibrate_heads(model: Any, x_heldout: torch.Tensor, schedule: Schedule | None = None,
                     timesteps: Sequence[int] | None = None, *, draws: int = 8, seed: int = 0,
                     level: float = 0.95, n_boot: int = 2000, batch_size: int = 256, time_input: str | None = None,
-                    moments: str = "heads", data_range: DataRange = (-1.0, 1.0)) -> HeadCalibration:
+                    moments: str = "heads", data_range: DataRange = (-1.0, 1.0),
+                    step: int | None = None) -> HeadCalibration:
     """Per time index, the slopes of the realised r^2 on the heads' c2 and of r^3 on c3, with intervals.
 
     ``model(x_t, t)`` returns the heads [e1, e2, e3] along dim 1, as for ``gk.sample`` (diffusers models are
@@ -124,8 +132,16 @@ def calibrate_heads(model: Any, x_heldout: torch.Tensor, schedule: Schedule | No
     skewed sampling distribution of that ratio (r^3 is heavy-tailed), which a normal interval around a sandwich
     standard error would not.
 
-    ``moments="feasible"`` regresses on the moments after :func:`gms_kernels.core.moments.feasible_moments`
-    for ``data_range`` instead of the heads' own (e1 then the mean the clipped E[x_0|x_t] implies).
+    ``moments`` picks the regressors. ``"heads"``: the heads' own e1, c2, c3. ``"clamped"`` and ``"feasible"``:
+    the moments the GMS solver fits on the step t -> s = t - ``step`` (s = -1, the data, where that is below 0;
+    ``step`` defaults to T // 10, the steps of ``gk.sample``'s default 10), as
+    :func:`gms_kernels.core.moments.transition_moments` forms them with the x_0 moments bounded for
+    ``data_range`` in that form: the official code's separate clamps (the GMS solver's default) or mean,
+    variance and skew of x_0 made jointly feasible. They are mapped back to eps through
+    q(x_s|x_t, x_0) = N(c1 x_t + c2 x_0, lam2) and eps = (x_t - a_t x_0) / sigma_t: e1 (so r) from the mean,
+    c2 from (Var - lam2) / c2^2, c3 from the central third moment / c2^3. For the feasible moments (and the
+    heads') that is the skew of x_0, whatever the step; the clamped ones add 3 (c1 / c2) x_t (E[x_0^2] - E1^2 -
+    Var) to it, a term of the step that is non-zero where the clamps of E[x_0^2] and of the variance disagree.
 
     A t whose heads give c3 no larger than the rounding error of computing it from e1, e2, e3 (at the precision
     of the model's output) has no skew to calibrate: its ``slope3`` is NaN (so for c2). Returns a
@@ -151,12 +167,20 @@ def calibrate_heads(model: Any, x_heldout: torch.Tensor, schedule: Schedule | No
         if moments not in MOMENTS:
             raise ValueError(f"moments must be one of {', '.join(map(repr, MOMENTS))}, got {moments!r}")
         data_range = check_data_range(data_range)
-        if moments == "feasible" and data_range is None:
-            raise ValueError("moments='feasible' needs the data's range: pass data_range=(low, high)")
+        if moments != "heads" and data_range is None:
+            raise ValueError(f"moments={moments!r} needs the data's range: pass data_range=(low, high)")
+        if step is None:
+            step = max(schedule.T // 10, 1)
+        if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 1:
+            raise ValueError(f"step must be a positive number of time indices (the step t -> t - step), got {step!r}")
+        step = int(step)
         time_input = check_time_input(time_input or getattr(model, "time_input", "index"))
         rows = tuple(_row(model, x0, schedule, t, draws, int(seed), float(level), n_boot, batch_size, time_input,
-                          moments, data_range) for t in ts)
-        return HeadCalibration(rows, float(level), moments, data_range if moments == "feasible" else None)
+                          moments, data_range, schedule.coefficients(t, t - step if t >= step else DATA))
+                     for t in ts)
+        if moments == "heads":
+            return HeadCalibration(rows, float(level), moments, None)
+        return HeadCalibration(rows, float(level), moments, data_range, step)
 
 
 def _check_timesteps(schedule: Schedule, timesteps: Sequence[int] | None) -> list[int]:
@@ -177,7 +201,8 @@ def _check_timesteps(schedule: Schedule, timesteps: Sequence[int] | None) -> lis
 
 
 def _row(model: Any, x0: torch.Tensor, schedule: Schedule, t: int, draws: int, seed: int, level: float,
-         n_boot: int, batch_size: int, time_input: str, moments: str, data_range: DataRange) -> CalibrationRow:
+         n_boot: int, batch_size: int, time_input: str, moments: str, data_range: DataRange,
+         k: StepCoefficients) -> CalibrationRow:
     """One :class:`CalibrationRow`: per-image sums of x y and x^2 for both regressions, then the ratios."""
     a, sigma = schedule.alpha(t), schedule.sigma(t)
     # one stream per (seed, t): the noise draws, then the bootstrap's resamples
@@ -205,8 +230,8 @@ def _row(model: Any, x0: torch.Tensor, schedule: Schedule, t: int, draws: int, s
             c3 = central_third_moment(e1, c2, e3)
             squares[2] += float((e2.abs() + e1 * e1).square().sum())
             squares[3] += float((e3.abs() + 3 * (e1 * e2).abs() + 2 * e1.abs() ** 3).square().sum())
-            if moments == "feasible":
-                e1, c2, c3 = _feasible_eps_moments(x_t, e1, e2, e3, a, sigma, data_range)
+            if moments != "heads":
+                e1, c2, c3 = _step_eps_moments(x_t, e1, e2, e3, k, moments, data_range)
             squares[0] += float(c2.square().sum())
             squares[1] += float(c3.square().sum())
             r = eps - e1
@@ -223,13 +248,18 @@ def _row(model: Any, x0: torch.Tensor, schedule: Schedule, t: int, draws: int, s
                           math.sqrt(squares[0] / n), math.sqrt(squares[1] / n))
 
 
-def _feasible_eps_moments(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor, e3: torch.Tensor, a: float,
-                          sigma: float, data_range: DataRange) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(mean, c2, c3) of eps given x_t after the moments of x_0 = (x_t - sigma eps) / a were made feasible:
-    eps's mean is (x_t - a E[x_0]) / sigma, its variance (a / sigma)^2 Var[x_0] and its third central
-    moment -(a / sigma)^3 times x_0's."""
-    m = x0_moments(x_t, e1, e2, e3, a, sigma)
-    mean, var, kappa3 = feasible_moments(m.mean, m.var, central_third_moment(m.mean, m.var, m.m3), data_range)
+def _step_eps_moments(x_t: torch.Tensor, e1: torch.Tensor, e2: torch.Tensor, e3: torch.Tensor, k: StepCoefficients,
+                      moments: str, data_range: DataRange) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(mean, c2, c3) of eps given x_t that the moments of the step ``k`` (x_0 moments bounded in the form
+    ``moments``) stand for. With x_s = c1 x_t + c2 x_0 + sqrt(lam2) z: x_0's mean is (M1 - c1 x_t) / c2, its
+    variance (Var - lam2) / c2^2 and its third central moment kappa3 / c2^3; with x_0 = (x_t - sigma eps) / a,
+    eps's mean is (x_t - a E[x_0]) / sigma, its variance (a / sigma)^2 Var[x_0], its third central moment
+    -(a / sigma)^3 times x_0's."""
+    fitted = transition_moments(x_t, e1, e2, e3, k, data_range, moments=moments)
+    a, sigma = k.a_t, k.sigma_t
+    mean = (fitted.m1 - k.c1 * x_t) / k.c2
+    var = (fitted.var - k.lam2) / k.c2**2
+    kappa3 = central_third_moment(fitted.m1, fitted.var, fitted.m3) / k.c2**3
     ratio = a / sigma
     return (x_t - a * mean) / sigma, ratio**2 * var, -ratio**3 * kappa3
 

@@ -1,5 +1,7 @@
 """gk.calibrate_heads against heads whose calibration slopes are known: exact heads (slopes 1), exact heads with
-their central third moment halved (slope 2), heads without skew (no slope)."""
+their central third moment halved (slope 2), heads without skew (no slope); and the moments after the data range's
+bounds: unchanged where no bound binds, and, under the official clamps, blind to the heads' third moment where the
+E[x_0^3] -> E[x_0] replacement binds on every element."""
 import math
 
 import pytest
@@ -116,6 +118,56 @@ def test_feasible_moments_change_nothing_where_the_range_does_not_bind(oracle, h
     assert wide.moments == "feasible" and wide.data_range == (-50.0, 50.0) and plain.data_range is None
 
 
+def test_clamped_moments_are_the_heads_where_the_clamps_do_not_bind(oracle, heldout):
+    """A range so wide that no clamp binds: not the mean's, variance's or E[x_0^2]'s, nor the replacement of
+    E[y^3] by E[y] (y = x_0 / half width), which binds where |E[x_0^3]| > half_width^2 |E[x_0]|. Then the
+    step's moments stand for the heads' own, whatever the step's length (the default: T // 10)."""
+    small = heldout[:200]
+    plain = gk.calibrate_heads(oracle, small, timesteps=[100, 500], draws=2, seed=0, n_boot=200)
+    for step in (None, 10, 400):
+        wide = gk.calibrate_heads(oracle, small, timesteps=[100, 500], draws=2, seed=0, n_boot=200,
+                                  moments="clamped", data_range=(-1e4, 1e4), step=step)
+        for r, w in zip(plain.rows, wide.rows):
+            for field in ("slope2", "slope3", "rms_c2", "rms_c3"):
+                assert math.isclose(getattr(w, field), getattr(r, field), rel_tol=1e-9), (field, step, r, w)
+        assert wide.moments == "clamped" and wide.data_range == (-1e4, 1e4)
+        assert wide.step == (step or oracle.schedule.T // 10) and plain.step is None
+
+
+def test_feasible_moments_do_not_depend_on_the_step(oracle, heldout):
+    """Feasible moments of x_0 are consistent (E[x_0^2] = E1^2 + Var), so the step's skew is c2^3 times x_0's
+    for every step, and the rows are the same for any step length (t = 50 with a step of 100 goes to the data)."""
+    small = heldout[:200]
+    rows = [gk.calibrate_heads(oracle, small, timesteps=[50, 300], draws=2, seed=0, n_boot=200,
+                               moments="feasible", data_range=(-0.5, 0.5), step=step).rows for step in (5, 100, 250)]
+    for field in ("slope2", "slope3", "rms_c2", "rms_c3"):
+        for i in range(2):
+            values = [getattr(r[i], field) for r in rows]
+            assert all(math.isclose(v, values[0], rel_tol=1e-9) for v in values), (field, values)
+
+
+def test_clamps_that_replace_the_third_moment_forget_the_heads_skew(oracle, heldout):
+    """Heads with the true skew times +-1e4 on data_range (-1, 1): E[y^3] is far beyond E[y] on every element,
+    so the clamp replaces it by E[y], and the clamped c3 is -(a/sigma)^3 (E1 - 3 E1 Var - E1^3) of x_0, a function
+    of e1 and e2 alone. Both signs of the heads' skew then give the same clamped rows (while the heads' own slopes
+    flip sign), the clamped c3 is tiny next to the heads', and e1, c2 (no other clamp binds) are the heads'."""
+    small, ts = heldout[:400], [500, 700]
+    rows = {(f, m): gk.calibrate_heads(ScaledSkew(oracle, f), small, timesteps=ts, draws=2, seed=0, n_boot=200,
+                                       moments=m).rows for f in (1e4, -1e4) for m in ("heads", "clamped")}
+    longer = gk.calibrate_heads(ScaledSkew(oracle, 1e4), small, timesteps=ts, draws=2, seed=0, n_boot=200,
+                                moments="clamped", step=450).rows
+    for i in range(len(ts)):
+        up, down = rows[1e4, "heads"][i], rows[-1e4, "heads"][i]
+        assert math.isclose(up.slope3, -down.slope3, rel_tol=1e-9) and 0 < up.slope3 < 1e-3
+        clamped = rows[1e4, "clamped"][i]
+        assert clamped == rows[-1e4, "clamped"][i]  # the heads' third moment no longer matters
+        # (E[x_0^2] and Var are not clamped, so they agree and the step's length does not matter either)
+        assert math.isclose(longer[i].slope3, clamped.slope3, rel_tol=1e-9)
+        assert clamped.rms_c3 < 1e-2 * up.rms_c3
+        assert math.isclose(clamped.slope2, up.slope2, rel_tol=1e-9) and math.isclose(clamped.rms_c2, up.rms_c2,
+                                                                                     rel_tol=1e-9)
+
+
 def test_bad_input_is_refused(oracle, heldout):
     x = heldout[:4]
     cases = [
@@ -127,8 +179,10 @@ def test_bad_input_is_refused(oracle, heldout):
         (dict(n_boot=10), "n_boot must be at least 100"),
         (dict(level=95), r"level must lie in \(0, 1\)"),
         (dict(seed=-1), "seed"),
-        (dict(moments="clamped"), "moments must be one of"),
+        (dict(moments="official"), "moments must be one of"),
         (dict(moments="feasible", data_range=None), "needs the data's range"),
+        (dict(moments="clamped", data_range=None), "needs the data's range"),
+        (dict(moments="clamped", step=0), "step must be a positive number"),
         (dict(x_heldout=x.clone().fill_(float("nan"))), "non-finite"),
         (dict(model=lambda x_t, t: oracle(x_t, t)[:, :2]), "three heads"),
     ]
