@@ -1,43 +1,84 @@
-"""Choose a shipped model's own GMS options on its validation split with gk.choose_options (as a user would for
-their own model), and print the table, the winner and the line that makes it the model's default.
+"""Choose the shipped models' own GMS options from the equal-tuning protocol's validation cells, and print the
+Markdown report python/results/model_options.md holds.
 
-Run from the repository root after `pip install .`:
+    python python/choose_model_options.py --out python/results/model_options.md
 
-    OMP_NUM_THREADS=1 python python/choose_model_options.py --testbed digits
-
-The shipped models' options (gms_kernels.models.embedded.SOLVER_DEFAULTS) were chosen with the same rule from the cached
-runs of python/quality_benchmark.py (python/results/model_options.md); this reruns the choice end to end
-through the library.
+The candidates are the GMS options a model can carry without leaving the fused kernels: the closed fit with one
+component per pixel or per image, at variance scale 1. Their cells are the validation seeds' cells of
+python/equal_tuning.py (run it first for each testbed: this script samples nothing). The rule is
+gk.choose_options': the lowest mean rank over K = 5, 10, 20 of the validation means (gms_kernels.eval.tuning.mean_ranks),
+per model; over all three testbeds for the library's own default.
 """
 import argparse
-import time
+import shlex
+import sys
+from pathlib import Path
 
 import torch
 
-import gms_kernels as gk
-from gms_kernels.core.devices import cpu_description
-from studies.quality_study import testbed
+from gms_kernels.core.devices import machine_note
+from gms_kernels.eval.tuning import mean_ranks
+from studies import protocol as P
+
+CANDIDATES = {"closed, per pixel": "gms closed/pixel c=1", "closed, per image": "gms closed/sample c=1"}
+TESTBEDS = ("digits", "patches", "smooth")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--testbed", choices=("digits", "patches"), default="digits")
-    p.add_argument("--steps", type=int, nargs="+", default=[5, 10, 20])
-    p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--samples", type=int, default=1000)
+    p.add_argument("--out", help="write the report to this file")
     args = p.parse_args()
     torch.set_num_threads(1)
-    bed = testbed(args.testbed)
-    t0 = time.perf_counter()
-    choice = gk.choose_options(bed.model(), bed.references()["validation"], bed.metrics[bed.primary],
-                               steps=args.steps, seeds=args.seeds, n_samples=args.samples)
-    print(f"Command: `python python/choose_model_options.py --testbed {args.testbed} --steps "
-          f"{' '.join(map(str, args.steps))} --seeds {args.seeds} --samples {args.samples}` "
-          f"({cpu_description()}, one torch thread, {time.perf_counter() - t0:.0f} s)\n")
-    print(f"{args.testbed}, validation split, {bed.primary} (lower is better), mean ± 95% half-width over seeds:\n")
-    print(choice.table())
-    print(f"\nChosen: {choice.best}: model.solver_defaults = {{'gms': {choice.options}}}")
-    print(f"Shipped: {bed.model().solver_defaults}")
+    scores, names = {}, {}
+    for name in TESTBEDS:
+        pbed = P.protocol_testbed(name)
+        protocol, _, results = P.run(pbed, sample=False, log=None)
+        key = f"validation/{protocol.primary}"
+        names[name] = f"{name} ({pbed.bed.primary}, seeds {', '.join(map(str, protocol.validation_seeds))})"
+        for candidate, label in CANDIDATES.items():
+            for k in protocol.steps:
+                values = [results[(label, k, s)][key] for s in protocol.validation_seeds]
+                scores[(name, candidate, k)] = sum(values) / len(values)
+    steps = sorted({k for _, _, k in scores})
+    lines = ["| candidate | " + " | ".join(f"{n} K={k}" for n in TESTBEDS for k in steps)
+             + " | " + " | ".join(f"rank {n}" for n in TESTBEDS) + " | rank, all |",
+             "|---|" + "---|" * (len(TESTBEDS) * len(steps) + len(TESTBEDS) + 1)]
+    per_bed = {n: mean_ranks({key: v for key, v in scores.items() if key[0] == n}, list(CANDIDATES))
+               for n in TESTBEDS}
+    overall = mean_ranks(scores, list(CANDIDATES))
+    for candidate in CANDIDATES:
+        lines.append(f"| {candidate} | " + " | ".join(f"{scores[(n, candidate, k)]:.3g}" for n in TESTBEDS
+                                                      for k in steps)
+                     + " | " + " | ".join(f"{per_bed[n][candidate]:.2f}" for n in TESTBEDS)
+                     + f" | {overall[candidate]:.2f} |")
+    chosen = {n: min(CANDIDATES, key=per_bed[n].get) for n in TESTBEDS}
+    text = "\n".join([
+        "# Each shipped model's own GMS options",
+        "",
+        "**Question.** Which GMS options should each shipped model carry (its `solver_defaults`, used by `gk.sample` "
+        "and the command line unless the caller names others), and which the library's default?",
+        "",
+        "**Protocol.** The candidates a model can carry on the fused kernels: the closed fit with one component per "
+        "pixel or per image, variance scale 1. Their scores: the validation cells of the equal-tuning protocol "
+        "([equal_tuning_digits.md](equal_tuning_digits.md), [equal_tuning_patches.md](equal_tuning_patches.md), "
+        "[smooth_density.md](smooth_density.md)): the mean over the validation seeds against the validation "
+        "reference, never a test seed. The rule: the lowest mean rank over K = 5, 10, 20 (`gk.choose_options`' rule, "
+        "`gms_kernels.eval.tuning.mean_ranks`), per model; over all three testbeds for the library's default. "
+        "Testbeds: " + "; ".join(names.values()) + ".",
+        "",
+        *lines,
+        "",
+        "**Command.** `python python/choose_model_options.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]) + "`",
+        "",
+        f"Machine: {machine_note()}.",
+        "",
+        f"**Answer.** Digits: {chosen['digits']}; patches: {chosen['patches']}; over all three testbeds: "
+        f"{min(CANDIDATES, key=overall.get)}.",
+        "",
+    ])
+    if args.out:
+        Path(args.out).write_text(text)
+    print(text)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,8 @@ Metrics against the test patches (gk.data.patches("test"): 10,000 8x8 patches of
 read those against, against 10,003 patches of the train photos at other positions than the training set's:
 sliced W1 in pixel space (256 random directions) and FD-|DCT| (gk.metrics.frechet_distance_dct). Each
 (solver, K, seed) cell is cached as it is measured (one JSON per solver in --cache-dir), so runs resume and
-several processes can share the cells. Writes gms_out/patches_solvers.md (python/results/patches.md is the
-quality study's report on this model).
+several processes can share the cells. Writes gms_out/patches_solvers.md (python/results/equal_tuning_patches.md
+is the equally tuned comparison on this model).
 """
 from __future__ import annotations
 

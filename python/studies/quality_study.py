@@ -124,7 +124,7 @@ GMS_BASES = {
 }
 MODIFIERS = {"c": "variance_scale", "v": "variance_interp", "iters": "fit_iters", "tau": "skew_threshold",
              "floor": "var_floor", "glast": "gaussian_last_step", "eta": "eta", "preset": "preset",
-             "pred": "prediction", "lr": "lr", "skew": "skew_scale"}
+             "pred": "prediction", "lr": "lr", "skew": "skew_scale", "levels": "pixel_levels"}
 STRING_MODIFIERS = ("preset", "pred")
 # modifiers whose value is a number or a name: lr (ADAN's constant rate or one of the paper's tables) and skew
 # (GMS's skew_scale: a constant, or a per-step table measured for the testbed's model, :func:`skew_shrinkage`)
@@ -138,7 +138,8 @@ def row_options(label: str) -> tuple[str | Solver, dict]:
     """(solver, options) of a row label: a solver name (a library solver's, or a study control's from
     :data:`studies.controls.CONTROLS`, returned as its Solver object) or a GMS base (:data:`GMS_BASES`), then ``key=value``
     modifiers (:data:`MODIFIERS`), e.g. ``"sn-ddpm c=0.5"``, ``"ddpm v=0.25"``, ``"gms adan/pixel iters=70 c=0.8"``,
-    ``"gms closed/pixel glast=0"``, ``"gms preset=official"``, ``"gms adan/pixel lr=paper"`` (``lr``: a number
+    ``"gms closed/pixel glast=0"``, ``"sn-ddpm levels=17"`` (``pixel_levels``: an integer, or ``none`` for no
+    cap on the last step's variance), ``"gms preset=official"``, ``"gms adan/pixel lr=paper"`` (``lr``: a number
     or a name of ``gk.fit.PAPER_LR_TABLES``), ``"gms closed/sample skew=lam"`` (``skew``: skew_scale, a number or
     a name of :data:`SKEW_TABLES`, which :func:`measure` reads from the testbed's table file);
     ``"gms"`` alone is the model's defaults (its ``solver_defaults``, else the library's)."""
@@ -155,6 +156,7 @@ def row_options(label: str) -> tuple[str | Solver, dict]:
             options[MODIFIERS[key]] = _number_or_name(key, value, label)
             continue
         options[MODIFIERS[key]] = (bool(int(value)) if key == "glast" else int(value) if key == "iters"
+                                   else (None if value == "none" else int(value)) if key == "levels"
                                    else value if key in STRING_MODIFIERS else float(value))
     return solver, options
 
