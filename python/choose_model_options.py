@@ -3,8 +3,8 @@ Markdown report python/results/model_options.md holds.
 
     python python/choose_model_options.py --out python/results/model_options.md
 
-The candidates are the GMS options a model can carry without leaving the fused kernels: the closed fit with one
-component per pixel or per image, at variance scale 1. Their cells are the validation seeds' cells of
+The candidates: the closed fit with one component per pixel or per image, at each variance scale c of the grid
+(c = 1 keeps the step on the fused kernels; other c run the float64 torch step). Their cells are the validation seeds' cells of
 python/equal_tuning.py (run it first for each testbed: this script samples nothing). The rule is
 gk.choose_options': the lowest mean rank over K = 5, 10, 20 of the validation means (gms_kernels.eval.tuning.mean_ranks),
 per model; over all three testbeds for the library's own default.
@@ -20,7 +20,8 @@ from gms_kernels.core.devices import machine_note
 from gms_kernels.eval.tuning import mean_ranks
 from studies import protocol as P
 
-CANDIDATES = {"closed, per pixel": "gms closed/pixel c=1", "closed, per image": "gms closed/sample c=1"}
+CANDIDATES = {f"closed, per {where}, c = {c:g}": P.family_label(f"gms closed/{select}", c)
+              for where, select in (("pixel", "pixel"), ("image", "sample")) for c in P.GRID}
 TESTBEDS = ("digits", "patches", "smooth")
 
 
@@ -58,8 +59,8 @@ def main() -> None:
         "**Question.** Which GMS options should each shipped model carry (its `solver_defaults`, used by `gk.sample` "
         "and the command line unless the caller names others), and which the library's default?",
         "",
-        "**Protocol.** The candidates a model can carry on the fused kernels: the closed fit with one component per "
-        "pixel or per image, variance scale 1. Their scores: the validation cells of the equal-tuning protocol "
+        "**Protocol.** The candidates: the closed fit with one component per pixel or per image, at each variance "
+        "scale c in {1, 1.25, 1.5, 2} (c = 1 runs on the fused kernels, other c on the float64 torch step). Their scores: the validation cells of the equal-tuning protocol "
         "([equal_tuning_digits.md](equal_tuning_digits.md), [equal_tuning_patches.md](equal_tuning_patches.md), "
         "[smooth_density.md](smooth_density.md)): the mean over the validation seeds against the validation "
         "reference, never a test seed. The rule: the lowest mean rank over K = 5, 10, 20 (`gk.choose_options`' rule, "

@@ -5,7 +5,7 @@ distribution.
 - Families (:data:`FAMILIES`), each run at every variance scale c of :data:`GRID`: SN-DDPM, GMS with per-pixel and
   with per-image component selection (the closed fit; GMS: https://arxiv.org/abs/2311.00941), and the
   rank-one covariance control (``studies.controls``). Fixed rows (:data:`FIXED`) take no c. The model's own GMS
-  options (``gms`` with its ``solver_defaults``) coincide with one family at c = 1 (:func:`default_label`): that cell
+  options (``gms`` with its ``solver_defaults``) coincide with one cell of the grid (:func:`default_label`): that cell
   is shared, not sampled twice.
 - Validation: every cell on the validation seeds; per family and K the c with the lowest validation mean of the
   primary metric; "the best validated Gaussian" (DDPM or SN-DDPM at its c) and "the best validated baseline" (DDPM,
@@ -165,16 +165,17 @@ class ProtocolBed:
 
 
 def default_label(model: torch.nn.Module) -> str:
-    """The family cell at c = 1 that equals ``gms`` with the model's own options (its ``solver_defaults``, else the
+    """The grid cell that equals ``gms`` with the model's own options (its ``solver_defaults``, else the
     library's defaults, the closed fit with one component per image)."""
     from gms_kernels.solvers import get_solver
 
     own = {**get_solver("gms").options, **(getattr(model, "solver_defaults", None) or {}).get("gms", {})}
-    for base, options in GMS_BASES.items():
-        label = family_label(base, 1.0)
-        if base in FAMILIES and {**get_solver("gms").options, **row_options(label)[1]} == own:
-            return label
-    raise ValueError(f"the model's GMS options {own} equal no family of the grid at c = 1; add that family")
+    for base in GMS_BASES:
+        for c in GRID:
+            label = family_label(base, c)
+            if base in FAMILIES and {**get_solver("gms").options, **row_options(label)[1]} == own:
+                return label
+    raise ValueError(f"the model's GMS options {own} equal no cell of the grid; add that family")
 
 
 def protocol_testbed(name: str) -> ProtocolBed:

@@ -30,7 +30,7 @@ def test_the_shipped_models_carry_the_options_chosen_for_their_files():
     assert default_model().solver_defaults == SOLVER_DEFAULTS[file_tag(DIGITS_MODEL)] == \
         {"gms": {"fit": "closed", "select": "pixel"}}
     assert patches_model().solver_defaults == SOLVER_DEFAULTS[file_tag(PATCHES_MODEL)] == \
-        {"gms": {"fit": "closed", "select": "pixel"}}
+        {"gms": {"fit": "closed", "select": "pixel", "variance_scale": 1.25}}
 
 
 def test_model_options_replace_the_library_defaults_and_yield_to_the_caller():

@@ -83,7 +83,7 @@ def test_a_protocol_refuses_overlapping_seeds_and_a_default_off_the_grid():
 
 def test_the_default_label_is_the_models_own_gms_options():
     assert P.default_label(gk.models.embedded.default_model()) == "gms closed/pixel c=1"
-    assert P.default_label(gk.models.embedded.patches_model()) == "gms closed/sample c=1"
+    assert P.default_label(gk.models.embedded.patches_model()) == "gms closed/pixel c=1.25"
     assert P.default_label(torch.nn.Identity()) == "gms closed/sample c=1"  # the library's defaults
 
 
