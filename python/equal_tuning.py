@@ -46,8 +46,8 @@ def _diff(diff, d: int) -> str:
 
 def row_title(name: str, protocol: P.Protocol) -> str:
     if name == P.DEFAULT:
-        base = protocol.default.rsplit(" c=", 1)[0]
-        return f"GMS, the model's default options (= {ROW_NAMES[base]}, c = 1)"
+        base, c = protocol.default.rsplit(" c=", 1)
+        return f"GMS, the model's default options (= {ROW_NAMES[base]}, c = {c})"
     return ROW_NAMES[name]
 
 
