@@ -18,6 +18,8 @@ import torch
 
 from gms_kernels.core.devices import machine_note
 from gms_kernels.eval.tuning import mean_ranks
+from gms_kernels.models.embedded import default_model as digits_model, patches_model
+from gms_kernels.solvers import get_solver
 from studies import protocol as P
 
 CANDIDATES = {f"closed, per {where}, c = {c:g}": P.family_label(f"gms closed/{select}", c)
@@ -74,7 +76,9 @@ def main() -> None:
         f"Machine: {machine_note()}.",
         "",
         f"**Answer.** Digits: {chosen['digits']}; patches: {chosen['patches']}; over all three testbeds: "
-        f"{min(CANDIDATES, key=overall.get)}.",
+        f"{min(CANDIDATES, key=overall.get)}. Shipped now: digits {digits_model().solver_defaults['gms']}, patches "
+        f"{patches_model().solver_defaults['gms']}; the library's default (no model options) is "
+        f"select={get_solver('gms').options['select']!r}, variance_scale={get_solver('gms').options['variance_scale']:g}.",
         "",
     ])
     if args.out:
