@@ -161,7 +161,8 @@ def last_step_report(pbed: P.ProtocolBed, protocol: P.Protocol, choices: dict, r
         for k in steps:
             label, against = rows[k][name]
             rel = ("(the library's cap: the reference)" if label == against else
-                   _diff(paired_difference(values[(label, k)], values[(against, k)]), d))
+                   _diff(paired_difference(values[(label, k)], values[(against, k)]), d)
+                   + ("" if against == rows[k][f"{family}, cap at 256 levels"][0] else " (against cap none)"))
             cells.append(f"{_interval(seed_interval(values[(label, k)]), d)}<br>{rel}")
         lines.append(f"| {name} | " + " / ".join(f"{choices[k].c[family]:g}" for k in steps) + " | "
                      + " | ".join(cells) + " |")
@@ -169,8 +170,8 @@ def last_step_report(pbed: P.ProtocolBed, protocol: P.Protocol, choices: dict, r
             "the c it was validated at (python/results/equal_tuning_digits.md); test seeds "
             f"{', '.join(map(str, protocol.test_seeds))}, {protocol.n_samples} samples per cell, "
             f"{METRIC_NAMES[protocol.primary]} against the test reference: mean [95% interval], and below it the "
-            "paired difference to the same family with the library's cap (256 levels) [95% interval] (`*`: "
-            "significant).\n\n" + "\n".join(lines)
+            "paired difference to the same family with the library's cap (256 levels), or for the mixture last step to "
+            "the same family with no cap, the Gaussian last step it replaces [95% interval] (`*`: significant).\n\n" + "\n".join(lines)
             + f"\n\n**Command.** `nice -n 5 python {command()}`\n\n"
             f"Machine: {machine_note()}. Commit: {commit()}.\n")
 

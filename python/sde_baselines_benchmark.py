@@ -87,7 +87,8 @@ def main() -> None:
              "Equal network calls, not equal K: each row gets the largest K of the even trajectory whose calls fit "
              "the budget (one-call solvers K+1 calls for K steps, as the official even list appends t=0; EDM-SDE "
              "and SEEDS-2 2 calls per step, 1 for the last step into data). The NFE column is the calls made. "
-             "`gms (default)`: the library default (closed-form fit, one component per image, Gaussian last step); "
+             "`gms (default)`: the model's own options, here the library's defaults (closed-form fit, one component per "
+             "pixel, Gaussian last step); "
              "`gms-adan / pixel`: 25 ADAN iterations, one component per pixel. EDM-SDE runs the paper's VP settings "
              "(S_churn 30, S_tmin 0.01, S_tmax 1, S_noise 1.007); off-grid noise levels are rounded to the nearest "
              "trained one.", ""]

@@ -21,7 +21,7 @@ fi
 cd "$WORK"
 echo "measuring commit $(git rev-parse HEAD) in $WORK with mutmut $("$PY" -c 'import importlib.metadata as m; print(m.version("mutmut"))')"
 "$BUILD_PY" setup.py build_ext --inplace >/dev/null
-mkdir -p mutants/benchmarks  # also_copy copies benchmarks/reference_loop.py into it
+mkdir -p mutants/benchmarks mutants/csrc  # also_copy copies benchmarks/reference_loop.py and csrc/step_api.h there
 # one worker, one thread per test process: the machine is shared
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 if [ $# -eq 0 ]; then

@@ -15,8 +15,8 @@ from ..models.embedded import DIGITS_SHAPE, default_model
 from ..sampling import sample
 from .metrics import fd_digits, paired_difference, seed_interval
 
-# (label, solver, options). "gms": the embedded model's own options (closed fit, one component per pixel);
-# "gms closed/sample": the library's defaults, which models without options of their own get;
+# (label, solver, options). "gms": the embedded model's own options (closed fit, one component per pixel, as the
+# library's defaults); "gms closed/sample": one component per image, as the official code draws;
 # "gms preset=official": what the official GMS code runs
 ROWS: tuple[tuple[str, str, dict], ...] = (
     ("gms", "gms", {}),
@@ -76,8 +76,8 @@ def run_digits_job(out_dir: str | Path = "gms_out", steps: int = 10, n_samples: 
         f"samples and for the {test_digits} held-out test digits; lower is better. Mean ± half-width of the 95% "
         "interval over seeds; last column: default GMS minus that row, paired over seeds, with its 95% interval "
         "(* = significant). gms: the model's default GMS (closed fit, one mixture component per pixel: the "
-        "embedded model's own options, chosen on its validation split); gms closed/sample: the library's default "
-        "(one component per image), which models without options of their own get.",
+        "embedded model's own options, chosen on its validation split, and the library's default); gms "
+        "closed/sample: one component per image, as the official code draws.",
         "",
         "| solver | FD-digits | default GMS minus this row |",
         "|---|---|---|",

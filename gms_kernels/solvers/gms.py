@@ -55,8 +55,9 @@ class GMSOptions(LastStepOptions):
     (Eq. (31) minimised by ADAN for ``fit_iters`` iterations at learning rate ``lr``, a number or one of the paper's
     schedules of Eq. (44) and Table 7; the
     loss's mean over each sample or the whole batch, ``adan_mean``); the mixture's ``weights`` (w1, w2) and the floor
-    on s2 relative to lam2, ``var_floor``; ``select`` "sample" draws one component per sample, "pixel" one per
-    element; ``adan_precision`` picks the fused kernels' ADAN loop (None: their default).
+    on s2 relative to lam2, ``var_floor``; ``select`` "pixel" draws one component per element (the default: the
+    equal-tuning protocol's choice among the options the fused kernels run), "sample" one per sample (the official
+    code); ``adan_precision`` picks the fused kernels' ADAN loop (None: their default).
 
     ``variance_scale`` c fits (M1, c Var, c^1.5 kappa3): the same shape, c times the spread. ``skew_threshold``
     tau > 0 is the paper's threshold (its appendix: optimize only where the transition kernel is far from Gaussian):
@@ -68,7 +69,7 @@ class GMSOptions(LastStepOptions):
     receives no more skew than data in the range can have. ``preset``: a named option set (:attr:`GMS.presets`)."""
 
     fit: str = "closed"
-    select: str = "sample"
+    select: str = "pixel"
     weights: tuple[float, float] = DEFAULT_WEIGHTS
     fit_iters: int = 25
     lr: float | str = 0.06

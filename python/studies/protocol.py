@@ -165,8 +165,8 @@ class ProtocolBed:
 
 
 def default_label(model: torch.nn.Module) -> str:
-    """The grid cell that equals ``gms`` with the model's own options (its ``solver_defaults``, else the
-    library's defaults, the closed fit with one component per image)."""
+    """The grid cell that equals ``gms`` with the model's own options (its ``solver_defaults`` over the library's
+    defaults)."""
     from gms_kernels.solvers import get_solver
 
     own = {**get_solver("gms").options, **(getattr(model, "solver_defaults", None) or {}).get("gms", {})}
@@ -336,7 +336,8 @@ def last_step_rows(choice: Choice) -> dict[str, tuple[str, str]]:
     """{row name: (label, label it is paired against)}: SN-DDPM and GMS per pixel at their validated c with the
     Gaussian last step capped at each of :data:`LAST_STEP_LEVELS` (paired against the 256-level cap, the library's
     default and so the family's own test cell), and GMS per pixel with the mixture last step (``glast=0``: no
-    Gaussian, no cap), paired against the same 256-level row."""
+    Gaussian, no cap), paired against the same family's uncapped Gaussian last step, the control that differs from
+    it in the last step's distribution alone."""
     rows = {}
     for family in LAST_STEP_FAMILIES:
         base = family_label(family, choice.c[family])
@@ -344,7 +345,7 @@ def last_step_rows(choice: Choice) -> dict[str, tuple[str, str]]:
             label = base if levels == 256 else f"{base} levels={'none' if levels is None else levels}"
             rows[f"{family}, cap {'none' if levels is None else f'at {levels} levels'}"] = (label, base)
     gms = family_label("gms closed/pixel", choice.c["gms closed/pixel"])
-    rows[f"gms closed/pixel, {MIXTURE_LAST_STEP}"] = (f"{gms} glast=0", gms)
+    rows[f"gms closed/pixel, {MIXTURE_LAST_STEP}"] = (f"{gms} glast=0", f"{gms} levels=none")
     return rows
 
 

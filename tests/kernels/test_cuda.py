@@ -19,7 +19,7 @@ K = 10
 SOLVER_CASES = [
     # (ADAN-70, the official preset, in the fp64 loop: the fp32 loop's trajectory parts from the reference's
     # at 70 iterations, benchmarks/results/adan-precision.md)
-    # ({}: the digits model's own options, closed per pixel; select="sample": the library's default)
+    # ({}: the digits model's own options, closed per pixel; select="sample": one component per image, as the official code draws)
     ("gms", {}), ("gms", {"select": "sample"}), ("gms", {"fit": "adan", "select": "pixel"}),
     ("gms", {"preset": "official", "adan_precision": "float64"}),
     ("sn-ddpm", {}), ("ddpm", {}), ("ddpm-large", {}), ("ddim", {}), ("ddim", {"eta": 0.5}),

@@ -34,11 +34,11 @@ def test_the_shipped_models_carry_the_options_chosen_for_their_files():
 
 
 def test_model_options_replace_the_library_defaults_and_yield_to_the_caller():
-    model = Recommends({"gms": {"select": "pixel", "var_floor": 0.2}, "ddim": {"eta": 0.5}})
-    assert resolve_options(GMS, with_model_defaults(GMS, {}, model)).as_dict()["select"] == "pixel"
-    assert resolve_options(GMS, {}).as_dict()["select"] == "sample"  # (the library's own default differs)
-    o = resolve_options(GMS, with_model_defaults(GMS, {"select": "sample"}, model))
-    assert (o.select, o.var_floor) == ("sample", 0.2)
+    model = Recommends({"gms": {"select": "sample", "var_floor": 0.2}, "ddim": {"eta": 0.5}})
+    assert resolve_options(GMS, with_model_defaults(GMS, {}, model)).as_dict()["select"] == "sample"
+    assert resolve_options(GMS, {}).as_dict()["select"] == "pixel"  # (the library's own default differs)
+    o = resolve_options(GMS, with_model_defaults(GMS, {"select": "pixel"}, model))
+    assert (o.select, o.var_floor) == ("pixel", 0.2)
     assert with_model_defaults(get_solver("ddim"), {}, model) == {"eta": 0.5}
     assert with_model_defaults(get_solver("sn-ddpm"), {"variance_scale": 2.0}, model) == {"variance_scale": 2.0}
     assert with_model_defaults(GMS, {"fit": "adan"}, torch.nn.Identity()) == {"fit": "adan"}
@@ -78,11 +78,11 @@ def test_a_bad_table_is_refused_before_sampling(table, message):
 def test_gk_sample_draws_with_the_models_options():
     net = small_central_moment_net(3)
     kw = dict(shape=(6, 1, 8, 8), steps=3, generator=4, progress=False, backend="torch")
-    pixel, per_image = gk.sample(net, select="pixel", **kw), gk.sample(net, **kw)
+    pixel, per_image = gk.sample(net, **kw), gk.sample(net, select="sample", **kw)
     assert not torch.equal(pixel, per_image)
-    net.solver_defaults = {"gms": {"select": "pixel"}}
-    assert torch.equal(gk.sample(net, **kw), pixel)
-    assert torch.equal(gk.sample(net, select="sample", **kw), per_image)
+    net.solver_defaults = {"gms": {"select": "sample"}}
+    assert torch.equal(gk.sample(net, **kw), per_image)
+    assert torch.equal(gk.sample(net, select="pixel", **kw), pixel)
     # the embedded model: gk.sample() without a model is the shipped digits model with its options
     kw.pop("backend")
     assert torch.equal(gk.sample(**kw), gk.sample(default_model(), fit="closed", select="pixel", **kw))
@@ -90,10 +90,10 @@ def test_gk_sample_draws_with_the_models_options():
 
 def test_the_shard_manifest_records_the_models_options(tmp_path):
     net = small_central_moment_net(3)
-    net.solver_defaults = {"gms": {"select": "pixel"}}
+    net.solver_defaults = {"gms": {"select": "sample"}}
     distributed.sample_shards(net, tmp_path, 2, (1, 8, 8), shard_size=2, progress=False, steps=2)
     manifest = json.loads((tmp_path / "manifest.json").read_text())
-    assert manifest["solver_options"]["select"] == "pixel"
+    assert manifest["solver_options"]["select"] == "sample"
     assert distributed.solver_settings({}, None)["select"] == "pixel"  # (None: the embedded digits model)
     net.solver_defaults = {}  # the same directory with other effective options is another run
     with pytest.raises(ValueError, match="holds shards of another run"):

@@ -84,7 +84,7 @@ def test_a_protocol_refuses_overlapping_seeds_and_a_default_off_the_grid():
 def test_the_default_label_is_the_models_own_gms_options():
     assert P.default_label(gk.models.embedded.default_model()) == "gms closed/pixel c=1"
     assert P.default_label(gk.models.embedded.patches_model()) == "gms closed/pixel c=1.25"
-    assert P.default_label(torch.nn.Identity()) == "gms closed/sample c=1"  # the library's defaults
+    assert P.default_label(torch.nn.Identity()) == "gms closed/pixel c=1"  # the library's defaults
 
 
 def test_patches_reference_positions_are_held_out_and_disjoint():
@@ -136,6 +136,7 @@ def test_last_step_rows_pair_each_cap_with_the_librarys_at_the_validated_c():
     assert rows["sn-ddpm, cap at 256 levels"] == ("sn-ddpm c=1.25", "sn-ddpm c=1.25")
     assert rows["sn-ddpm, cap at 17 levels"] == ("sn-ddpm c=1.25 levels=17", "sn-ddpm c=1.25")
     assert rows["gms closed/pixel, cap none"] == ("gms closed/pixel c=1.5 levels=none", "gms closed/pixel c=1.5")
-    assert rows["gms closed/pixel, mixture last step"] == ("gms closed/pixel c=1.5 glast=0", "gms closed/pixel c=1.5")
+    assert rows["gms closed/pixel, mixture last step"] == ("gms closed/pixel c=1.5 glast=0",
+                                                           "gms closed/pixel c=1.5 levels=none")
     assert row_options("sn-ddpm c=1.25 levels=17") == ("sn-ddpm", {"variance_scale": 1.25, "pixel_levels": 17})
     assert row_options("sn-ddpm levels=none")[1] == {"pixel_levels": None}

@@ -551,7 +551,7 @@ def test_gms_scheduler_steps_by_hand(backend, solver):
         x_t, e1, e2, e3 = (v.float() for v in moment_heads(t, seed=900 + t, negative_var=0.2))
         heads = [e1, e2, e3] if solver == "gms" else [e1, e2]
         out = sch.step(torch.cat(heads, 1), t, x_t, generator=1234 + t)
-        z, u = philox_draws(1234 + t, t, SHAPE)
+        z, u = philox_draws(1234 + t, t, SHAPE, per_pixel=True)  # (GMS's default: one component per pixel)
         x64 = [v.double() for v in (x_t, e1, e2, e3)]
         if solver == "gms":
             expected = reference_gms(*x64, t, s, z, u)
