@@ -94,10 +94,35 @@ class GaussianMixtureOracle(nn.Module):
               + 3 * var * e1)
         return torch.cat([e.reshape(x_t.shape) for e in (e1, e2, e3)], dim=1)
 
+    def _diagonal_noise_moments(self, x_t: torch.Tensor, t: int) -> torch.Tensor:
+        """noise_moments for one time index, any diagonal variances, by matrix products with [K, D] tables (no
+        [N, K, *shape] tensor). Given component k, eps = (x_t - a x0) / sigma has mean x_t P_k - Q_k and
+        variance V_k (P_k = sigma / T_k, Q_k = a m_k sigma / T_k, V_k = a^2 s_k^2 / T_k, T_k = a^2 s_k^2 + sigma^2,
+        elementwise), so E[eps^n | x_t] = sum_k r_k E[(x_t P_k - Q_k + sqrt(V_k) z)^n] is a polynomial in x_t whose
+        coefficients are the posterior weights r [N, K] times [K, D] tables; the log-likelihood's terms in x_t are
+        products with 1 / T_k and m_k / T_k likewise."""
+        a, sig = self._a_sigma(t, x_t)
+        x = x_t.to(torch.float64).flatten(1)
+        m, s2 = self.means.flatten(1), self.variances.flatten(1)
+        total = a * a * s2 + sig * sig
+        inv = 1.0 / total
+        logits = self.log_weights - 0.5 * (torch.log(2 * torch.pi * total).sum(1) + (x * x) @ inv.T
+                                           - 2 * a * x @ (m * inv).T + a * a * (m * m * inv).sum(1))
+        r = torch.softmax(logits, dim=1)
+        p, q, v = sig * inv, a * m * sig * inv, a * a * s2 * inv
+        c = (r @ torch.cat([p, q, p * p, p * q, q * q, v, p**3, p * p * q, p * q * q, q**3, p * v, q * v], 1)).split(
+            x.shape[1], dim=1)
+        e1 = x * c[0] - c[1]
+        e2 = x * x * c[2] - 2 * x * c[3] + c[4] + c[5]
+        e3 = x**3 * c[6] - 3 * x * x * c[7] + 3 * x * c[8] - c[9] + 3 * (x * c[10] - c[11])
+        return torch.cat([e.reshape(x_t.shape) for e in (e1, e2, e3)], dim=1)
+
     def noise_moments(self, x_t: torch.Tensor, t: int | torch.Tensor) -> torch.Tensor:
         """[E eps, E eps^2, E eps^3 | x_t] concatenated along dim 1, fp64 (t: one index, or a long tensor [N])."""
         if self._shared(t):
             return self._shared_noise_moments(x_t, t)
+        if not torch.is_tensor(t):
+            return self._diagonal_noise_moments(x_t, t)
         a, sig = self._a_sigma(t, x_t)
         log_r, mu, v = self._posterior(x_t, t)
         r = log_r.exp().reshape(*log_r.shape, *([1] * (mu.dim() - 2)))
