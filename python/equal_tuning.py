@@ -2,7 +2,8 @@
 (studies.protocol), on one testbed; writes the results tables.
 
     nice -n 5 python python/equal_tuning.py --testbed smooth --out python/results/smooth_density.md
-    nice -n 5 python python/equal_tuning.py --testbed digits --out python/results/equal_tuning_digits.md
+    nice -n 5 python python/equal_tuning.py --testbed digits --out python/results/equal_tuning_digits.md \
+        --last-step python/results/last_step.md --skew-shrinkage python/results/skew_shrinkage.md
     nice -n 5 python python/equal_tuning.py --testbed patches --out python/results/equal_tuning_patches.md
 
 Cells are cached in gms_out/equal-tuning-<testbed>.json (a rerun resumes; with the cache full, it only writes the
@@ -151,7 +152,7 @@ def last_step_report(pbed: P.ProtocolBed, protocol: P.Protocol, choices: dict, r
     steps = list(choices)
     rows = {k: P.last_step_rows(choices[k]) for k in steps}
     values = {(label, k): [results[(label, k, s)][key] for s in protocol.test_seeds]
-              for k in steps for label, _ in rows[k].values()}
+              for k in steps for label in [choices[k].gaussian, *(label for label, _ in rows[k].values())]}
     d = _decimals([sum(v) / len(v) for v in values.values()])
     lines = ["| row | c at K = " + " / ".join(map(str, steps)) + " | " + " | ".join(f"K = {k}" for k in steps)
              + " |", "|---|---|" + "---|" * len(steps)]
@@ -163,7 +164,9 @@ def last_step_report(pbed: P.ProtocolBed, protocol: P.Protocol, choices: dict, r
             rel = ("(the library's cap: the reference)" if label == against else
                    _diff(paired_difference(values[(label, k)], values[(against, k)]), d)
                    + ("" if against == rows[k][f"{family}, cap at 256 levels"][0] else " (against cap none)"))
-            cells.append(f"{_interval(seed_interval(values[(label, k)]), d)}<br>{rel}")
+            best = ("best validated Gaussian" if label == choices[k].gaussian else "minus the best validated "
+                    f"Gaussian: {_diff(paired_difference(values[(label, k)], values[(choices[k].gaussian, k)]), d)}")
+            cells.append(f"{_interval(seed_interval(values[(label, k)]), d)}<br>{rel}<br>{best}")
         lines.append(f"| {name} | " + " / ".join(f"{choices[k].c[family]:g}" for k in steps) + " | "
                      + " | ".join(cells) + " |")
     return (f"**Protocol.** Testbed `{pbed.bed.name}` (model tag `{pbed.bed.tag}`), {pbed.notes}; each family at "
@@ -171,9 +174,49 @@ def last_step_report(pbed: P.ProtocolBed, protocol: P.Protocol, choices: dict, r
             f"{', '.join(map(str, protocol.test_seeds))}, {protocol.n_samples} samples per cell, "
             f"{METRIC_NAMES[protocol.primary]} against the test reference: mean [95% interval], and below it the "
             "paired difference to the same family with the library's cap (256 levels), or for the mixture last step to "
-            "the same family with no cap, the Gaussian last step it replaces [95% interval] (`*`: significant).\n\n" + "\n".join(lines)
+            "the same family with no cap, the Gaussian last step it replaces, then the paired difference to the best "
+            "validated Gaussian of the equal-tuning table [95% intervals] (`*`: significant).\n\n" + "\n".join(lines)
             + f"\n\n**Command.** `nice -n 5 python {command()}`\n\n"
             f"Machine: {machine_note()}. Commit: {commit()}.\n")
+
+
+def skew_report(pbed: P.ProtocolBed, protocol: P.Protocol, choices: dict, chosen: dict, tables: dict,
+                results: P.Results) -> str:
+    key = f"test/{protocol.primary}"
+    steps = list(choices)
+
+    def values(label: str, k: int) -> list[float]:
+        return [results[(label, k, s)][key] for s in protocol.test_seeds]
+
+    rows = {k: {"GMS per pixel, kappa3 x lambda(t)": P.family_label(P.SKEW_FAMILY, chosen[k]),
+                "GMS per pixel": P.family_label("gms closed/pixel", choices[k].c["gms closed/pixel"]),
+                "best validated Gaussian": choices[k].gaussian} for k in steps}
+    d = _decimals([sum(values(label, k)) / len(protocol.test_seeds) for k in steps for label in rows[k].values()])
+    lines = ["| row | K = " + " | K = ".join(map(str, steps)) + " |", "|---|" + "---|" * len(steps)]
+    for name in rows[steps[0]]:
+        cells = []
+        for k in steps:
+            label = rows[k][name]
+            cell = f"`{label}`<br>{_interval(seed_interval(values(label, k)), d)}"
+            if name == "GMS per pixel, kappa3 x lambda(t)":
+                for other in ("GMS per pixel", "best validated Gaussian"):
+                    cell += f"<br>minus {other}: " + _diff(paired_difference(values(label, k),
+                                                                              values(rows[k][other], k)), d)
+            cells.append(cell)
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    factors = ["| K | lambda(t) at t = ... (data step excluded) |", "|---|---|"]
+    factors += [f"| {k} | " + ", ".join(f"{t}: {v:.3f}" for t, v in sorted(tables[k].items(), reverse=True)) + " |"
+                for k in steps]
+    return (f"**Protocol.** Testbed `{pbed.bed.name}` (model tag `{pbed.bed.tag}`), {pbed.notes}. lambda(t): "
+            "`gk.calibrate_heads(model, validation reference, moments=\"clamped\", step=T / K)` at every step of "
+            "K's trajectory, 8 noise draws per image and t, the slope of r^3 on the skew the fit receives, clipped "
+            "to [0, 1] (`HeadCalibration.skew_scale()`). The row GMS per pixel with kappa3 times lambda(t) gets "
+            f"the grid c in {{{', '.join(f'{c:g}' for c in protocol.grid)}}}, chosen per K on validation seeds "
+            f"{', '.join(map(str, protocol.validation_seeds))} as every family is; reported on test seeds "
+            f"{', '.join(map(str, protocol.test_seeds))}, {protocol.n_samples} samples per cell, "
+            f"{METRIC_NAMES[protocol.primary]} against the test reference: mean [95% interval] and paired "
+            "differences [95% interval] (`*`: significant).\n\n" + "\n".join(lines) + "\n\n" + "\n".join(factors)
+            + f"\n\n**Command.** `nice -n 5 python {command()}`\n\nMachine: {machine_note()}. Commit: {commit()}.\n")
 
 
 def main() -> None:
@@ -183,6 +226,8 @@ def main() -> None:
     p.add_argument("--out", help="write the tables to this file")
     p.add_argument("--last-step", metavar="FILE", help="then the last-step control at the validated c; its table "
                    "goes to FILE")
+    p.add_argument("--skew-shrinkage", metavar="FILE", help="then GMS per pixel with the calibrated skew shrinkage "
+                   "lambda(t), tuned on the same grid; its table goes to FILE")
     p.add_argument("--report-only", action="store_true", help="sample nothing: the tables from cached cells")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args()
@@ -199,6 +244,14 @@ def main() -> None:
         results.update(P.run_last_step(pbed, protocol, choices, log=None if args.quiet else print))
         text = last_step_report(pbed, protocol, choices, results)
         with open(args.last_step, "w") as f:
+            f.write(text)
+        print(text)
+    if args.skew_shrinkage:
+        tables = P.calibrated_skew_tables(pbed, protocol.steps)
+        chosen, cells = P.run_skew_shrinkage(pbed, protocol, tables, log=None if args.quiet else print)
+        results.update(cells)
+        text = skew_report(pbed, protocol, choices, chosen, tables, results)
+        with open(args.skew_shrinkage, "w") as f:
             f.write(text)
         print(text)
 

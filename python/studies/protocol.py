@@ -359,3 +359,48 @@ def run_last_step(pbed: ProtocolBed, protocol: Protocol, choices: dict[int, Choi
         labels = list(dict.fromkeys(label for label, _ in last_step_rows(choice).values()))
         results.update(measure(pbed.bed, labels, [k], protocol.test_seeds, protocol.n_samples, cache, log, draw_row))
     return results
+
+
+# -- the calibrated skew shrinkage ----------------------------------------------------------------------------
+SKEW_FAMILY = "gms closed/pixel skew=cal"  # GMS per pixel with kappa3 times lambda(t) (quality_study.SKEW_TABLES)
+
+
+def calibrated_skew_tables(pbed: ProtocolBed, steps: Sequence[int], draws: int = 8,
+                           seed: int = 0) -> dict[int, dict[int, float]]:
+    """{K: {t: lambda(t)}} for every step of K's trajectory but the data step: ``gk.calibrate_heads`` of the
+    testbed's model on its validation reference (held-out data of the training distribution), regressing the
+    realised r^3 on the skew of the moments the solver fits (``moments="clamped"``, the step t -> t - T / K),
+    each slope clipped to [0, 1] and an undefined one taken as 0 (``HeadCalibration.skew_scale``). Deterministic
+    in the model, the reference, ``draws`` and ``seed``, so the cells of :data:`SKEW_FAMILY` are cached by label."""
+    from gms_kernels.core.schedule import trajectory
+    from gms_kernels.eval.calibration import calibrate_heads
+
+    model, reference = pbed.bed.model(), pbed.bed.references()["validation"]
+    schedule = model.schedule
+    tables = {}
+    for k in steps:
+        ts = trajectory(schedule, k)[:-1]  # (the last index, 0, steps to the data: no fit)
+        cal = calibrate_heads(model, reference, schedule, ts, draws=draws, seed=seed, moments="clamped",
+                              data_range=pbed.data_range, step=schedule.T // k)
+        tables[k] = cal.skew_scale()
+    return tables
+
+
+def run_skew_shrinkage(pbed: ProtocolBed, protocol: Protocol, tables: dict[int, dict[int, float]],
+                       log=print) -> tuple[dict[int, float], Results]:
+    """:data:`SKEW_FAMILY` tuned as every family is: each c of the grid on the validation seeds, the lowest
+    validation mean chosen per K, that cell on the test seeds. Returns ({K: chosen c}, the cells)."""
+    cache = ResultCache(cache_path(pbed))
+    draw_row = functools.partial(draw, data_range=pbed.data_range, skew_tables={"cal": tables})
+    key = f"validation/{protocol.primary}"
+    chosen: dict[int, float] = {}
+    results: Results = {}
+    for k in protocol.steps:
+        labels = [family_label(SKEW_FAMILY, c) for c in protocol.grid]
+        results.update(measure(pbed.bed, labels, [k], protocol.validation_seeds, protocol.n_samples, cache, log,
+                               draw_row))
+        chosen[k] = min(protocol.grid, key=lambda c: sum(results[(family_label(SKEW_FAMILY, c), k, s)][key]
+                                                         for s in protocol.validation_seeds))
+        results.update(measure(pbed.bed, [family_label(SKEW_FAMILY, chosen[k])], [k], protocol.test_seeds,
+                               protocol.n_samples, cache, log, draw_row))
+    return chosen, results

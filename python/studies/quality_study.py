@@ -130,8 +130,10 @@ STRING_MODIFIERS = ("preset", "pred")
 # (GMS's skew_scale: a constant, or a per-step table measured for the testbed's model, :func:`skew_shrinkage`)
 NUMBER_OR_NAME_MODIFIERS = ("lr", "skew")
 # the skew tables a row can name: the Wiener factor lambda(t) = E[k3_exact k3_head] / E[k3_head^2] on x_t of the
-# train images ("lam") or of the validation images ("lamval"), the exact heads being those of the train images
-SKEW_TABLES = ("lam", "lamval")
+# train images ("lam") or of the validation images ("lamval"), the exact heads being those of the train images;
+# "cal": gk.calibrate_heads' slope of the realised r^3 on the fitted skew, on held-out data
+# (studies.protocol.calibrated_skew_tables)
+SKEW_TABLES = ("lam", "lamval", "cal")
 
 
 def row_options(label: str) -> tuple[str | Solver, dict]:

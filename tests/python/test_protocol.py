@@ -128,3 +128,46 @@ def test_last_step_rows_pair_each_cap_with_the_librarys_at_the_validated_c():
                                                            "gms closed/pixel c=1.5 levels=none")
     assert row_options("sn-ddpm c=1.25 levels=17") == ("sn-ddpm", {"variance_scale": 1.25, "pixel_levels": 17})
     assert row_options("sn-ddpm levels=none")[1] == {"pixel_levels": None}
+
+
+def small_bed(name: str = "tiny") -> P.ProtocolBed:
+    """A testbed of exact heads (a 2x2 Gaussian mixture inside [-1, 1]) with a validation reference of its draws."""
+    oracle = gk.GaussianMixtureOracle([0.3, 0.7], [[[[-0.5, 0.2], [0.1, 0.4]]], [[[0.3, -0.2], [0.0, -0.4]]]],
+                                      [0.15, 0.1])
+    data = oracle.sample_data(24, torch.Generator().manual_seed(0)).float().clamp(-1, 1)
+    bed = P.Testbed(name, lambda: oracle, "tag", (1, 2, 2), lambda: {"validation": data, "test": data},
+                    {"score": lambda x, ref: 0.0}, "score")
+    return P.ProtocolBed(bed, (-1.0, 1.0), (100, 101), 4, "a test bed")
+
+
+def test_calibrated_skew_tables_give_every_fitted_step_a_factor_in_0_1():
+    tables = P.calibrated_skew_tables(small_bed(), (2, 5), draws=2)
+    schedule = gk.Schedule.linear()
+    for k in (2, 5):
+        assert list(tables[k]) == gk.trajectory(schedule, k)[:-1]  # (not t = 0, the step to the data)
+        assert all(0.0 <= v <= 1.0 for v in tables[k].values())
+    # the solver takes them: a sampling run at K = 5 finds a factor at every step it fits
+    x = gk.sample(small_bed().bed.model(), (3, 1, 2, 2), steps=5, generator=0, progress=False,
+                  skew_scale=tables[5], backend="torch")
+    assert torch.isfinite(x).all()
+
+
+def test_the_skew_family_is_tuned_on_validation_seeds_only(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # (the cells' cache lives under gms_out/)
+    pbed = small_bed()
+    protocol = P.Protocol(default="gms closed/pixel c=1", validation_seeds=(100, 101), n_samples=4, primary="score",
+                          steps=(5,))
+    validation = {1.0: 30.0, 1.25: 20.0, 1.5: 10.0, 2.0: 40.0}  # c = 1.5 best on validation
+    cells = {}
+    for c, v in validation.items():
+        label = P.family_label(P.SKEW_FAMILY, c)
+        for s in protocol.validation_seeds:
+            cells[f"tiny|tag|{label}|5|{s}|4"] = {"validation/score": v, "test/score": 0.0}
+        for s in protocol.test_seeds:  # adversarial: on the test seeds c = 2 would win
+            cells[f"tiny|tag|{label}|5|{s}|4"] = {"validation/score": -v, "test/score": 1.0 if c == 2.0 else 5.0}
+    P.cache_path(pbed).parent.mkdir()
+    P.cache_path(pbed).write_text(__import__("json").dumps(cells))
+    chosen, results = P.run_skew_shrinkage(pbed, protocol, {5: {}}, log=None)
+    assert chosen == {5: 1.5}
+    tested = {label for label, k, s in results if s in protocol.test_seeds}
+    assert tested == {P.family_label(P.SKEW_FAMILY, 1.5)}
