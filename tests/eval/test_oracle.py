@@ -1,32 +1,50 @@
-"""GaussianMixtureOracle's three routes to the exact heads agree: the matrix-product route of one time index (any
-diagonal variances), the shared-variance route, and the per-component route every per-sample time index takes."""
+"""GaussianMixtureOracle's heads against the definition, component by component, and the independence of a
+sample's heads from the other samples' time indices."""
+import math
+
+import pytest
 import torch
 
 import gms_kernels as gk
 
 
-def per_component(oracle: gk.GaussianMixtureOracle, x: torch.Tensor, t: int) -> torch.Tensor:
-    """The heads through the [N, K, *shape] route: one time index per sample, all equal to t."""
-    return oracle.noise_moments(x, torch.full((x.shape[0],), t, dtype=torch.long))
+def heads_by_definition(weights, means, stds, x, t, schedule):
+    """E[eps^n | x_t], n = 1, 2, 3, summed over the components: given component k, x_t ~ N(a m_k, a^2 s_k^2 +
+    sigma^2) elementwise, and eps = (x_t - a x_0) / sigma is Gaussian with mean sigma (x_t - a m_k) / T_k and
+    variance a^2 s_k^2 / T_k, T_k = a^2 s_k^2 + sigma^2; the posterior weights are prior times likelihood."""
+    abar = float(torch.cumprod(1 - schedule.betas.double(), 0)[t])
+    a, sig = math.sqrt(abar), math.sqrt(1 - abar)
+    w, m, s2 = (torch.as_tensor(v, dtype=torch.float64) for v in (weights, means, stds))
+    s2 = (s2.reshape(len(w), *([1] * (m.dim() - 1))) if s2.dim() == 1 else s2).expand_as(m) ** 2
+    x = x.double().unsqueeze(1)
+    total = a * a * s2 + sig * sig
+    dims = tuple(range(2, x.dim()))
+    log_lik = (-0.5 * (torch.log(2 * math.pi * total) + (x - a * m) ** 2 / total)).sum(dims)
+    r = torch.softmax(torch.log(w / w.sum()) + log_lik, dim=1).reshape(*log_lik.shape, *([1] * len(dims)))
+    mean, var = sig * (x - a * m) / total, a * a * s2 / total
+    moments = (mean, mean**2 + var, mean**3 + 3 * mean * var)
+    return torch.cat([(r * e).sum(1) for e in moments], dim=1)
 
 
-def test_one_time_index_with_diagonal_variances_equals_the_per_component_route():
+@pytest.mark.parametrize("shared", [False, True])
+def test_heads_equal_the_definition(shared):
     g = torch.Generator().manual_seed(1)
     w = torch.rand(7, generator=g, dtype=torch.float64) + 0.1
     m = torch.randn(7, 1, 3, 3, generator=g, dtype=torch.float64)
-    s = torch.rand(7, 1, 3, 3, generator=g, dtype=torch.float64) * 0.5 + 0.05
+    s = torch.full((7,), 0.2, dtype=torch.float64) if shared else \
+        torch.rand(7, 1, 3, 3, generator=g, dtype=torch.float64) * 0.5 + 0.05
     oracle = gk.GaussianMixtureOracle(w, m, s)
-    assert oracle.shared_variance is None
+    assert (oracle.shared_variance is not None) == shared
     x = torch.randn(50, 1, 3, 3, generator=g, dtype=torch.float64) * 1.5
     for t in (0, 10, 300, 999):
-        torch.testing.assert_close(oracle.noise_moments(x, t), per_component(oracle, x, t), rtol=1e-9, atol=1e-10)
+        torch.testing.assert_close(oracle.noise_moments(x, t), heads_by_definition(w, m, s, x, t, oracle.schedule),
+                                   rtol=1e-9, atol=1e-10)
 
 
-def test_one_shared_variance_equals_the_per_component_route():
-    g = torch.Generator().manual_seed(2)
-    m = torch.randn(5, 2, 4, generator=g, dtype=torch.float64)
-    oracle = gk.GaussianMixtureOracle(torch.ones(5), m, [0.2] * 5)
-    assert oracle.shared_variance is not None
-    x = torch.randn(30, 2, 4, generator=g, dtype=torch.float64)
-    for t in (0, 500, 999):
-        torch.testing.assert_close(oracle.noise_moments(x, t), per_component(oracle, x, t), rtol=1e-9, atol=1e-10)
+def test_a_samples_heads_do_not_depend_on_the_other_samples_time_indices():
+    oracle = gk.GaussianMixtureOracle([0.4, 0.6], [[-0.4, 0.2], [0.3, -0.1]], [[0.12, 0.3], [0.05, 0.2]])
+    x = torch.randn(6, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    t = torch.tensor([999, 10, 500, 10, 999, 0])
+    mixed = oracle(x, t)
+    for i in range(6):
+        assert torch.equal(mixed[i:i + 1], oracle(x[i:i + 1], int(t[i])))
