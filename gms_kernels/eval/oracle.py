@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..core.devices import as_tensor_on, generator_device
+from ..core.moments import raw_moments
 from ..core.schedule import Schedule, StepCoefficients
 
 
@@ -54,7 +55,7 @@ class GaussianMixtureOracle(nn.Module):
 
     def _posterior(self, x_t: torch.Tensor, t: int):
         """log r_k, and q(x0|x_t,k) = N(mu_k, v_k) for every component (shapes [N,K], [N,K,*], [K,*])."""
-        a, sig = self._a_sigma(t)
+        a, sig = self._a_sigma(t, x_t)
         x = x_t.to(torch.float64).unsqueeze(1)  # [N, 1, *shape]
         m, s2 = self.means, self.variances
         total = a * a * s2 + sig * sig
@@ -63,10 +64,14 @@ class GaussianMixtureOracle(nn.Module):
         log_r = torch.log_softmax(self.log_weights + log_lik, dim=1)
         return (log_r, *_component_posterior(x, m, s2, a, sig))
 
+    def _shared(self, t) -> bool:
+        """Whether the shared-variance route applies: one variance, one time index for the whole batch."""
+        return self.shared_variance is not None and not torch.is_tensor(t)
+
     def _shared_log_r(self, x_t: torch.Tensor, t: int) -> torch.Tensor:
         """log r_k [N, K] when every component has the variance ``shared_variance``: the log-likelihood's
         terms that depend on k are (a x.m_k - a^2 |m_k|^2 / 2) / (a^2 s^2 + sigma^2)."""
-        a, sig = self._a_sigma(t)
+        a, sig = self._a_sigma(t, x_t)
         x, m = x_t.to(torch.float64).flatten(1), self.means.flatten(1)
         total = a * a * self.shared_variance + sig * sig
         logits = self.log_weights + (a * (x @ m.T) - 0.5 * a * a * (m * m).sum(1)) / total
@@ -75,7 +80,7 @@ class GaussianMixtureOracle(nn.Module):
     def _shared_noise_moments(self, x_t: torch.Tensor, t: int) -> torch.Tensor:
         """noise_moments for a shared variance s^2: given k, eps = alpha x + beta m_k + noise of variance var with
         alpha = sigma / total, beta = -a alpha, var = a^2 s^2 / total, so the moments need only sum_k r_k m_k^n."""
-        a, sig = self._a_sigma(t)
+        a, sig = self._a_sigma(t, x_t)
         x, m = x_t.to(torch.float64).flatten(1), self.means.flatten(1)
         r = self._shared_log_r(x_t, t).exp()
         r1, r2, r3 = r @ m, r @ (m * m), r @ (m * m * m)
@@ -89,50 +94,32 @@ class GaussianMixtureOracle(nn.Module):
               + 3 * var * e1)
         return torch.cat([e.reshape(x_t.shape) for e in (e1, e2, e3)], dim=1)
 
-    def _diagonal_noise_moments(self, x_t: torch.Tensor, t: int) -> torch.Tensor:
-        """noise_moments for one time index, any diagonal variances, by matrix products with [K, D] tables (no
-        [N, K, *shape] tensor). Given component k, eps = (x_t - a x0) / sigma has mean x_t P_k - Q_k and
-        variance V_k (P_k = sigma / T_k, Q_k = a m_k sigma / T_k, V_k = a^2 s_k^2 / T_k, T_k = a^2 s_k^2 + sigma^2,
-        elementwise), so E[eps^n | x_t] = sum_k r_k E[(x_t P_k - Q_k + sqrt(V_k) z)^n] is a polynomial in x_t whose
-        coefficients are the posterior weights r [N, K] times [K, D] tables; the log-likelihood's terms in x_t are
-        products with 1 / T_k and m_k / T_k likewise."""
-        a, sig = self._a_sigma(t)
-        x = x_t.to(torch.float64).flatten(1)
-        m, s2 = self.means.flatten(1), self.variances.flatten(1)
-        total = a * a * s2 + sig * sig
-        inv = 1.0 / total
-        logits = self.log_weights - 0.5 * (torch.log(2 * torch.pi * total).sum(1) + (x * x) @ inv.T
-                                           - 2 * a * x @ (m * inv).T + a * a * (m * m * inv).sum(1))
-        r = torch.softmax(logits, dim=1)
-        p, q, v = sig * inv, a * m * sig * inv, a * a * s2 * inv
-        c = (r @ torch.cat([p, q, p * p, p * q, q * q, v, p**3, p * p * q, p * q * q, q**3, p * v, q * v], 1)).split(
-            x.shape[1], dim=1)
-        e1 = x * c[0] - c[1]
-        e2 = x * x * c[2] - 2 * x * c[3] + c[4] + c[5]
-        e3 = x**3 * c[6] - 3 * x * x * c[7] + 3 * x * c[8] - c[9] + 3 * (x * c[10] - c[11])
-        return torch.cat([e.reshape(x_t.shape) for e in (e1, e2, e3)], dim=1)
-
     def noise_moments(self, x_t: torch.Tensor, t: int | torch.Tensor) -> torch.Tensor:
-        """[E eps, E eps^2, E eps^3 | x_t] concatenated along dim 1, fp64. ``t``: one index, or a long tensor [N] of
-        one per sample, each sample then computed with the rows of its own index alone, so that its heads do not
-        depend on the other samples' indices."""
-        if torch.is_tensor(t):
-            t = t.to(x_t.device)
-            out = torch.empty(x_t.shape[0], 3 * x_t.shape[1], *x_t.shape[2:], dtype=torch.float64, device=x_t.device)
-            for index in t.unique().tolist():
-                rows = t == index
-                out[rows] = self.noise_moments(x_t[rows], int(index))
-            return out
-        if self.shared_variance is not None:
+        """[E eps, E eps^2, E eps^3 | x_t] concatenated along dim 1, fp64 (t: one index, or a long tensor [N])."""
+        if self._shared(t):
             return self._shared_noise_moments(x_t, t)
-        return self._diagonal_noise_moments(x_t, t)
+        a, sig = self._a_sigma(t, x_t)
+        log_r, mu, v = self._posterior(x_t, t)
+        r = log_r.exp().reshape(*log_r.shape, *([1] * (mu.dim() - 2)))
+        mean = (x_t.to(torch.float64).unsqueeze(1) - a * mu) / sig  # eps | x_t, k
+        var = a * a * v / (sig * sig)
+        m2, m3 = raw_moments(mean, var, 0.0)  # (eps given x_t and k is Gaussian)
+        e1 = (r * mean).sum(1)
+        e2 = (r * m2).sum(1)
+        e3 = (r * m3).sum(1)
+        return torch.cat([e1, e2, e3], dim=1)
 
-    def _a_sigma(self, t: int) -> tuple[float, float]:
-        return self.schedule.alpha(t), self.schedule.sigma(t)
+    def _a_sigma(self, t: int | torch.Tensor, x_t: torch.Tensor):
+        """a_t, sigma_t: floats for one index, [N, 1, 1, ...] tensors (against [N, K, *shape]) for one per sample."""
+        if not torch.is_tensor(t):
+            return self.schedule.alpha(t), self.schedule.sigma(t)
+        return tuple(v.to(x_t.device).reshape(-1, *([1] * x_t.dim())) for v in self.schedule.alpha_sigma(t.long()))
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor | int) -> torch.Tensor:
         t = as_tensor_on(t).reshape(-1)
-        return self.noise_moments(x_t, int(t[0]) if t.numel() == 1 else t).to(x_t.dtype)
+        if t.numel() == 1 or bool((t == t[0]).all()):
+            return self.noise_moments(x_t, int(t[0])).to(x_t.dtype)
+        return self.noise_moments(x_t, t).to(x_t.dtype)  # one index per sample, all at once
 
     def sample_data(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
         """n draws from the data distribution, fp64 [n, *shape]."""
@@ -155,7 +142,7 @@ class GaussianMixtureOracle(nn.Module):
         ``uniform`` [N] picks the component (inverse CDF of r); ``noise`` is N(0, I) like x_t.
         s = DATA (-1) samples q(x_0|x_t).
         """
-        x, shared = x_t.to(torch.float64), self.shared_variance is not None
+        x, shared = x_t.to(torch.float64), self._shared(k.t)
         if shared:
             log_r = self._shared_log_r(x_t, k.t)
         else:
@@ -163,7 +150,7 @@ class GaussianMixtureOracle(nn.Module):
         cdf = log_r.exp().cumsum(1)
         comp = (cdf < uniform.to(cdf.dtype)[:, None]).sum(1).clamp_max(cdf.shape[1] - 1)
         if shared:  # q(x0 | x_t, k) of the chosen components only
-            mu_k, v_k = _component_posterior(x, self.means[comp], self.shared_variance, *self._a_sigma(k.t))
+            mu_k, v_k = _component_posterior(x, self.means[comp], self.shared_variance, *self._a_sigma(k.t, x_t))
         else:
             mu_k, v_k = mu[torch.arange(x_t.shape[0], device=comp.device), comp], v[comp]
         mean = k.c1 * x + k.c2 * mu_k

@@ -1,5 +1,5 @@
 """The equal-tuning protocol's bookkeeping (choices on validation seeds only, paired differences on test seeds),
-the disjointness of the patches reference positions, and the marginal
+the disjointness of the patches reference positions, the smooth density's fast exact heads and the marginal
 metrics. Expected values are computed here from their definitions."""
 import sys
 from pathlib import Path
@@ -11,6 +11,7 @@ import gms_kernels as gk
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))  # the studies are not installed
 from studies import protocol as P  # noqa: E402
+from studies.smooth_density import DiagonalMixtureHeads  # noqa: E402
 
 PROTOCOL = P.Protocol(default="gms closed/pixel c=1", validation_seeds=(100, 101), n_samples=10, primary="fd",
                       steps=(5, 10))
@@ -114,6 +115,17 @@ def test_marginal_w1_metrics():
     coef = (gk.metrics.dct_matrix(4) @ (shifted - x)[0, 0] @ gk.metrics.dct_matrix(4).T).abs().mean()
     assert P.dct_w1(shifted, x) == pytest.approx(float(coef), rel=1e-9)
     assert P.pixel_w1(x, x) == 0.0 and P.dct_w1(x[:100], x[:100]) == 0.0
+
+
+def test_fast_diagonal_mixture_heads_equal_the_oracles():
+    g = torch.Generator().manual_seed(1)
+    w = torch.rand(7, generator=g, dtype=torch.float64) + 0.1
+    m = torch.randn(7, 1, 3, 3, generator=g, dtype=torch.float64)
+    s = torch.rand(7, 1, 3, 3, generator=g, dtype=torch.float64) * 0.5 + 0.05
+    fast, exact = DiagonalMixtureHeads(w, m, s), gk.GaussianMixtureOracle(w, m, s)
+    x = torch.randn(50, 1, 3, 3, generator=g, dtype=torch.float64) * 1.5
+    for t in (0, 10, 300, 999):
+        torch.testing.assert_close(fast.noise_moments(x, t), exact.noise_moments(x, t), rtol=1e-9, atol=1e-10)
 
 
 def test_last_step_rows_pair_each_cap_with_the_librarys_at_the_validated_c():
