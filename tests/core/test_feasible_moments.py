@@ -164,12 +164,14 @@ def test_edge_cases_at_the_ends_and_without_spread():
 
 
 def test_unbounded_data_only_needs_a_nonnegative_variance():
-    mean = torch.tensor([-5.0, 0.0, 3.0], dtype=torch.float64)
-    var = torch.tensor([-1.0, 0.0, 2.0], dtype=torch.float64)
-    kappa3 = torch.tensor([7.0, 7.0, -1e30], dtype=torch.float64)
+    mean = torch.tensor([-5.0, 0.0, 3.0, 1.0], dtype=torch.float64)
+    var = torch.tensor([-1.0, 0.0, 2.0, 0.25], dtype=torch.float64)
+    kappa3 = torch.tensor([7.0, 7.0, -1e30, 0.5], dtype=torch.float64)
     m, v, k = feasible_moments(mean, var, kappa3, None)
-    assert torch.equal(m, mean) and v.tolist() == [0.0, 0.0, 2.0] and k.tolist() == [0.0, 0.0, -1e30]
+    assert torch.equal(m, mean) and v.tolist() == [0.0, 0.0, 2.0, 0.25] and k.tolist() == [0.0, 0.0, -1e30, 0.5]
     assert feasible_moments(mean, var, None, (-1.0, 1.0))[2] is None
+    m, v, k = feasible_moments(mean, var, None, None)
+    assert k is None and torch.equal(m, mean) and v.tolist() == [0.0, 0.0, 2.0, 0.25]
 
 
 def test_feasible_x0_moments_give_the_transition_exactly_the_feasible_skew():
@@ -192,6 +194,8 @@ def test_feasible_x0_moments_give_the_transition_exactly_the_feasible_skew():
     torch.testing.assert_close(skew, k.c2**3 * kappa3, rtol=1e-9, atol=1e-12)
     with pytest.raises(ValueError, match="e2 head"):
         feasible_x0_moments(X0Moments(mean, None), (-1.0, 1.0))
+    with pytest.raises(ValueError, match="e2 head"):  # (a raw second moment without the variance is not enough)
+        feasible_x0_moments(X0Moments(mean, None, m.m2, m.m3), (-1.0, 1.0))
 
 
 def test_bad_input_is_refused():
@@ -200,3 +204,7 @@ def test_bad_input_is_refused():
         feasible_moments(x, x, x, (1.0, -1.0))
     with pytest.raises(TypeError, match="var must be a floating-point tensor"):
         feasible_moments(x, torch.zeros(3, dtype=torch.long), x, (-1.0, 1.0))
+    with pytest.raises(TypeError, match="mean must be a floating-point tensor, got float"):
+        feasible_moments(0.5, x, x, (-1.0, 1.0))
+    with pytest.raises(TypeError, match="kappa3 must be a floating-point tensor, got torch.int32"):
+        feasible_moments(x, x, torch.zeros(3, dtype=torch.int32), None)
