@@ -289,6 +289,12 @@ def test_add_noise_takes_one_time_index_per_sample(dtype):
     assert torch.equal(s.add_noise(x0, eps, torch.tensor(417)), s.add_noise(x0, eps, 417))
 
 
+def test_add_noise_puts_the_per_sample_coefficients_on_the_device_of_x0():
+    """Indices on the CPU, images elsewhere (the meta device stands in for a GPU here): a_t and sigma_t follow x0."""
+    x0 = torch.zeros(3, 2, device="meta")
+    assert gk.Schedule.linear(1000).add_noise(x0, x0, torch.tensor([1, 2, 3])).device.type == "meta"
+
+
 def test_alpha_sigma_of_a_tensor_of_indices_are_the_scalar_values():
     s = gk.Schedule.cosine(50)
     t = torch.tensor([[0, 49], [-1, 7]])
