@@ -305,3 +305,12 @@ def test_the_cpp_kernels_fit_with_the_constants_of_the_python_reference():
         "kAdanFp32VarMax": ADAN_FP32_LIMITS["var_max"], "kAdanFp32K3Max": ADAN_FP32_LIMITS["k3_max"],
     }
     assert _cpp_constants() == expected
+
+
+def test_fit_iters_must_be_an_integer_in_range():
+    from gms_kernels.core.fit import MAX_FIT_ITERS, check_fit_iters
+
+    assert check_fit_iters(0) == 0 and check_fit_iters(MAX_FIT_ITERS) == MAX_FIT_ITERS
+    for bad in (True, 2.5, -1, MAX_FIT_ITERS + 1, "3"):
+        with pytest.raises(ValueError, match="fit_iters must be an integer"):
+            check_fit_iters(bad)
