@@ -169,3 +169,14 @@ def test_clamped_x0_mean_is_the_clamped_tweedie_estimate():
     assert torch.equal(clamped_x0_mean(x_t, e1, a, sigma, (-1.0, 1.0)), raw.clamp(-1.0, 1.0))
     # (another range is clamped in its normalised coordinates, (x0 - 1) / 1: equal up to rounding)
     torch.testing.assert_close(clamped_x0_mean(x_t, e1, a, sigma, (0.0, 2.0)), raw.clamp(0.0, 2.0), rtol=0, atol=1e-15)
+
+
+def test_pixel_levels_take_any_integer_from_two():
+    from gms_kernels.core.moments import check_pixel_levels, last_step_variance_cap
+
+    assert check_pixel_levels(2) == 2 and check_pixel_levels(None) is None
+    # two levels on [-1, 1]: one level is the whole range
+    assert last_step_variance_cap((-1.0, 1.0), 1.0, 2) == pytest.approx(4.0 * 3.141592653589793 / 2, rel=1e-15)
+    for bad in (1, 0, True, 2.5):
+        with pytest.raises(ValueError, match="pixel_levels must be an integer >= 2"):
+            check_pixel_levels(bad)
