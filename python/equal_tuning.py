@@ -45,6 +45,15 @@ def _diff(diff, d: int) -> str:
     return _interval(diff[0], d, sign=True) + (" *" if diff[1] else "")
 
 
+def _paired(a: list[float], b: list[float], d: int) -> str:
+    """a minus b, paired over the seeds, formatted with its interval."""
+    return _diff(paired_difference(a, b), d)
+
+
+def _footer() -> str:
+    return f"**Command.** `nice -n 5 python {command()}`\n\nMachine: {machine_note()}. Commit: {commit()}.\n"
+
+
 def row_title(name: str, protocol: P.Protocol) -> str:
     if name == P.DEFAULT:
         base, c = protocol.default.rsplit(" c=", 1)
@@ -142,9 +151,7 @@ def report(pbed: P.ProtocolBed, protocol: P.Protocol, choices: dict, results: P.
         parts += [f"**Generalisation (other photos): {METRIC_NAMES[protocol.primary]} against "
                   '`gk.data.patches("test")`** (same cells).',
                   main_table(protocol, choices, results, protocol.primary, "generalisation")]
-    parts += [f"**Command.** `nice -n 5 python {command()}`",
-              f"Machine: {machine_note()}. Commit: {commit()}."]
-    return "\n\n".join(parts) + "\n"
+    return "\n\n".join(parts) + "\n\n" + _footer()
 
 
 def last_step_report(pbed: P.ProtocolBed, protocol: P.Protocol, choices: dict, results: P.Results) -> str:
@@ -162,10 +169,10 @@ def last_step_report(pbed: P.ProtocolBed, protocol: P.Protocol, choices: dict, r
         for k in steps:
             label, against = rows[k][name]
             rel = ("(the library's cap: the reference)" if label == against else
-                   _diff(paired_difference(values[(label, k)], values[(against, k)]), d)
+                   _paired(values[(label, k)], values[(against, k)], d)
                    + ("" if against == rows[k][f"{family}, cap at 256 levels"][0] else " (against cap none)"))
             best = ("best validated Gaussian" if label == choices[k].gaussian else "minus the best validated "
-                    f"Gaussian: {_diff(paired_difference(values[(label, k)], values[(choices[k].gaussian, k)]), d)}")
+                    f"Gaussian: {_paired(values[(label, k)], values[(choices[k].gaussian, k)], d)}")
             cells.append(f"{_interval(seed_interval(values[(label, k)]), d)}<br>{rel}<br>{best}")
         lines.append(f"| {name} | " + " / ".join(f"{choices[k].c[family]:g}" for k in steps) + " | "
                      + " | ".join(cells) + " |")
@@ -176,8 +183,7 @@ def last_step_report(pbed: P.ProtocolBed, protocol: P.Protocol, choices: dict, r
             "paired difference to the same family with the library's cap (256 levels), or for the mixture last step to "
             "the same family with no cap, the Gaussian last step it replaces, then the paired difference to the best "
             "validated Gaussian of the equal-tuning table [95% intervals] (`*`: significant).\n\n" + "\n".join(lines)
-            + f"\n\n**Command.** `nice -n 5 python {command()}`\n\n"
-            f"Machine: {machine_note()}. Commit: {commit()}.\n")
+            + "\n\n" + _footer())
 
 
 def skew_report(pbed: P.ProtocolBed, protocol: P.Protocol, choices: dict, chosen: dict, tables: dict,
@@ -200,8 +206,7 @@ def skew_report(pbed: P.ProtocolBed, protocol: P.Protocol, choices: dict, chosen
             cell = f"`{label}`<br>{_interval(seed_interval(values(label, k)), d)}"
             if name == "GMS per pixel, kappa3 x lambda(t)":
                 for other in ("GMS per pixel", "best validated Gaussian"):
-                    cell += f"<br>minus {other}: " + _diff(paired_difference(values(label, k),
-                                                                              values(rows[k][other], k)), d)
+                    cell += f"<br>minus {other}: " + _paired(values(label, k), values(rows[k][other], k), d)
             cells.append(cell)
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     factors = ["| K | lambda(t) at t = ... (data step excluded) |", "|---|---|"]
@@ -216,7 +221,7 @@ def skew_report(pbed: P.ProtocolBed, protocol: P.Protocol, choices: dict, chosen
             f"{', '.join(map(str, protocol.test_seeds))}, {protocol.n_samples} samples per cell, "
             f"{METRIC_NAMES[protocol.primary]} against the test reference: mean [95% interval] and paired "
             "differences [95% interval] (`*`: significant).\n\n" + "\n".join(lines) + "\n\n" + "\n".join(factors)
-            + f"\n\n**Command.** `nice -n 5 python {command()}`\n\nMachine: {machine_note()}. Commit: {commit()}.\n")
+            + "\n\n" + _footer())
 
 
 def main() -> None:
