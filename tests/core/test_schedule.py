@@ -1,9 +1,11 @@
 import math
 
+import numpy as np
 import pytest
 import torch
 
 import gms_kernels as gk
+from gms_kernels.core.schedule import time_index
 
 
 def test_linear_schedule_hand_values():
@@ -235,6 +237,19 @@ def test_a_fractional_time_index_is_named_in_the_error():
     with pytest.raises(ValueError, match="^time index must be an integer time index"):
         gk.Schedule.linear(100).alpha(3.5)
 
+
+
+@pytest.mark.parametrize("value", [7, 7.0, torch.tensor(7), torch.tensor([7.0]), torch.tensor(7, dtype=torch.int16)])
+def test_time_index_takes_integral_values_of_any_numeric_type(value):
+    assert time_index(value) == 7 and type(time_index(value)) is int
+    assert time_index(np.float64(7.0)) == 7 and time_index(np.int32(7)) == 7
+
+
+@pytest.mark.parametrize("value", [True, False, torch.tensor(True), 7.5, "7", None, torch.tensor([1, 2])])
+def test_time_index_refuses_booleans_fractions_and_non_numbers(value):
+    """A bool is an Integral in Python, but a time index of True is a caller's mistake, not t = 1."""
+    with pytest.raises(ValueError, match="^t must be an integer time index"):
+        time_index(value, "t")
 
 LINEAR_BETAS = torch.linspace(1e-4, 0.02, 1000, dtype=torch.float64).tolist()
 
