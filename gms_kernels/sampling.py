@@ -162,7 +162,7 @@ def sample(model: Model | None = None, shape: Sequence[int] | None = None, x_T: 
     guided, the spread the conditional branch's). w = 1 calls the conditional branch alone. The exact solver
     passes model_kwargs to its oracle's ``exact_step``.
     """
-    with torch.no_grad():  # a block, not a decorator: mutmut skips decorated functions
+    with torch.no_grad():
         _check_run_args(dtype, device, callback)
         if model is None:
             model, default_shape = _load_default_model()

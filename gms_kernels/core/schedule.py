@@ -81,7 +81,7 @@ class Schedule:
         # the same values as tensors, with DATA's (1, 0) last, so that index -1 reads them
         self._a_table = torch.tensor(self._a + [1.0], dtype=torch.float64, device="cpu")
         self._sigma_table = torch.tensor(self._sigma + [0.0], dtype=torch.float64, device="cpu")
-        # ve_sigmas computed here, not in its property: mutation testing skips decorated functions
+        # the VE grid once, here: index_of_ve_sigma searches it at every call
         self._ve_sigmas = ((1.0 - self.alphas_cumprod) / self.alphas_cumprod).sqrt()
         self._coefficients: dict[tuple[int, int], StepCoefficients] = {}  # (frozen values, so shareable)
 

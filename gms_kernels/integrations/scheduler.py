@@ -329,8 +329,8 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
         gms_timestep_spacing: str | None = None,
         model_heads: int | None = None,
     ):
-        # register_to_config has stored every argument in self.config before this body runs; the
-        # scheduler is built from there (in a plain method, which mutation testing can reach)
+        # register_to_config has stored every argument in self.config before this body runs; the scheduler is
+        # built from the config alone, so that what a saved pipeline reloads is exactly what was validated here
         self._build_from_config()
         # A pipeline records a component as [its object's __module__, class name] unless the top-level package
         # is one diffusers knows; "gms_kernels" (where gk.GMSScheduler is found) loads after `import gms_kernels`
