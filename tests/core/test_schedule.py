@@ -163,8 +163,8 @@ def test_ve_sigmas_of_a_schedule_built_in_the_test():
 
 
 def test_schedules_and_their_continuous_time_views_ignore_the_default_device():
-    """``log_alpha_bar_at`` makes its knot at u = 0, ``karras_trajectory`` its levels and ``Schedule.linear``
-    its betas on the CPU, not on torch's default device. Under a *meta* default device such a tensor would
+    """``log_alpha_bar_at`` makes its knot at u = 0, ``karras_trajectory`` its levels, ``Schedule.linear`` its
+    betas and a schedule its (a_t, sigma_t) tables on the CPU, not on torch's default device. Under a *meta* default device such a tensor would
     hold no data, so the result could not be the CPU one (as in tests/sampling/test_default_device.py)."""
     u = torch.tensor([0.0, 0.3, 0.75, 1.0], dtype=torch.float64)
 
@@ -172,7 +172,7 @@ def test_schedules_and_their_continuous_time_views_ignore_the_default_device():
         schedule = gk.Schedule.linear(1000)  # built inside: mutmut credits only calls made while a test runs
         karras = torch.tensor(gk.karras_trajectory(schedule, 18), dtype=torch.float64, device="cpu")
         return torch.cat([schedule.betas, schedule.log_alpha_bar_at(u), schedule.log_alpha_bar_at(0.3).reshape(1),
-                          schedule.beta_at(u), karras])
+                          schedule.beta_at(u), karras, *schedule.alpha_sigma(torch.tensor([0, 5, -1], device="cpu"))])
 
     expected = views()
     with torch.device("meta"):
