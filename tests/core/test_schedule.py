@@ -346,3 +346,75 @@ def test_diffusers_schedule_reads_a_scheduler_config():
         diffusers_schedule({"rescale_betas_zero_snr": True})
     with pytest.raises(ValueError, match="unknown beta_schedule 'laplace'"):
         make_betas(10, 1e-4, 0.02, "laplace")
+
+
+def test_ve_sigma_is_sigma_over_alpha_and_zero_at_data():
+    s = gk.Schedule.linear(100)
+    assert s.ve_sigma(-1) == 0.0
+    assert s.ve_sigma(37) == pytest.approx(s.sigma(37) / s.alpha(37), rel=1e-15)
+
+
+def test_index_at_is_the_index_whose_noise_level_is_nearest_abar_of_u():
+    """At u = (t + 1) / T the continuous schedule passes through index t's abar, so index_at gives t; data (u = 0)
+    and anything below index 0's noise level give 0, u past 1 the last index."""
+    s = gk.Schedule.linear(100)
+    t = torch.tensor([0, 1, 10, 57, 98, 99])
+    assert s.index_at((t + 1).double() / s.T).tolist() == t.tolist()
+    assert s.index_at(torch.tensor([0.0, 0.2 / s.T, 1.5])).tolist() == [0, 0, 99]
+    # between two knots: the index whose ve_sigma is nearest the interpolated one
+    u = torch.tensor([0.4237, 0.8761], dtype=torch.float64)
+    sigma = torch.expm1(-s.log_alpha_bar_at(u)).sqrt()
+    nearest = (sigma[:, None] - s.ve_sigmas[None, :]).abs().argmin(dim=1)
+    assert s.index_at(u).tolist() == nearest.tolist()
+
+
+def test_alpha_sigma_refuses_a_boolean_index_tensor():
+    with pytest.raises(TypeError, match="integer tensor"):
+        gk.Schedule.linear(10).alpha_sigma(torch.tensor([True, False]))
+
+
+class _Model:
+    def __init__(self, **attributes):
+        self.__dict__.update(attributes)
+
+
+def test_schedule_for_takes_the_given_schedule_then_the_models_own_then_ddpms_linear():
+    from gms_kernels.core.schedule import schedule_for
+
+    given, own = gk.Schedule.cosine(20), gk.Schedule.linear(30)
+    assert schedule_for(_Model(schedule=own), given) is given
+    assert schedule_for(_Model(), {"beta_schedule": "linear", "num_train_timesteps": 12,
+                                   "beta_start": 1e-4, "beta_end": 0.02}).T == 12  # a diffusers config
+    assert schedule_for(_Model(schedule=own)) is own
+    fallback = schedule_for(_Model())
+    assert fallback.T == 1000 and torch.equal(fallback.betas, gk.Schedule.linear().betas)
+
+
+def test_schedule_for_warns_only_when_the_model_says_its_schedule_is_unknown():
+    import warnings
+
+    from gms_kernels.core.schedule import schedule_for
+
+    with pytest.warns(UserWarning, match=r"training schedule is unknown \(no scheduler config\): assuming DDPM"):
+        assert schedule_for(_Model(schedule_note="no scheduler config")).T == 1000
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert schedule_for(_Model(schedule_note=None)).T == 1000
+        assert schedule_for(_Model(schedule=gk.Schedule.linear(5), schedule_note="stale")).T == 5
+
+
+def test_check_schedule_takes_a_schedule_a_gms_scheduler_or_a_diffusers_config():
+    """A GMSScheduler is recognised by its ``schedule`` and ``set_timesteps``; a diffusers scheduler by the
+    ``config`` mapping it carries; an object with a ``schedule`` attribute alone (a model) is not a schedule."""
+    from gms_kernels.core.schedule import check_schedule
+
+    own = gk.Schedule.cosine(20)
+    config = {"beta_schedule": "linear", "num_train_timesteps": 12, "beta_start": 1e-4, "beta_end": 0.02}
+    assert check_schedule(own) is own
+    assert check_schedule(_Model(schedule=own, set_timesteps=lambda n: None)) is own
+    from_config = check_schedule(_Model(config=config))
+    assert from_config.T == 12 and torch.equal(from_config.betas, gk.Schedule.linear(12).betas)
+    with pytest.raises(TypeError, match="^schedule must be a gk.Schedule, a diffusers scheduler"):
+        check_schedule(_Model(schedule=own))
+    with pytest.raises(TypeError, match="^schedule must be a gk.Schedule"):
+        check_schedule("linear")
