@@ -17,6 +17,7 @@ from typing import Sequence
 import torch
 
 from .devices import as_tensor_on
+from .user_warnings import warn_user
 
 DATA = -1  # pseudo time index of the clean data (a = 1, sigma = 0)
 
@@ -283,11 +284,9 @@ def schedule_for(model: object, schedule: object = None) -> Schedule:
         return own
     note = getattr(model, "schedule_note", None)
     if note:
-        import warnings
-
-        warnings.warn(f"the model's training schedule is unknown ({note}): assuming DDPM's linear betas (1e-4 to "
-                      "0.02, T = 1000). Pass schedule= (a gk.Schedule, the pipeline's diffusers scheduler or its "
-                      "config) if it was trained with another", UserWarning, stacklevel=4)
+        warn_user(f"the model's training schedule is unknown ({note}): assuming DDPM's linear betas (1e-4 to "
+                  "0.02, T = 1000). Pass schedule= (a gk.Schedule, the pipeline's diffusers scheduler or its "
+                  "config) if it was trained with another", UserWarning)
     return Schedule.linear()
 
 

@@ -70,7 +70,6 @@ import inspect
 import math
 import numbers
 import operator
-import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -88,6 +87,7 @@ from ..model_io import check_state_tensor, split_heads
 from ..core.random import fixed_seeds
 from ..sampling import DeferredFiniteCheck, step as gk_step
 from ..core.schedule import DATA, TRAJECTORY_KINDS, Schedule, make_betas, time_index, trajectory
+from ..core.user_warnings import warn_user
 from ..solvers import SOLVERS, get_solver
 from ..solvers.gms import ARGUMENT_OPTIONS, check_skew_scale
 
@@ -163,10 +163,10 @@ def _spacing(timestep_spacing: str, gms_timestep_spacing: str | None) -> str:
         return timestep_spacing
     if DIFFUSERS_SPACING[gms_timestep_spacing] == timestep_spacing:
         return gms_timestep_spacing
-    warnings.warn(f"GMSScheduler: the config's gms_timestep_spacing={gms_timestep_spacing!r} stands for "
-                  f"timestep_spacing={DIFFUSERS_SPACING[gms_timestep_spacing]!r}, but it holds "
-                  f"timestep_spacing={timestep_spacing!r} (changed after it was written): using "
-                  f"{timestep_spacing!r}. Pass timestep_spacing= to choose another", UserWarning, stacklevel=5)
+    warn_user(f"GMSScheduler: the config's gms_timestep_spacing={gms_timestep_spacing!r} stands for "
+              f"timestep_spacing={DIFFUSERS_SPACING[gms_timestep_spacing]!r}, but it holds "
+              f"timestep_spacing={timestep_spacing!r} (changed after it was written): using "
+              f"{timestep_spacing!r}. Pass timestep_spacing= to choose another", UserWarning)
     return timestep_spacing
 
 
@@ -392,9 +392,9 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
                                 beta_schedule=beta_schedule, **clip_keys(self._data_range),
                                 **({"_use_default_values": defaults} if "_use_default_values" in c else {}))
         if spacing == "quad":
-            warnings.warn("GMSScheduler: timestep_spacing 'quad' has no diffusers equivalent; its config gives "
-                          "diffusers' schedulers (DDPMScheduler.from_config(...)) the nearest one, 'leading', and "
-                          "keeps 'quad' in gms_timestep_spacing for GMSScheduler", UserWarning, stacklevel=4)
+            warn_user("GMSScheduler: timestep_spacing 'quad' has no diffusers equivalent; its config gives "
+                      "diffusers' schedulers (DDPMScheduler.from_config(...)) the nearest one, 'leading', and "
+                      "keeps 'quad' in gms_timestep_spacing for GMSScheduler", UserWarning)
         options = self._solver_options(c.solver, c.fit, c.select, c.fit_iters, c.eta, solver_options, c.preset)
         self._options = self._spec.resolve(options, T)  # once, and so failing now, not at the first step
 
@@ -517,18 +517,18 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
                 config["data_range"] = implied
             elif not _same_clipping(config, check_data_range(config["data_range"])):
                 # (a GMSScheduler config converted and back, its clip keys changed in between: its range wins)
-                warnings.warn(f"GMSScheduler.from_config: {source} clips to {implied!r} (clip_sample="
-                              f"{config.get('clip_sample', True)!r}, clip_sample_range={r!r}) but keeps "
-                              f"data_range={config['data_range']!r}, which is used. Pass data_range= to choose",
-                              UserWarning, stacklevel=3)
+                warn_user(f"GMSScheduler.from_config: {source} clips to {implied!r} (clip_sample="
+                          f"{config.get('clip_sample', True)!r}, clip_sample_range={r!r}) but keeps "
+                          f"data_range={config['data_range']!r}, which is used. Pass data_range= to choose",
+                          UserWarning)
         for key in _CLIP_KEYS:
             foreign.pop(key, None)
         if foreign.get("thresholding"):
             extra = ", ".join(f"{k}={config[k]!r}" for k in _THRESHOLDING_KEYS[1:] if k in config)
             data_range = kwargs.get("data_range", config.get("data_range", (-1.0, 1.0)))
-            warnings.warn(f"GMSScheduler.from_config: {source} sets thresholding=True ({extra}); dynamic "
-                          "thresholding has no equivalent in GMSScheduler and is not applied. Its steps clamp "
-                          f"to data_range={data_range!r} instead.", UserWarning, stacklevel=3)
+            warn_user(f"GMSScheduler.from_config: {source} sets thresholding=True ({extra}); dynamic "
+                      "thresholding has no equivalent in GMSScheduler and is not applied. Its steps clamp "
+                      f"to data_range={data_range!r} instead.", UserWarning)
         for key in _THRESHOLDING_KEYS:
             foreign.pop(key, None)
         if foreign.get("set_alpha_to_one", True):  # True: GMSScheduler's last step goes to the data, a = 1
@@ -547,8 +547,8 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
                            + (f"; DDPM's {variance_type!r} is solver={hint!r}" if hint else "") + ")")
         dropped += [f"{k}={v!r}" for k, v in foreign.items()]
         if dropped:
-            warnings.warn(f"GMSScheduler.from_config ignores these settings of {source}: {'; '.join(dropped)}",
-                          UserWarning, stacklevel=3)
+            warn_user(f"GMSScheduler.from_config ignores these settings of {source}: {'; '.join(dropped)}",
+                      UserWarning)
         return config
 
     # -- timesteps ---------------------------------------------------------------------------------

@@ -8,9 +8,10 @@ variable ``GMS_KERNELS_BACKEND`` overrides the argument (e.g. to force ``torch``
 from __future__ import annotations
 
 import os
-import warnings
 
 import torch
+
+from ..core.user_warnings import warn_user
 
 BACKENDS = ("auto", "triton", "cpp", "torch")
 ENV_VAR = "GMS_KERNELS_BACKEND"
@@ -59,8 +60,8 @@ def resolve_backend(backend: str | None, device: torch.device | str, dtype: torc
             return name
         if name not in _warned:
             _warned.add(name)
-            warnings.warn(f"gms_kernels: the {name} backend is not available, using the (slower) torch "
-                          f"reference instead. Fix: {_FIXES[name]}", RuntimeWarning, stacklevel=3)
+            warn_user(f"gms_kernels: the {name} backend is not available, using the (slower) torch "
+                      f"reference instead. Fix: {_FIXES[name]}", RuntimeWarning)
         return "torch"
     if not backend_available(requested):
         raise ValueError(f"backend {requested!r} is not available. Fix: {_FIXES[requested]}")

@@ -3,13 +3,13 @@ checkpoint, the constructor arguments of each family, a network built and checke
 messages about a file that holds no weights."""
 from __future__ import annotations
 
-import warnings
 from typing import Any, Mapping
 
 import torch
 from torch import nn
 
 from ..core.schedule import Schedule
+from ..core.user_warnings import warn_user
 from ._common import check_state_dict, describe_contents, format_call, holds_tensors, materialize, meta_model, \
     mismatch_report
 from .ddim_model import RESOLUTION_FLAG, DDIMModel, resolve_resolution
@@ -116,14 +116,14 @@ def set_schedule(model: nn.Module, schedule: Any) -> None:
         model.schedule = schedule
 
 
-def warn_head_count(where: str, assumed: int, stacklevel: int = 4) -> None:
-    """Say that an improved-diffusion network's attention head count was assumed (``stacklevel``: the caller
-    of gk.models.load). Every IDDPMUNet has attention (the middle block's), and the weights cannot tell how
+def warn_head_count(where: str, assumed: int) -> None:
+    """Say, at the user's call of gk.models.load, that an improved-diffusion network's attention head count was
+    assumed. Every IDDPMUNet has attention (the middle block's), and the weights cannot tell how
     it was split into heads, while the split changes the outputs."""
-    warnings.warn(f"{where}: the attention head count of an improved-diffusion network cannot be read from its "
-                  f"weights (the split into heads changes no shape); num_heads={assumed} was assumed, as in "
-                  "improved-diffusion's training scripts. If the model was trained with another count, pass "
-                  "num_heads= (CLI: --load-option num_heads=N), e.g. num_heads=2", UserWarning, stacklevel=stacklevel)
+    warn_user(f"{where}: the attention head count of an improved-diffusion network cannot be read from its "
+              f"weights (the split into heads changes no shape); num_heads={assumed} was assumed, as in "
+              "improved-diffusion's training scripts. If the model was trained with another count, pass "
+              "num_heads= (CLI: --load-option num_heads=N), e.g. num_heads=2", UserWarning)
 
 
 def build_ddim(state: Mapping[str, Any], args: Mapping[str, Any], where: str, kind: str, device: Any) -> DDIMModel:

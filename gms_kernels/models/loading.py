@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import warnings
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -21,6 +20,7 @@ from torch import nn
 
 from ..core.extras import require
 from ..core.schedule import Schedule, diffusers_schedule
+from ..core.user_warnings import warn_user
 from ._checkpoints import (DDIM_ARGS, EXPECTS, IDDPM_ARGS, IDDPM_DEFAULTS, KINDS, article, build_checked, build_ddim,
                            check_holds_weights, is_state_dict, known_kinds, no_weights_error, set_schedule, top_keys,
                            warn_head_count)
@@ -350,8 +350,8 @@ def _diffusers_schedule(path: str, subfolder: str | None) -> Schedule | None:
     if cfg is None:
         return None
     if cfg.get("prediction_type", "epsilon") != "epsilon":
-        warnings.warn(f"{path}: the scheduler config has prediction_type={cfg.get('prediction_type')!r}; "
-                      "gms_kernels expects eps predictions", stacklevel=4)  # (at the caller of gk.models.load)
+        warn_user(f"{path}: the scheduler config has prediction_type={cfg.get('prediction_type')!r}; "
+                  "gms_kernels expects eps predictions")
     try:
         return diffusers_schedule(cfg)
     except (TypeError, ValueError):

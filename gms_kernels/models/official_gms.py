@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import os
-import warnings
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -23,6 +22,7 @@ from torch import nn
 
 from ..model_io import check_time_input, time_values
 from ..core.schedule import Schedule
+from ..core.user_warnings import warn_user
 from ._common import check_state_dict, meta_model, materialize, read_torch_file, strip_prefix
 from .iddpm import IDDPMUNet
 from ._checkpoints import (DDIM_ARGS, IDDPM_ARGS, IDDPM_DEFAULTS, build_checked, build_ddim, check_holds_weights,
@@ -335,8 +335,8 @@ def _check_order(net: nn.Module, wheres: list[str], eps_net: nn.Module, image_si
     if len(means) > 1 and means[1] >= e1_sq and means[1] > abs(means[0]):  # (an eps^2 average outweighs an eps^3 one)
         text += (f", which the third file {wheres[1]} passes (its mean {means[1]:.3g}): the eps^2 and eps^3 files "
                  "look swapped")
-    warnings.warn(text + ". Pass the files in the order [eps1, eps2, eps3] (the eps, eps^2 and eps^3 networks); in "
-                  "that order, this warning means the eps^2 network is untrained or broken", UserWarning, stacklevel=4)
+    warn_user(text + ". Pass the files in the order [eps1, eps2, eps3] (the eps, eps^2 and eps^3 networks); in "
+              "that order, this warning means the eps^2 network is untrained or broken", UserWarning)
 
 
 def _check_shared(parts: list[tuple[dict, dict, str]], rtol: float) -> None:

@@ -376,3 +376,27 @@ def test_an_unreadable_gamma_table_is_one_line(tmp_path, capsys):
               "--quiet"])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.count("\n") == 1 and "bad.pt: cannot read this file" in err
+
+
+class _UnknownScheduleModel(torch.nn.Module):
+    """A model that says its training schedule was looked for and not found (as a bare diffusers UNet does)."""
+    schedule_note = "no scheduler config"
+
+    def forward(self, x, t):
+        return torch.zeros_like(x).repeat(1, 3, 1, 1)
+
+
+@pytest.mark.parametrize("entry", ["sample", "sdedit", "k-diffusion denoiser", "calibrate_heads"])
+def test_the_unknown_schedule_warning_points_at_the_users_call(entry):
+    """However deep each public entry reads the schedule, the warning names the user's line, not the library's."""
+    from gms_kernels.integrations.k_diffusion import GMSDenoiser
+
+    model, x = _UnknownScheduleModel(), torch.zeros(2, 1, 4, 4)
+    calls = {"sample": lambda: gk.sample(model, (2, 1, 4, 4), steps=2, solver="ddpm", generator=0, progress=False),
+             "sdedit": lambda: gk.sdedit(model, x, t0=500, steps=2, solver="ddpm", generator=0, progress=False),
+             "k-diffusion denoiser": lambda: GMSDenoiser(model),
+             "calibrate_heads": lambda: gk.calibrate_heads(model, x, timesteps=[500], draws=1, n_boot=100)}
+    with pytest.warns(UserWarning, match="training schedule is unknown") as caught:
+        calls[entry]()
+    user_line = (__file__, calls[entry].__code__.co_firstlineno)
+    assert [(w.filename, w.lineno) for w in caught if "training schedule" in str(w.message)] == [user_line]
