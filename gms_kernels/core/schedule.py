@@ -185,16 +185,17 @@ class Schedule:
         -T log(1 - beta_t) on ((t) / T, (t + 1) / T]). Used by the adaptive GGF sampler."""
         u = as_tensor_on(u, torch.float64)
         # at u = 0, 1/T, ..., 1
-        knots = torch.cat([torch.zeros(1, dtype=torch.float64, device="cpu"), self.alphas_cumprod.log()])
-        pos = (u.clamp(0.0, 1.0) * self.T)
-        left = pos.floor().long().clamp(0, self.T - 1)
+        knots = torch.cat([self.alphas_cumprod.new_zeros(1), self.alphas_cumprod.log()])
+        pos = u.clamp(0.0, 1.0) * self.T
+        left = pos.floor().long().clamp(max=self.T - 1)  # (u = 1 is the last interval's right end)
         frac = pos - left
         return knots[left] + frac * (knots[left + 1] - knots[left])
 
     def beta_at(self, u: torch.Tensor) -> torch.Tensor:
         """beta(u) = -d log abar / du of :meth:`log_alpha_bar_at` (the left limit at a knot: the interval below u)."""
         u = as_tensor_on(u, torch.float64)
-        interval = (u.clamp(0.0, 1.0) * self.T - 1e-9).ceil().long().clamp(1, self.T) - 1  # (a knot counts as below)
+        # a knot counts as below; u <= 0 is the first interval, u >= 1 the last
+        interval = (u.clamp(max=1.0) * self.T - 1e-9).ceil().clamp_min(1).long() - 1
         return -self.T * torch.log1p(-self.betas[interval])
 
     def index_at(self, u: torch.Tensor) -> torch.Tensor:

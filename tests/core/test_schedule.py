@@ -87,6 +87,28 @@ def test_trajectories_are_strictly_descending_in_range(kind, steps):
     assert 0 <= ts[-1] and ts[0] <= 99
 
 
+def test_trajectory_takes_a_schedule_or_its_length_and_an_explicit_list_in_any_integral_form():
+    assert gk.trajectory(gk.Schedule.linear(100), 4) == gk.trajectory(100, 4) == [99, 74, 49, 24, 0]
+    for explicit in (torch.tensor([700, 20, 0]), torch.tensor([[700], [20], [0]]), (700.0, 20, np.int64(0))):
+        ts = gk.trajectory(1000, 3, explicit)
+        assert ts == [700, 20, 0] and all(type(t) is int for t in ts)
+
+
+def test_leading_trajectory_steps_by_the_integer_ratio():
+    """diffusers' "leading": multiples of T // K (333 for T = 1000, K = 3), integers however T divides."""
+    ts = gk.trajectory(1000, 3, "leading")
+    assert ts == [666, 333, 0] and all(type(t) is int for t in ts)
+
+
+def test_rounding_collisions_are_nudged_up_so_a_dense_trajectory_keeps_every_step():
+    """The quad list rounds several of its small times to the same index (0, 0, 2, 4, ...); each collision is moved
+    one index above the previous point, so K steps stay K steps."""
+    raw = [round((math.sqrt(999) * (50 - i) / 50) ** 2) for i in range(51)]
+    assert len(set(raw)) < len(raw)  # the collisions this test is about
+    ts = gk.trajectory(1000, 50, "quad")
+    assert len(ts) == 51 and ts[-3:] == [2, 1, 0] and ts[0] == 999
+
+
 def test_trajectory_errors_say_what_to_do():
     with pytest.raises(ValueError, match="valid kinds: even, linear, quad, leading, trailing, linspace"):
         gk.trajectory(1000, 10, "cosine")
@@ -97,6 +119,10 @@ def test_trajectory_errors_say_what_to_do():
         gk.trajectory(1000, 3, [5, 10])
     with pytest.raises(ValueError, match="must lie in"):
         gk.trajectory(1000, 3, [1000, 3])
+    with pytest.raises(ValueError, match="strictly descending"):
+        gk.trajectory(1000, 3, [5, 5, 0])
+    with pytest.raises(ValueError, match=r"^every trajectory entry must be an integer time index .* got 20\.5"):
+        gk.trajectory(1000, 3, [700, 20.5])
 
 
 SCHED = gk.Schedule.linear(1000)
@@ -125,7 +151,7 @@ def test_beta_at_reads_the_interval_below_u_in_float64():
     beta = -SCHED.T * torch.log1p(-SCHED.betas)  # the constant rate on ((t) / T, (t + 1) / T]
     # u = 0 is in the first interval; a knot counts as below; 1e-8 past the knot at u = 0.25 is the next
     # interval, which float32 (spacing 3e-8 there) would round back onto the knot
-    for u, t in ((0.0, 0), (0.25, 249), (0.25 + 1e-8, 250), (1.0, SCHED.T - 1)):
+    for u, t in ((-0.5, 0), (0.0, 0), (0.25, 249), (0.25 + 1e-8, 250), (1.0, SCHED.T - 1), (1.5, SCHED.T - 1)):
         assert float(SCHED.beta_at(u)) == pytest.approx(float(beta[t]), rel=1e-14), u
 
 
