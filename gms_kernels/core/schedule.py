@@ -287,7 +287,7 @@ def schedule_for(model: object, schedule: object = None) -> Schedule:
     if note:
         warn_user(f"the model's training schedule is unknown ({note}): assuming DDPM's linear betas (1e-4 to "
                   "0.02, T = 1000). Pass schedule= (a gk.Schedule, the pipeline's diffusers scheduler or its "
-                  "config) if it was trained with another", UserWarning)
+                  "config) if it was trained with another")
     return Schedule.linear()
 
 

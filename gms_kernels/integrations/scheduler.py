@@ -166,7 +166,7 @@ def _spacing(timestep_spacing: str, gms_timestep_spacing: str | None) -> str:
     warn_user(f"GMSScheduler: the config's gms_timestep_spacing={gms_timestep_spacing!r} stands for "
               f"timestep_spacing={DIFFUSERS_SPACING[gms_timestep_spacing]!r}, but it holds "
               f"timestep_spacing={timestep_spacing!r} (changed after it was written): using "
-              f"{timestep_spacing!r}. Pass timestep_spacing= to choose another", UserWarning)
+              f"{timestep_spacing!r}. Pass timestep_spacing= to choose another")
     return timestep_spacing
 
 
@@ -394,7 +394,7 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
         if spacing == "quad":
             warn_user("GMSScheduler: timestep_spacing 'quad' has no diffusers equivalent; its config gives "
                       "diffusers' schedulers (DDPMScheduler.from_config(...)) the nearest one, 'leading', and "
-                      "keeps 'quad' in gms_timestep_spacing for GMSScheduler", UserWarning)
+                      "keeps 'quad' in gms_timestep_spacing for GMSScheduler")
         options = self._solver_options(c.solver, c.fit, c.select, c.fit_iters, c.eta, solver_options, c.preset)
         self._options = self._spec.resolve(options, T)  # once, and so failing now, not at the first step
 
@@ -519,8 +519,7 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
                 # (a GMSScheduler config converted and back, its clip keys changed in between: its range wins)
                 warn_user(f"GMSScheduler.from_config: {source} clips to {implied!r} (clip_sample="
                           f"{config.get('clip_sample', True)!r}, clip_sample_range={r!r}) but keeps "
-                          f"data_range={config['data_range']!r}, which is used. Pass data_range= to choose",
-                          UserWarning)
+                          f"data_range={config['data_range']!r}, which is used. Pass data_range= to choose")
         for key in _CLIP_KEYS:
             foreign.pop(key, None)
         if foreign.get("thresholding"):
@@ -528,7 +527,7 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
             data_range = kwargs.get("data_range", config.get("data_range", (-1.0, 1.0)))
             warn_user(f"GMSScheduler.from_config: {source} sets thresholding=True ({extra}); dynamic "
                       "thresholding has no equivalent in GMSScheduler and is not applied. Its steps clamp "
-                      f"to data_range={data_range!r} instead.", UserWarning)
+                      f"to data_range={data_range!r} instead.")
         for key in _THRESHOLDING_KEYS:
             foreign.pop(key, None)
         if foreign.get("set_alpha_to_one", True):  # True: GMSScheduler's last step goes to the data, a = 1
@@ -547,8 +546,7 @@ class GMSScheduler(SchedulerMixin, ConfigMixin):
                            + (f"; DDPM's {variance_type!r} is solver={hint!r}" if hint else "") + ")")
         dropped += [f"{k}={v!r}" for k, v in foreign.items()]
         if dropped:
-            warn_user(f"GMSScheduler.from_config ignores these settings of {source}: {'; '.join(dropped)}",
-                      UserWarning)
+            warn_user(f"GMSScheduler.from_config ignores these settings of {source}: {'; '.join(dropped)}")
         return config
 
     # -- timesteps ---------------------------------------------------------------------------------

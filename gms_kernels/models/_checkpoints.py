@@ -123,7 +123,7 @@ def warn_head_count(where: str, assumed: int) -> None:
     warn_user(f"{where}: the attention head count of an improved-diffusion network cannot be read from its "
               f"weights (the split into heads changes no shape); num_heads={assumed} was assumed, as in "
               "improved-diffusion's training scripts. If the model was trained with another count, pass "
-              "num_heads= (CLI: --load-option num_heads=N), e.g. num_heads=2", UserWarning)
+              "num_heads= (CLI: --load-option num_heads=N), e.g. num_heads=2")
 
 
 def build_ddim(state: Mapping[str, Any], args: Mapping[str, Any], where: str, kind: str, device: Any) -> DDIMModel:

@@ -336,7 +336,7 @@ def _check_order(net: nn.Module, wheres: list[str], eps_net: nn.Module, image_si
         text += (f", which the third file {wheres[1]} passes (its mean {means[1]:.3g}): the eps^2 and eps^3 files "
                  "look swapped")
     warn_user(text + ". Pass the files in the order [eps1, eps2, eps3] (the eps, eps^2 and eps^3 networks); in "
-              "that order, this warning means the eps^2 network is untrained or broken", UserWarning)
+              "that order, this warning means the eps^2 network is untrained or broken")
 
 
 def _check_shared(parts: list[tuple[dict, dict, str]], rtol: float) -> None:
