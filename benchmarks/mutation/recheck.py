@@ -9,6 +9,10 @@ not yet rechecked). A test file argument may carry a node id or be followed by p
 With ``--fork`` (after ``--mutants LIST`` if both) the tests run in a child forked, for each mutant, from one
 process that has imported pytest, torch and the mutated package but run nothing (as mutmut's forkserver does):
 no per-mutant interpreter start, and no cache filled by one mutant's run is seen by the next.
+
+``python benchmarks/mutation/recheck.py --generate``, run in a worktree of a commit (extension built), only writes
+mutants/ (every mutant of the settings' modules, all "not checked") without mutmut's stats run over the whole
+selection; then ``--mutants LIST --fork ...`` runs the chosen ones.
 """
 from __future__ import annotations
 
@@ -25,6 +29,8 @@ from report import load  # noqa: E402
 
 def main() -> None:
     tests = sys.argv[1:]
+    if tests == ["--generate"]:
+        return generate()
     only = None
     if tests[:1] == ["--mutants"]:
         only = Path(tests[1]).read_text().split()
@@ -43,6 +49,19 @@ def main() -> None:
             run = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
                                  cwd="mutants", env=dict(env, MUTANT_UNDER_TEST=name), capture_output=True)
             print(f"{name} ({status}): {'killed' if run.returncode != 0 else 'survives'}", flush=True)
+
+
+def generate() -> None:
+    import mutmut.__main__ as mutmut_main
+
+    mutmut_main.set_mutant_under_test("mutant_generation")
+    for folder in ("mutants/benchmarks", "mutants/csrc"):  # where also_copy puts its files (as run.sh does)
+        os.makedirs(folder, exist_ok=True)
+    mutmut_main.copy_src_dir()
+    mutmut_main.copy_also_copy_files()
+    mutmut_main.setup_source_paths()
+    mutmut_main.store_lines_covered_by_tests()
+    print(mutmut_main.create_mutants(os.cpu_count() or 1))
 
 
 def forked(tests: list[str], only: list[str] | None, limit_s: float = 300.0) -> None:
