@@ -1,11 +1,13 @@
 import math
+import warnings
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
 import gms_kernels as gk
-from gms_kernels.core.schedule import time_index
+from gms_kernels.core.schedule import check_schedule, schedule_for, time_index
 
 
 def test_linear_schedule_hand_values():
@@ -190,8 +192,9 @@ def test_ve_sigmas_of_a_schedule_built_in_the_test():
 
 def test_schedules_and_their_continuous_time_views_ignore_the_default_device():
     """``log_alpha_bar_at`` makes its knot at u = 0, ``karras_trajectory`` its levels, ``Schedule.linear`` its
-    betas and a schedule its (a_t, sigma_t) tables on the CPU, not on torch's default device. Under a *meta* default device such a tensor would
-    hold no data, so the result could not be the CPU one (as in tests/sampling/test_default_device.py)."""
+    betas and a schedule its (a_t, sigma_t) tables on the CPU, not on torch's default device. Under a *meta*
+    default device such a tensor would hold no data, so the result could not be the CPU one (as in
+    tests/sampling/test_default_device.py)."""
     u = torch.tensor([0.0, 0.3, 0.75, 1.0], dtype=torch.float64)
 
     def views():
@@ -245,8 +248,6 @@ def test_even_trajectory_is_the_official_list(T, K):
 @pytest.mark.parametrize("K", [1, 2, 3, 10, 50])
 def test_linspace_trajectory_is_diffusers_linspace(K):
     """diffusers' "linspace" spacing: linspace(0, T - 1, K) rounded, descending (K = 1 gives [0])."""
-    import numpy as np
-
     expected = np.linspace(0, 999, K).round()[::-1].astype(int).tolist()
     assert gk.trajectory(1000, K, "linspace") == expected
 
@@ -264,7 +265,6 @@ def test_a_fractional_time_index_is_named_in_the_error():
         gk.Schedule.linear(100).alpha(3.5)
 
 
-
 @pytest.mark.parametrize("value", [7, 7.0, torch.tensor(7), torch.tensor([7.0]), torch.tensor(7, dtype=torch.int16)])
 def test_time_index_takes_integral_values_of_any_numeric_type(value):
     assert time_index(value) == 7 and type(time_index(value)) is int
@@ -276,6 +276,7 @@ def test_time_index_refuses_booleans_fractions_and_non_numbers(value):
     """A bool is an Integral in Python, but a time index of True is a caller's mistake, not t = 1."""
     with pytest.raises(ValueError, match="^t must be an integer time index"):
         time_index(value, "t")
+
 
 LINEAR_BETAS = torch.linspace(1e-4, 0.02, 1000, dtype=torch.float64).tolist()
 
@@ -399,48 +400,35 @@ def test_alpha_sigma_refuses_a_boolean_index_tensor():
         gk.Schedule.linear(10).alpha_sigma(torch.tensor([True, False]))
 
 
-class _Model:
-    def __init__(self, **attributes):
-        self.__dict__.update(attributes)
-
-
 def test_schedule_for_takes_the_given_schedule_then_the_models_own_then_ddpms_linear():
-    from gms_kernels.core.schedule import schedule_for
-
     given, own = gk.Schedule.cosine(20), gk.Schedule.linear(30)
-    assert schedule_for(_Model(schedule=own), given) is given
-    assert schedule_for(_Model(), {"beta_schedule": "linear", "num_train_timesteps": 12,
+    assert schedule_for(SimpleNamespace(schedule=own), given) is given
+    assert schedule_for(SimpleNamespace(), {"beta_schedule": "linear", "num_train_timesteps": 12,
                                    "beta_start": 1e-4, "beta_end": 0.02}).T == 12  # a diffusers config
-    assert schedule_for(_Model(schedule=own)) is own
-    fallback = schedule_for(_Model())
+    assert schedule_for(SimpleNamespace(schedule=own)) is own
+    fallback = schedule_for(SimpleNamespace())
     assert fallback.T == 1000 and torch.equal(fallback.betas, gk.Schedule.linear().betas)
 
 
 def test_schedule_for_warns_only_when_the_model_says_its_schedule_is_unknown():
-    import warnings
-
-    from gms_kernels.core.schedule import schedule_for
-
     with pytest.warns(UserWarning, match=r"training schedule is unknown \(no scheduler config\): assuming DDPM"):
-        assert schedule_for(_Model(schedule_note="no scheduler config")).T == 1000
+        assert schedule_for(SimpleNamespace(schedule_note="no scheduler config")).T == 1000
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert schedule_for(_Model(schedule_note=None)).T == 1000
-        assert schedule_for(_Model(schedule=gk.Schedule.linear(5), schedule_note="stale")).T == 5
+        assert schedule_for(SimpleNamespace(schedule_note=None)).T == 1000
+        assert schedule_for(SimpleNamespace(schedule=gk.Schedule.linear(5), schedule_note="stale")).T == 5
 
 
 def test_check_schedule_takes_a_schedule_a_gms_scheduler_or_a_diffusers_config():
     """A GMSScheduler is recognised by its ``schedule`` and ``set_timesteps``; a diffusers scheduler by the
     ``config`` mapping it carries; an object with a ``schedule`` attribute alone (a model) is not a schedule."""
-    from gms_kernels.core.schedule import check_schedule
-
     own = gk.Schedule.cosine(20)
     config = {"beta_schedule": "linear", "num_train_timesteps": 12, "beta_start": 1e-4, "beta_end": 0.02}
     assert check_schedule(own) is own
-    assert check_schedule(_Model(schedule=own, set_timesteps=lambda n: None)) is own
-    from_config = check_schedule(_Model(config=config))
+    assert check_schedule(SimpleNamespace(schedule=own, set_timesteps=lambda n: None)) is own
+    from_config = check_schedule(SimpleNamespace(config=config))
     assert from_config.T == 12 and torch.equal(from_config.betas, gk.Schedule.linear(12).betas)
     with pytest.raises(TypeError, match="^schedule must be a gk.Schedule, a diffusers scheduler"):
-        check_schedule(_Model(schedule=own))
+        check_schedule(SimpleNamespace(schedule=own))
     with pytest.raises(TypeError, match="^schedule must be a gk.Schedule"):
         check_schedule("linear")
