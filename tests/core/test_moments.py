@@ -1,13 +1,13 @@
+import math
+
 import pytest
 import torch
 
 import gms_kernels as gk
-from gms_kernels.core.moments import X0Moments, clamp_x0_moments
-
 from conftest import image_oracle
-from gms_kernels.core.moments import TransitionMoments
-from gms_kernels.core.moments import central_third_moment
-from gms_kernels.core.moments import scale_spread
+from gms_kernels.core.moments import (TransitionMoments, X0Moments, central_moments, central_third_moment,
+                                      check_data_range, check_pixel_levels, clamp_x0_moments, clamped_x0_mean,
+                                      last_step_variance_cap, raw_moments, scale_spread, transition_moments)
 
 
 @pytest.mark.parametrize("t,s", [(999, 899), (500, 300), (99, 0), (40, gk.DATA)])
@@ -109,8 +109,6 @@ def test_scale_spread_keeps_a_missing_third_moment_missing_and_the_skewness_of_a
 
 def test_transition_moments_leave_the_missing_orders_none():
     """From e1 alone only M1 exists (Var and M3 stay None); from e1 and e2, M3 stays None."""
-    from gms_kernels.core.moments import transition_moments
-
     k = gk.Schedule.linear().coefficients(500, 400)
     x, e = torch.randn(2, 3, dtype=torch.float64), torch.randn(2, 3, dtype=torch.float64) * 0.1
     only_mean = transition_moments(x, e, None, None, k)
@@ -122,8 +120,6 @@ def test_transition_moments_leave_the_missing_orders_none():
 def test_third_moment_clamp_keeps_a_tie():
     """The official rule replaces E[y^3] by E[y] only where |E[y^3]| > |E[y]| (strictly): at a tie of
     opposite signs E[y^3] = -E[y] it is kept."""
-    from gms_kernels.core.moments import X0Moments, clamp_x0_moments
-
     m = X0Moments(mean=torch.tensor([0.5, 0.5], dtype=torch.float64), var=torch.tensor([0.1, 0.1], dtype=torch.float64),
                   m2=torch.tensor([0.35, 0.35], dtype=torch.float64), m3=torch.tensor([-0.5, -0.6], dtype=torch.float64))
     out = clamp_x0_moments(m, (-1.0, 1.0))
@@ -131,8 +127,6 @@ def test_third_moment_clamp_keeps_a_tie():
 
 
 def test_empty_data_range_and_fractional_step_times_are_refused_by_name():
-    from gms_kernels.core.moments import check_data_range
-
     with pytest.raises(ValueError, match="low < high"):
         check_data_range((0.5, 0.5))
     assert check_data_range((0, 1)) == (0.0, 1.0)
@@ -146,8 +140,6 @@ def test_empty_data_range_and_fractional_step_times_are_refused_by_name():
 def test_raw_and_central_moments_convert_both_ways():
     """A two-point law (x = -1 w.p. 0.8, 4 w.p. 0.2): mean 0, var 4, kappa3 = 0.8 (-1) + 0.2 (64) = 12; raw
     moments 4 and 12. The conversions are exact here and each other's inverse."""
-    from gms_kernels.core.moments import central_moments, raw_moments
-
     m1, m2, m3 = (torch.tensor([v], dtype=torch.float64) for v in (0.0, 4.0, 12.0))
     var, kappa3 = central_moments(m1, m2, m3)
     assert var.item() == 4.0 and kappa3.item() == 12.0
@@ -159,8 +151,6 @@ def test_raw_and_central_moments_convert_both_ways():
 
 
 def test_clamped_x0_mean_is_the_clamped_tweedie_estimate():
-    from gms_kernels.core.moments import clamped_x0_mean
-
     x_t = torch.tensor([0.3, 5.0, -5.0], dtype=torch.float64)
     e1 = torch.tensor([0.1, -1.0, 1.0], dtype=torch.float64)
     a, sigma = 0.6, 0.8
@@ -172,11 +162,9 @@ def test_clamped_x0_mean_is_the_clamped_tweedie_estimate():
 
 
 def test_pixel_levels_take_any_integer_from_two():
-    from gms_kernels.core.moments import check_pixel_levels, last_step_variance_cap
-
     assert check_pixel_levels(2) == 2 and check_pixel_levels(None) is None
     # two levels on [-1, 1]: one level is the whole range
-    assert last_step_variance_cap((-1.0, 1.0), 1.0, 2) == pytest.approx(4.0 * 3.141592653589793 / 2, rel=1e-15)
+    assert last_step_variance_cap((-1.0, 1.0), 1.0, 2) == pytest.approx(4.0 * math.pi / 2, rel=1e-15)
     for bad in (1, 0, True, 2.5):
         with pytest.raises(ValueError, match="pixel_levels must be an integer >= 2"):
             check_pixel_levels(bad)
